@@ -1,0 +1,65 @@
+"""What a claim attempt returns: an :class:`Outcome` and the :class:`Claim` that carries it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OMITTED", "Claim", "Omitted", "Outcome"]
+
+
+class Outcome(enum.Enum):
+    """Every claim ends as exactly one of these."""
+
+    #: We own the claim under a new fencing token: run the handler.
+    ACQUIRED = 1
+    #: An outcome is stored: the work was already done (or failed permanently).
+    DUPLICATE = 2
+    #: Another worker holds a live lease: defer the message, never drop it.
+    IN_PROGRESS = 3
+    #: The key was used before with a different payload fingerprint.
+    CONFLICT = 4
+
+
+class Omitted(str):
+    """Type of :data:`OMITTED`."""
+
+    __slots__ = ()
+
+
+#: Given as the result of a duplicate whose original result was larger than
+#: ``max_result_bytes``: the work is known to be done but its body was not stored.
+#: It is a ``str`` so it passes through JSON result backends; compare with ``is``.
+OMITTED = Omitted("<dedupe-worker: result omitted, larger than max_result_bytes>")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to one claim attempt.
+
+    ``token`` is the fencing token when ``outcome`` is ACQUIRED (and the token that stored the
+    outcome for a DUPLICATE). ``result`` is the stored value for a DUPLICATE (:data:`OMITTED` when
+    its body was too large to keep), ``error`` the stored error when the outcome was a permanent
+    failure (then ``failed`` is true). ``retry_after`` is how many seconds the other worker's lease
+    still runs when IN_PROGRESS.
+    """
+
+    key: str
+    outcome: Outcome
+    token: int = 0
+    result: Any = None
+    retry_after: float = 0.0
+    failed: bool = False
+    error: Any = None
+    #: The Redis key stem (``<namespace>:{<key or its hash>}``) the records live under.
+    stem: str = field(default="", repr=False)
+    fingerprint: str = field(default="", repr=False)
+
+    @property
+    def acquired(self) -> bool:
+        return self.outcome is Outcome.ACQUIRED
+
+    @property
+    def omitted(self) -> bool:
+        return self.result is OMITTED

@@ -1,0 +1,43 @@
+"""A broker-neutral view of one message, so keys are derived the same way everywhere.
+
+The RabbitMQ and Kafka consumers and the dead-letter replay all turn their broker's message into
+an :class:`Envelope` and hand it to the same key strategy (:mod:`dedupe_worker.keys`), which is
+what lets the replay find exactly the records the consumer wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Envelope"]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One message as key strategies see it.
+
+    ``headers`` maps header names to values (bytes or str); ``message_id`` is the AMQP
+    ``message_id`` property; ``partition_key`` is the Kafka record key; ``source`` names the
+    queue or topic and ``position`` the ``(partition, offset)`` for Kafka, else ``None``.
+    """
+
+    body: bytes
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    message_id: str | None = None
+    partition_key: bytes | None = None
+    source: str = ""
+    position: tuple[int, int] | None = None
+
+    def header(self, name: str) -> str | None:
+        """The header ``name`` (case-insensitive) as text, or ``None`` when absent or empty."""
+        value = self.headers.get(name)
+        if value is None:
+            lowered = name.lower()
+            value = next((v for k, v in self.headers.items() if k.lower() == lowered), None)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "backslashreplace")
+        if value is None or value == "":
+            return None
+        return str(value)

@@ -1,0 +1,108 @@
+"""Exceptions raised by dedupe-worker.
+
+One root, so ``except DedupeError`` catches everything this package raises::
+
+    DedupeError
+    ├── InvalidKey            empty, missing, too long or unencodable idempotency key
+    │   └── MissingKey        the message carries no key where one is required
+    ├── UndecodableMessage    the message body cannot be decoded to derive a key
+    ├── StoreUnavailable      Redis could not be reached; nothing was run
+    ├── ResultNotSerializable the handler's value cannot be stored as JSON
+    └── ClaimError            the claim protocol answered "no"
+        ├── InProgress        another worker holds a live lease (carries ``retry_after``)
+        ├── KeyConflict       the key was used before for a different payload
+        ├── LeaseLost         our fencing token no longer owns the claim
+        └── PreviouslyFailed  a permanent failure is stored for this key
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClaimError",
+    "DedupeError",
+    "InProgress",
+    "InvalidKey",
+    "KeyConflict",
+    "LeaseLost",
+    "MissingKey",
+    "PreviouslyFailed",
+    "ResultNotSerializable",
+    "StoreUnavailable",
+    "UndecodableMessage",
+]
+
+
+class DedupeError(Exception):
+    """Root of every exception raised by dedupe-worker."""
+
+
+class InvalidKey(DedupeError, ValueError):
+    """The idempotency key is empty or cannot be encoded."""
+
+
+class MissingKey(InvalidKey):
+    """The message carries no idempotency key where the key strategy requires one."""
+
+
+class UndecodableMessage(DedupeError, ValueError):
+    """The message body cannot be decoded (bad JSON, bad encoding, failed validation)."""
+
+
+class StoreUnavailable(DedupeError):
+    """Redis could not be reached or answered with an error; the handler was not run."""
+
+
+class ResultNotSerializable(DedupeError, TypeError):
+    """The handler's return value cannot be serialised as JSON.
+
+    The handler did run, so the outcome is stored as "completed, body omitted" (duplicates get
+    :data:`~dedupe_worker.OMITTED`) rather than released: releasing would let a redelivery apply
+    the side effects again.
+    """
+
+
+class ClaimError(DedupeError):
+    """The claim protocol refused: base of the outcomes that are not "go ahead"."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class InProgress(ClaimError):
+    """Another worker holds a live lease on ``key``; try again after ``retry_after`` seconds.
+
+    The message must be deferred, never dropped: the other worker may still crash.
+    """
+
+    def __init__(self, key: str, retry_after: float, owner_token: int = 0) -> None:
+        super().__init__(key, f"{key!r} is in progress elsewhere; retry in {retry_after:.3f}s")
+        self.retry_after = retry_after
+        self.owner_token = owner_token
+
+
+class KeyConflict(ClaimError):
+    """``key`` was used before with a different payload fingerprint."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key, f"{key!r} was used before for a different payload")
+
+
+class LeaseLost(ClaimError):
+    """Our fencing token no longer owns the claim: the lease ran out and another worker took it.
+
+    Nothing was written. Side effects the handler made outside Redis may have happened; fence
+    them with :func:`dedupe_worker.current_claim` to make them safe.
+    """
+
+    def __init__(self, key: str, token: int) -> None:
+        super().__init__(key, f"lease on {key!r} lost (fencing token {token})")
+        self.token = token
+
+
+class PreviouslyFailed(ClaimError):
+    """A permanent failure is stored as the outcome of ``key``; the work is not attempted again."""
+
+    def __init__(self, key: str, error: object) -> None:
+        super().__init__(key, f"{key!r} failed permanently before: {error}")
+        self.error = error

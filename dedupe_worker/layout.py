@@ -1,0 +1,66 @@
+"""Where a message's records live in Redis.
+
+Two keys per message share one Redis Cluster hash slot through the ``{...}`` hash tag::
+
+    <namespace>:{<key>}:started   lease owner, lease deadline, token counter, fingerprint
+    <namespace>:{<key>}:result    the stored outcome and the token that stored it
+
+A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
+(braces, whitespace, control characters, invalid UTF-8), is replaced by ``sha256:<hex>`` of its
+UTF-8 bytes; the original is kept in the records' ``orig`` field for inspection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .errors import InvalidKey
+
+__all__ = ["KeyLayout"]
+
+_UNSAFE = re.compile(r"[{}\s\x00-\x1f\x7f]")
+
+
+class KeyLayout:
+    """Maps idempotency keys to Redis key names under one namespace."""
+
+    def __init__(self, namespace: str = "dedupe", max_key_length: int = 200) -> None:
+        if not namespace or _UNSAFE.search(namespace):
+            raise ValueError(f"namespace must be non-empty without braces or whitespace: {namespace!r}")
+        self.namespace = namespace
+        self.max_key_length = max_key_length
+
+    def stored_key(self, key: str | bytes) -> tuple[str, str]:
+        """Return ``(stored, original)``: the key as it appears in Redis, and the original when
+        it had to be hashed (else ``""``). Raises :class:`InvalidKey` for an empty key."""
+        if isinstance(key, bytes):
+            raw = key
+            try:
+                text = key.decode("utf-8")
+            except UnicodeDecodeError:
+                return "sha256:" + hashlib.sha256(raw).hexdigest(), key.hex()
+        elif isinstance(key, str):
+            text = key
+            try:
+                raw = key.encode("utf-8")
+            except UnicodeEncodeError as exc:  # lone surrogates
+                raise InvalidKey(f"key is not encodable as UTF-8: {key!r}") from exc
+        else:
+            raise InvalidKey(f"key must be str or bytes, not {type(key).__name__}")
+        if not raw:
+            raise InvalidKey("idempotency key is empty")
+        if len(raw) > self.max_key_length or _UNSAFE.search(text):
+            return "sha256:" + hashlib.sha256(raw).hexdigest(), text
+        return text, ""
+
+    def stem(self, stored: str) -> str:
+        return f"{self.namespace}:{{{stored}}}"
+
+    @staticmethod
+    def started(stem: str) -> str:
+        return stem + ":started"
+
+    @staticmethod
+    def result(stem: str) -> str:
+        return stem + ":result"

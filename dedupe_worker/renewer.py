@@ -1,0 +1,110 @@
+"""One background thread that keeps every live claim's lease from running out.
+
+The renewer wakes every ``interval`` seconds (a third of the lease by default) and extends all
+tracked leases in one batched ``renew.lua`` round trip, so a thousand in-flight messages cost one
+thread and one round trip per interval, not a thread each. A claim that renewal finds no longer
+ours is marked lost; completing it then raises :class:`~dedupe_worker.LeaseLost` (the completion
+script would refuse it anyway). If Redis is unreachable the renewer logs and keeps trying; the
+lease may then expire and another worker may take over, which the fencing token makes safe.
+
+The thread is started on first use and again after ``fork()`` (Celery prefork children).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from .errors import StoreUnavailable
+from .store import RedisStore
+
+__all__ = ["LeaseRenewer"]
+
+log = logging.getLogger(__name__)
+
+
+class LeaseRenewer:
+    """Renews the leases of tracked claims, identified by ``(stem, token)``."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        lease_ms: int,
+        retention_ms: int,
+        interval: float,
+        on_lost: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.lease_ms = lease_ms
+        self.retention_ms = retention_ms
+        self.interval = interval
+        self.on_lost = on_lost
+        self._live: dict[tuple[str, int], int] = {}  # (stem, token) -> how many holders
+        self._lost: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._closed = False
+
+    def track(self, stem: str, token: int) -> None:
+        with self._lock:
+            self._live[(stem, token)] = self._live.get((stem, token), 0) + 1
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._start()
+
+    def untrack(self, stem: str, token: int) -> None:
+        with self._lock:
+            left = self._live.get((stem, token), 0) - 1
+            if left > 0:
+                self._live[(stem, token)] = left
+            else:
+                self._live.pop((stem, token), None)
+                self._lost.discard((stem, token))
+
+    def is_lost(self, stem: str, token: int) -> bool:
+        with self._lock:
+            return (stem, token) in self._lost
+
+    def renew_now(self) -> None:
+        """Renew every tracked lease once, in one round trip."""
+        with self._lock:
+            items = [k for k in self._live if k not in self._lost]
+        if not items:
+            return
+        try:
+            renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
+        except StoreUnavailable as exc:
+            log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
+            return
+        for (stem, token), ok in zip(items, renewed):
+            if ok:
+                continue
+            with self._lock:
+                if (stem, token) not in self._live:
+                    continue  # completed or released while we were renewing
+                self._lost.add((stem, token))
+            log.warning("lease lost: key=%s token=%s", stem, token)
+            if self.on_lost is not None:
+                self.on_lost(stem, token)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _start(self) -> None:
+        self._closed = False
+        self._wake = threading.Event()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, name="dedupe-lease-renewer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        wake = self._wake
+        while not wake.wait(self.interval) and not self._closed:
+            try:
+                self.renew_now()
+            except Exception:  # never let the renewer die silently
+                log.exception("lease renewer failed; continuing")

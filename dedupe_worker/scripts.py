@@ -1,0 +1,87 @@
+"""The Lua scripts of the claim protocol, loaded once and called by SHA.
+
+Each script in ``lua/`` is one state transition and states its KEYS, ARGV and return values in
+its header. We call them with EVALSHA and load them on ``NOSCRIPT`` (after a restart, failover or
+``SCRIPT FLUSH``), so a call is one round trip in the common case. redis-py's ``Script`` objects
+are not used in pipelines because they add a ``SCRIPT EXISTS`` round trip per execute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisError
+
+from .errors import StoreUnavailable
+
+__all__ = ["SCRIPT_NAMES", "ScriptRunner", "load_script"]
+
+SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect")
+
+
+def load_script(name: str) -> str:
+    """Return the text of ``lua/<name>.lua``: from the installed wheel, else the source tree."""
+    packaged = resources.files("dedupe_worker").joinpath("lua", f"{name}.lua")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parent.parent / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+class ScriptRunner:
+    """Runs the protocol scripts on a Redis client (standalone, Sentinel-managed or Cluster).
+
+    Every Redis failure surfaces as :class:`StoreUnavailable`; the caller decides what that means
+    for the message (by default: do not run the handler).
+    """
+
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+        self.client = client
+        self.is_cluster = isinstance(client, RedisCluster)
+        self._text = {name: load_script(name) for name in SCRIPT_NAMES}
+        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+
+    def _load(self, name: str) -> None:
+        self.client.script_load(self._text[name])
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
+        try:
+            try:
+                return self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+            except NoScriptError:
+                self._load(name)
+                return self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
+
+    def call_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Many EVALSHAs of script ``name`` in one pipelined round trip (one per slot on a cluster).
+
+        Only the calls that failed with ``NOSCRIPT`` are sent again, so no transition runs twice.
+        """
+        if not calls:
+            return []
+        sha = self.sha[name]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+            if missing:
+                self._load(name)
+                for i in missing:
+                    keys, args = calls[i]
+                    replies[i] = self.client.evalsha(sha, len(keys), *keys, *args)
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
+        return replies

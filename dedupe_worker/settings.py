@@ -1,0 +1,30 @@
+"""Configuration from the environment (``DEDUPE_*``), for the CLI and ``from_settings``."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DedupeSettings"]
+
+
+class DedupeSettings(BaseSettings):
+    """Every field can be set as ``DEDUPE_<FIELD>``, e.g. ``DEDUPE_REDIS_URL``, ``DEDUPE_LEASE``."""
+
+    model_config = SettingsConfigDict(env_prefix="DEDUPE_", extra="ignore")
+
+    #: Where the claims live. ``redis://``, ``rediss://`` or ``unix://``; add ``?cluster=1`` (or use
+    #: ``redis+cluster://``) for a Redis Cluster.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Prefix of every Redis key we write.
+    namespace: str = "dedupe"
+    #: Seconds a claim is held without renewal before another worker may take over.
+    lease: float = Field(30.0, gt=0)
+    #: Seconds a stored outcome (and so the protection against duplicates) is kept.
+    result_ttl: float = Field(86400.0, gt=0)
+    #: Keys longer than this many UTF-8 bytes are stored as their sha256.
+    max_key_length: int = Field(200, gt=0)
+    #: Results larger than this are stored as "completed, body omitted".
+    max_result_bytes: int = Field(1_000_000, ge=0)
+    #: Run the handler without deduplication when Redis is down (loudly logged). Off: fail closed.
+    fail_open: bool = False

@@ -1,0 +1,32 @@
+-- complete.lua: record the outcome of claims we still own (state: claimed -> done).
+--
+-- KEYS[2i-1] - the started key of message i
+-- KEYS[2i]   - the result key of message i
+-- ARGV[1]    - result TTL in milliseconds
+-- ARGV[3i-1] - the fencing token of message i's claim
+-- ARGV[3i]   - status of message i: 'c' completed, 'o' completed with the body omitted,
+--              'f' failed permanently
+-- ARGV[3i+1] - the serialised result (or error) of message i
+--
+-- Returns one value per message: 1 when the outcome was stored, 0 (LEASE_LOST) when the
+-- token no longer owns the claim. A lost claim writes nothing, so a late worker can never
+-- overwrite what its successor stored. The started key is deleted on success: once a
+-- result exists every claim answers DUPLICATE, and the result keeps the final token.
+local result_ttl_ms = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS / 2 do
+  local started, result = KEYS[2 * i - 1], KEYS[2 * i]
+  local token = ARGV[3 * i - 1]
+  local st = redis.call('HMGET', started, 'owner', 'fp', 'orig')
+  if st[1] and st[1] == token then
+    redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token,
+               'f', st[2] or '')
+    if st[3] then redis.call('HSET', result, 'orig', st[3]) end
+    redis.call('PEXPIRE', result, result_ttl_ms)
+    redis.call('DEL', started)
+    table.insert(out, 1)
+  else
+    table.insert(out, 0)
+  end
+end
+return out
