@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Envelope"]
+__all__ = ["Envelope", "from_kafka", "from_kombu"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,31 @@ class Envelope:
         if value is None or value == "":
             return None
         return str(value)
+
+
+def from_kombu(message: Any, queue: str = "") -> Envelope:
+    """The envelope of a kombu ``Message`` (duck-typed: ``body``, ``headers``, ``properties``)."""
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    properties = getattr(message, "properties", None) or {}
+    return Envelope(
+        body=bytes(body),
+        headers=dict(getattr(message, "headers", None) or {}),
+        message_id=properties.get("message_id"),
+        source=queue,
+    )
+
+
+def from_kafka(message: Any) -> Envelope:
+    """The envelope of a confluent-kafka ``Message``; repeated headers keep their last value."""
+    headers: dict[str, Any] = {}
+    for name, value in message.headers() or ():
+        headers[name] = value
+    return Envelope(
+        body=message.value() or b"",
+        headers=headers,
+        partition_key=message.key(),
+        source=message.topic() or "",
+        position=(message.partition(), message.offset()),
+    )
