@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 from redis.cluster import RedisCluster
 
 from .claim import OMITTED, Claim, Outcome
@@ -36,6 +38,12 @@ T = TypeVar("T")
 
 #: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
+
+
+def _retry() -> Retry:
+    """Two quick retries: a blip is absorbed, an outage surfaces as StoreUnavailable in well under
+    a second instead of redis-py's default of several seconds of backoff per command."""
+    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2)
 
 
 class Deduplicator:
@@ -106,9 +114,9 @@ class Deduplicator:
         cluster = parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]
         if cluster:
             plain = parts._replace(scheme="redis", query="").geturl()
-            client: redis.Redis | RedisCluster = RedisCluster.from_url(plain)
+            client: redis.Redis | RedisCluster = RedisCluster.from_url(plain, retry=_retry())
         else:
-            client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+            client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=_retry())
         return cls(client, **options)
 
     @classmethod

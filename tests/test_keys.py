@@ -1,0 +1,99 @@
+"""Key layout (hash tags, hashing of long or unsafe keys) and key/fingerprint strategies."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pydantic
+import pytest
+import redis
+
+from dedupe_worker import Deduplicator, Envelope, InvalidKey, MissingKey, Outcome, UndecodableMessage
+from dedupe_worker import keys as k
+from dedupe_worker.deduplicator import KEY_HARD_LIMIT
+from dedupe_worker.layout import KeyLayout
+
+
+def test_layout_shares_one_hash_slot() -> None:
+    layout = KeyLayout("ns")
+    stem = layout.stem(layout.stored_key("order-1")[0])
+    assert KeyLayout.started(stem) == "ns:{order-1}:started"
+    assert KeyLayout.result(stem) == "ns:{order-1}:result"
+
+
+@pytest.mark.parametrize("key", ["a{b}c", "with space", "tab\there", "new\nline", "x" * 201, b"\xff\xfe"])
+def test_unsafe_or_long_keys_are_hashed_and_the_original_kept(
+    key: str | bytes, redis_client: redis.Redis, namespace: str
+) -> None:
+    d = Deduplicator(redis_client, namespace=namespace)
+    stored, original = d.layout.stored_key(key)
+    raw = key if isinstance(key, bytes) else key.encode()
+    assert stored == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert original
+    claim = d.begin(key)
+    assert claim.outcome is Outcome.ACQUIRED
+    started = KeyLayout.started(claim.stem)
+    assert redis_client.hget(started, "orig") == original.encode()
+    d.complete(claim, "v")
+    assert redis_client.hget(KeyLayout.result(claim.stem), "orig") == original.encode()
+    assert d.begin(key).result == "v"
+
+
+@pytest.mark.parametrize("key", ["zażółć-gęślą-jaźń", "注文-42", "emoji-🧾", "quote'\"and\\slash"])
+def test_unicode_keys_round_trip_unhashed(key: str, dedupe: Deduplicator) -> None:
+    assert dedupe.layout.stored_key(key) == (key, "")
+    assert dedupe.run(key, lambda: key) == key
+    assert dedupe.run(key, lambda: "other") == key
+
+
+@pytest.mark.parametrize("key", ["", b"", None, 42, "x" * (KEY_HARD_LIMIT + 1), "\ud800"])
+def test_invalid_keys_are_refused(key: object, dedupe: Deduplicator) -> None:
+    with pytest.raises(InvalidKey):
+        dedupe.begin(key)  # type: ignore[arg-type]
+
+
+def test_canonical_json_and_fingerprints() -> None:
+    assert k.canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == b'{"a":[1,{"c":3,"d":2}],"b":1}'
+    assert k.fingerprint_of({"x": 1, "y": 2}) == k.fingerprint_of({"y": 2, "x": 1})
+    assert k.fingerprint_of({"x": 1}) != k.fingerprint_of({"x": 2})
+
+    class Order(pydantic.BaseModel):
+        id: int
+        amount: float
+
+    assert k.fingerprint_of(Order(id=1, amount=2.5)) == k.fingerprint_of({"amount": 2.5, "id": 1})
+
+
+def test_header_then_message_id_then_content() -> None:
+    strategy = k.RABBITMQ_DEFAULT
+    assert strategy(Envelope(b"{}", {"Idempotency-Key": b"abc"}, "m1")) == "abc"
+    assert strategy(Envelope(b"{}", {}, "m1")) == "message-id:m1"
+    assert strategy(Envelope(b"{}")) == "sha256:" + hashlib.sha256(b"{}").hexdigest()
+
+
+def test_kafka_default_uses_record_key_with_content_hash() -> None:
+    a = k.KAFKA_DEFAULT(Envelope(b"v1", partition_key=b"user-1"))
+    b = k.KAFKA_DEFAULT(Envelope(b"v2", partition_key=b"user-1"))
+    assert a != b and a.startswith(b"user-1".hex())
+    assert k.position_key()(Envelope(b"", source="t", position=(2, 40))) == "t/2/40"
+
+
+def test_field_key_from_json_and_pydantic() -> None:
+    assert k.field_key("order.id")(Envelope(b'{"order": {"id": 17}}')) == "17"
+    with pytest.raises(MissingKey):
+        k.field_key("order.id")(Envelope(b'{"order": {}}'))
+    with pytest.raises(UndecodableMessage):
+        k.field_key("id")(Envelope(b"\x00not json"))
+
+    class Payment(pydantic.BaseModel):
+        payment_id: str
+
+    assert k.field_key("payment_id", Payment)(Envelope(b'{"payment_id": "p-1"}')) == "p-1"
+    with pytest.raises(UndecodableMessage):
+        k.field_key("payment_id", Payment)(Envelope(b'{"other": 1}'))
+
+
+def test_first_of_reports_every_missing_strategy() -> None:
+    strategy = k.first_of(k.header_key("x-id"), k.message_id_key())
+    with pytest.raises(MissingKey, match="x-id.*message_id"):
+        strategy(Envelope(b"body"))

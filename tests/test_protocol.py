@@ -1,0 +1,172 @@
+"""The claim protocol, transition by transition, on a real Redis (records and TTLs included)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome
+from dedupe_worker.layout import KeyLayout
+
+
+def keys_of(d: Deduplicator, key: str) -> tuple[str, str]:
+    stem = d.layout.stem(d.layout.stored_key(key)[0])
+    return KeyLayout.started(stem), KeyLayout.result(stem)
+
+
+def test_first_claim_acquires_with_token_one_and_records_a_lease(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    claim = dedupe.begin("order-1", fingerprint="fp-a")
+    assert claim.outcome is Outcome.ACQUIRED and claim.token == 1
+    started, result = keys_of(dedupe, "order-1")
+    fields = redis_client.hgetall(started)
+    assert fields[b"owner"] == b"1" and fields[b"next"] == b"1" and fields[b"fp"] == b"fp-a"
+    server_ms = redis_client.time()[0] * 1000
+    assert 0 < int(fields[b"deadline"]) - server_ms <= 6000  # lease 5 s, on Redis' clock
+    assert not redis_client.exists(result)
+    # the started key outlives the lease (it keeps the token counter) but never lives forever
+    assert 5000 < redis_client.pttl(started) <= 60_000
+
+
+def test_second_claim_while_held_is_in_progress_with_remaining_lease(dedupe: Deduplicator) -> None:
+    first = dedupe.begin("k")
+    second = dedupe.begin("k")
+    assert second.outcome is Outcome.IN_PROGRESS
+    assert second.token == first.token
+    assert 4.0 < second.retry_after <= 5.0
+
+
+def test_complete_stores_result_with_ttl_and_drops_the_lease(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    claim = dedupe.begin("k", fingerprint="fp")
+    dedupe.complete(claim, {"charged": 12.5, "currency": "EUR"})
+    started, result = keys_of(dedupe, "k")
+    assert not redis_client.exists(started)
+    assert 55_000 < redis_client.pttl(result) <= 60_000
+    again = dedupe.begin("k", fingerprint="fp")
+    assert again.outcome is Outcome.DUPLICATE
+    assert again.result == {"charged": 12.5, "currency": "EUR"}
+    assert again.token == claim.token and not again.failed
+
+
+def test_conflict_on_a_different_fingerprint_while_held_and_after_completion(dedupe: Deduplicator) -> None:
+    claim = dedupe.begin("k", fingerprint="payload-a")
+    assert dedupe.begin("k", fingerprint="payload-b").outcome is Outcome.CONFLICT
+    dedupe.complete(claim, 1)
+    assert dedupe.begin("k", fingerprint="payload-b").outcome is Outcome.CONFLICT
+    assert dedupe.begin("k", fingerprint="payload-a").outcome is Outcome.DUPLICATE
+    assert dedupe.begin("k").outcome is Outcome.DUPLICATE  # no fingerprint: no check
+
+
+def test_release_frees_the_key_and_the_next_token_is_larger(dedupe: Deduplicator) -> None:
+    first = dedupe.begin("k")
+    assert dedupe.release(first) is True
+    second = dedupe.begin("k")
+    assert second.outcome is Outcome.ACQUIRED and second.token == first.token + 1
+    assert dedupe.release(first) is False  # stale token: nothing changes
+    assert dedupe.begin("k").outcome is Outcome.IN_PROGRESS
+
+
+def test_tokens_increase_across_lease_expiry(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.15, result_ttl=30)
+    tokens = []
+    for _ in range(3):
+        claim = d.begin("k")
+        assert claim.outcome is Outcome.ACQUIRED
+        tokens.append(claim.token)
+        time.sleep(0.2)
+    assert tokens == [1, 2, 3]
+
+
+def test_zombie_completion_is_fenced_off(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.2, result_ttl=30)
+    a = d.begin("payment-9")
+    time.sleep(0.3)  # A is paused past its lease
+    b = d.begin("payment-9")
+    assert b.outcome is Outcome.ACQUIRED and b.token > a.token
+    d.complete(b, "B's result")
+    with pytest.raises(LeaseLost) as info:
+        d.complete(a, "A's late result")
+    assert info.value.token == a.token
+    assert d.begin("payment-9").result == "B's result"
+
+
+def test_zombie_cannot_complete_over_a_live_successor(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.2, result_ttl=30)
+    a = d.begin("k")
+    time.sleep(0.3)
+    b = d.begin("k")
+    with pytest.raises(LeaseLost):
+        d.complete(a, "late")
+    assert d.renew(a) is False and d.release(a) is False
+    assert d.begin("k").outcome is Outcome.IN_PROGRESS  # B's lease is untouched
+    d.complete(b, "ok")
+
+
+def test_renew_extends_only_the_owner(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.3, result_ttl=30)
+    claim = d.begin("k")
+    for _ in range(4):
+        time.sleep(0.15)
+        assert d.renew(claim) is True
+    assert d.begin("k").outcome is Outcome.IN_PROGRESS  # 0.6 s later, still ours
+    d.complete(claim, None)
+    assert d.renew(claim) is False
+
+
+def test_an_expired_lease_nobody_took_is_still_ours(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.1, result_ttl=30)
+    claim = d.begin("k")
+    time.sleep(0.15)
+    d.complete(claim, "late but unopposed")
+    assert d.begin("k").result == "late but unopposed"
+
+
+def test_fail_stores_a_permanent_failure(dedupe: Deduplicator) -> None:
+    claim = dedupe.begin("k")
+    dedupe.fail(claim, ValueError("card declined"))
+    again = dedupe.begin("k")
+    assert again.outcome is Outcome.DUPLICATE and again.failed
+    assert again.error == {"type": "builtins.ValueError", "message": "card declined"}
+
+
+def test_result_ttl_ends_protection(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=1, result_ttl=0.2)
+    d.complete(d.begin("k"), 1)
+    assert d.begin("k").outcome is Outcome.DUPLICATE
+    time.sleep(0.3)
+    assert d.begin("k").outcome is Outcome.ACQUIRED
+
+
+def test_released_records_expire_after_retention(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.1, result_ttl=30, retention=0.3)
+    d.release(d.begin("k"))
+    started, _ = keys_of(d, "k")
+    assert 0 < redis_client.pttl(started) <= 300
+    time.sleep(0.4)
+    assert not redis_client.exists(started)
+
+
+def test_oversized_result_is_stored_as_omitted(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, max_result_bytes=100)
+    assert d.run("k", lambda: "x" * 1000) == "x" * 1000  # the caller still gets its value
+    assert d.begin("k").result is OMITTED
+    assert d.run("k", lambda: "never") is OMITTED
+
+
+def test_status_reads_without_changing(dedupe: Deduplicator) -> None:
+    assert dedupe.status("k").state == "free"
+    claim = dedupe.begin("k")
+    state = dedupe.status("k")
+    assert state.state == "in_progress" and state.token == claim.token and state.remaining_ms > 0
+    dedupe.complete(claim, [1, 2])
+    assert dedupe.status("k").state == "done" and dedupe.status("k").status == "c"
+    assert dedupe.begin("k").outcome is Outcome.DUPLICATE
+
+
+def test_script_cache_flush_is_survived(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    dedupe.begin("warm")
+    redis_client.script_flush()
+    assert dedupe.begin("k").outcome is Outcome.ACQUIRED
+    redis_client.script_flush()
+    assert dedupe.begin_many(["a", "b"])[1].outcome is Outcome.ACQUIRED
