@@ -1,0 +1,147 @@
+"""``dedupe-worker replay rabbitmq|kafka``: move dead-lettered messages back to work without ever
+re-applying one. See ``docs/replay.md``.
+
+Keys are derived with the same options and defaults as the consumer commands
+(:func:`~dedupe_worker.cli.options.key_strategy_from`), so pass the consumer's ``--key-header`` /
+``--key-field`` and ``--namespace`` here too. Exit status: 0, or 1 when any message failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy
+from ..replay.plan import Planner
+from ..replay.summary import Progress, ReplayOptions, Summary, format_table
+from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
+
+__all__ = ["register"]
+
+
+def parse_rate(text: str) -> float:
+    """``50``, ``50/s`` or ``3000/min`` as messages per second."""
+    number, _, unit = text.partition("/")
+    per = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0}.get(unit.strip().lower())
+    try:
+        value = float(number)
+    except ValueError:
+        value = 0.0
+    if per is None or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive rate like 50/s, got {text!r}")
+    return value / per
+
+
+def _config_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return name, value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (key, state, action); change nothing")
+    parser.add_argument("--limit", type=int, metavar="N", help="examine at most N messages")
+    parser.add_argument("--rate", type=parse_rate, metavar="N/s",
+                        help="republish at most N messages per second")
+    parser.add_argument("--filter", action="append", metavar="REASON", dest="reasons",
+                        help="replay only messages dead-lettered for this reason (repeatable; "
+                             "e.g. handler_error); the others are left in place")
+    parser.add_argument("--json", action="store_true", help="print the summary (and the plan) as JSON")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="live progress on stderr (default: when stderr is a terminal)")
+    add_key_options(parser)
+    add_dedupe_options(parser)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("replay", help="move dead-lettered messages back without re-applying any",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    brokers = parser.add_subparsers(dest="broker", required=True)
+
+    rabbit = brokers.add_parser("rabbitmq", help="replay a RabbitMQ dead-letter queue")
+    rabbit.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672//", help="AMQP URL")
+    rabbit.add_argument("--from", dest="source", required=True, metavar="QUEUE", help="the dead-letter queue")
+    rabbit.add_argument("--to", metavar="EXCHANGE/ROUTING_KEY",
+                        help="where to republish (default: the queue each message was dead-lettered from; "
+                             "'/QUEUE' or 'QUEUE' publish straight to a queue)")
+    rabbit.add_argument("--confirm-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="how long to wait for a publisher confirm (default 30)")
+    _common(rabbit)
+    rabbit.set_defaults(func=run_rabbitmq)
+
+    kafka = brokers.add_parser("kafka", help="replay a Kafka dead-letter topic")
+    kafka.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="bootstrap servers")
+    kafka.add_argument("--from", dest="source", required=True, metavar="TOPIC", help="the dead-letter topic")
+    kafka.add_argument("--to", metavar="TOPIC", help="where to republish (default: x-dedupe-original-topic)")
+    kafka.add_argument("--group", default="dedupe-worker-replay",
+                       help="consumer group whose committed offsets record the replay's progress "
+                            "(default dedupe-worker-replay)")
+    kafka.add_argument("--idle-timeout", type=float, default=5.0, metavar="SECONDS",
+                       help="stop when nothing arrived for this long (default 5)")
+    kafka.add_argument("-X", dest="config", action="append", type=_config_pair, default=[],
+                       metavar="KEY=VALUE",
+                       help="librdkafka setting for the replay's consumer and producer (repeatable)")
+    _common(kafka)
+    kafka.set_defaults(func=run_kafka)
+
+
+def _setup(args: argparse.Namespace, default: KeyStrategy) -> tuple[Planner, ReplayOptions, Progress | None]:
+    strategy = key_strategy_from(args, default)
+    planner = Planner(deduplicator_from(args), strategy, reasons=_reasons(args.reasons))
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(sys.stderr) if show else None
+    options = ReplayOptions(dry_run=args.dry_run, limit=args.limit, rate=args.rate, keep_entries=args.dry_run,
+                            on_start=progress.start if progress else None,
+                            on_entry=progress.entry if progress else None)
+    return planner, options, progress
+
+
+def _reasons(values: list[str] | None) -> set[str] | None:
+    if not values:
+        return None
+    return {part.strip() for value in values for part in value.split(",") if part.strip()}
+
+
+def _finish(args: argparse.Namespace, summary: Summary, progress: Progress | None) -> int:
+    if progress is not None:
+        progress.close()
+    if args.json:
+        print(json.dumps(summary.as_dict()))
+    else:
+        if args.dry_run:
+            print(format_table(summary.entries))
+        print(summary.line())
+    return 1 if summary.failed else 0
+
+
+def run_rabbitmq(args: argparse.Namespace) -> int:
+    from ..extras import require
+    from ..replay.rabbitmq import Destination, replay_rabbitmq
+
+    kombu = require("kombu", "rabbitmq")
+    planner, options, progress = _setup(args, RABBITMQ_DEFAULT)
+    destination = Destination.parse(args.to) if args.to else None
+    try:
+        with kombu.Connection(args.url) as connection:
+            summary = replay_rabbitmq(connection, args.source, planner, destination=destination,
+                                      options=options, confirm_timeout=args.confirm_timeout)
+    finally:
+        planner.dedupe.close()
+    return _finish(args, summary, progress)
+
+
+def run_kafka(args: argparse.Namespace) -> int:
+    from ..replay.kafka import replay_kafka
+
+    planner, options, progress = _setup(args, KAFKA_DEFAULT)
+    config = {"bootstrap.servers": args.bootstrap, **dict(args.config)}
+    try:
+        summary = replay_kafka(config, args.source, args.group, planner, destination=args.to,
+                               options=options, idle_timeout=args.idle_timeout)
+    finally:
+        planner.dedupe.close()
+    return _finish(args, summary, progress)

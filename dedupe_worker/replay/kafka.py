@@ -1,0 +1,239 @@
+"""Replay a Kafka dead-letter topic (confluent-kafka).
+
+How one run goes: every partition of the dead-letter topic is assigned to this process (no group
+join, so a run starts at once) from the replay group's committed offsets, or from the beginning
+when the group has none. High watermarks are never used to find the end (compaction and some
+brokers report them wrong). A partition ends at the first record written after the run started
+(record timestamp later than the start), and the run ends when every partition has ended, when
+nothing arrived for ``idle_timeout`` seconds, or at ``limit`` records.
+
+Records are handled in batches. Each record is judged by the
+:class:`~dedupe_worker.replay.plan.Planner`, then:
+
+- DROP: nothing is produced;
+- REPLAY: the record (key, value, headers; see :func:`replay_headers`) is produced to the
+  destination, into the original partition when the destination is the original topic;
+- LEAVE: Kafka cannot keep a record in place while the group moves past it, so a verbatim copy is
+  produced to the end of the dead-letter topic (same partition, headers untouched); being newer
+  than the run's start it ends the partition and waits for the next run;
+- failure (Redis down, no destination, a failed delivery): that partition stops at this record.
+
+After the producer's delivery reports are in, the group's offsets are committed synchronously:
+past every record whose step was carried out, and never past a failed one.
+
+Crash story: nothing is committed before its copy is acknowledged by the broker, so killing the
+replay loses nothing. A kill between the delivery report and the commit makes the next run see
+those records again: already applied ones are dropped, the others are produced once more and the
+consumer's deduplication answers the extra copy as a duplicate (a LEAVE copy may be duplicated in
+the dead-letter topic the same way). Do not run two replays of one dead-letter topic at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from ..deadletter import ORIGINAL_OFFSET, ORIGINAL_PARTITION, ORIGINAL_TOPIC, REASON
+from ..envelope import Envelope, from_kafka
+from ..extras import require
+from .plan import Entry, Pacer, Planner, Step, replay_headers
+from .summary import ReplayOptions, Summary
+
+__all__ = ["lookup_envelope", "replay_kafka"]
+
+log = logging.getLogger(__name__)
+
+
+def lookup_envelope(record: Any) -> Envelope:
+    """The envelope the consumer saw: the dead-lettered record with the original topic, partition
+    and offset (from ``x-dedupe-original-*``) as its position, so position-based keys match."""
+    envelope = from_kafka(record)
+    topic = envelope.header(ORIGINAL_TOPIC)
+    partition, offset = envelope.header(ORIGINAL_PARTITION), envelope.header(ORIGINAL_OFFSET)
+    if topic is None:
+        return envelope
+    position = envelope.position
+    if partition is not None and offset is not None and partition.isdigit() and offset.isdigit():
+        position = (int(partition), int(offset))
+    return dataclasses.replace(envelope, source=topic, position=position)
+
+
+@dataclasses.dataclass
+class _Pending:
+    record: Any
+    entry: Entry
+    ok: bool | None = None  # None: waiting for the delivery report (or nothing to deliver)
+    error: str = ""
+
+
+class _KafkaReplay:
+    def __init__(self, config: dict[str, Any], topic: str, group: str, planner: Planner,
+                 destination: str | None, options: ReplayOptions, idle_timeout: float,
+                 batch_size: int, delivery_timeout: float) -> None:
+        self.ck = require("confluent_kafka", "kafka")
+        self.topic, self.planner, self.destination = topic, planner, destination
+        self.options, self.idle_timeout = options, idle_timeout
+        self.batch_size, self.delivery_timeout = batch_size, delivery_timeout
+        self.summary = Summary.start(options)
+        self.pacer = Pacer(options.rate)
+        self.consumer = self.ck.Consumer({
+            **config, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "enable.auto.offset.store": False,
+        })
+        self.producer = None if options.dry_run else self.ck.Producer({**config, "acks": "all"})
+        self.ended: set[int] = set()
+        self.started_ms = int(time.time() * 1000)
+
+    def assign(self) -> list[int]:
+        metadata = self.consumer.list_topics(self.topic, timeout=10)
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise LookupError(f"dead-letter topic {self.topic!r} not found: {found.error if found else ''}")
+        partitions = sorted(found.partitions)
+        tps = [self.ck.TopicPartition(self.topic, p) for p in partitions]
+        committed = self.consumer.committed(tps, timeout=10)
+        for tp in committed:
+            if tp.offset < 0:
+                tp.offset = self.ck.OFFSET_BEGINNING
+        self.consumer.assign(committed)
+        return partitions
+
+    def run(self) -> Summary:
+        try:
+            partitions = self.assign()
+            if self.options.on_start is not None:
+                self.options.on_start(None)
+            idle_since = time.monotonic()
+            while len(self.ended) < len(partitions) and not self._limit_reached():
+                want = self.batch_size
+                if self.options.limit is not None:
+                    want = min(want, self.options.limit - self.summary.examined)
+                records = [r for r in self.consumer.consume(num_messages=want, timeout=0.2)
+                           if not self._skip(r)]
+                if not records:
+                    if time.monotonic() - idle_since >= self.idle_timeout:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                self._handle(records)
+        finally:
+            self.consumer.close()
+        return self.summary
+
+    def _limit_reached(self) -> bool:
+        return self.options.limit is not None and self.summary.examined >= self.options.limit
+
+    def _skip(self, record: Any) -> bool:
+        """True for errors the consumer reports inline and for records past a partition's end."""
+        error = record.error()
+        if error is not None:
+            if error.code() == self.ck.KafkaError._PARTITION_EOF:
+                return True
+            raise self.ck.KafkaException(error)
+        if record.partition() in self.ended:
+            return True
+        kind, timestamp = record.timestamp()
+        if kind != self.ck.TIMESTAMP_NOT_AVAILABLE and timestamp > self.started_ms:
+            log.info("partition %s of %s ends at offset %s (written after the replay started)",
+                     record.partition(), self.topic, record.offset())
+            self._end(record.partition())
+            return True
+        return False
+
+    def _end(self, partition: int) -> None:
+        self.ended.add(partition)
+        self.consumer.pause([self.ck.TopicPartition(self.topic, partition)])
+
+    def _handle(self, records: list[Any]) -> None:
+        pending: list[_Pending] = []
+        stopped: set[int] = set()  # partitions with a failure earlier in this batch
+        for record in records:
+            if record.partition() in stopped:
+                continue
+            reason = from_kafka(record).header(REASON) or ""
+            item = _Pending(record, self.planner.judge(lookup_envelope(record), reason))
+            pending.append(item)
+            if self.producer is not None and not self._start(item):
+                stopped.add(record.partition())
+        if self.producer is not None:
+            remaining = self.producer.flush(self.delivery_timeout)
+            if remaining:
+                log.error("%d deliveries not reported within %ss", remaining, self.delivery_timeout)
+        self._settle(pending)
+
+    def _start(self, item: _Pending) -> bool:
+        """Produce what ``item``'s step needs; ``False`` when it failed before producing."""
+        record, entry = item.record, item.entry
+        if entry.failed:
+            item.ok, item.error = False, entry.note
+            return False
+        if entry.step is Step.DROP:
+            item.ok = True
+            return True
+
+        def report(err: Any, _msg: Any) -> None:
+            item.ok, item.error = err is None, str(err or "")
+
+        if entry.step is Step.LEAVE:
+            self.producer.produce(self.topic, value=record.value(), key=record.key(),  # type: ignore[union-attr]
+                                  headers=record.headers() or [], partition=record.partition(),
+                                  on_delivery=report)
+            return True
+        seen = from_kafka(record)
+        original_topic = seen.header(ORIGINAL_TOPIC)
+        target = self.destination or original_topic
+        if target is None:
+            item.ok, item.error = False, "no destination: no x-dedupe-original-topic header, use --to"
+            return False
+        extra: dict[str, Any] = {}
+        partition = seen.header(ORIGINAL_PARTITION)
+        if target == original_topic and partition is not None and partition.isdigit():
+            extra["partition"] = int(partition)
+        self.pacer.wait()
+        self.producer.produce(target, value=record.value(), key=record.key(),  # type: ignore[union-attr]
+                              headers=replay_headers(record.headers() or []), on_delivery=report, **extra)
+        self.producer.poll(0)  # type: ignore[union-attr]
+        return True
+
+    def _settle(self, pending: list[_Pending]) -> None:
+        """Count every item and commit each partition up to its first failure."""
+        commit: dict[int, int] = {}
+        failed: set[int] = set()
+        for item in pending:
+            partition, offset = item.record.partition(), item.record.offset()
+            if self.producer is None:
+                self.summary.record(item.entry)
+                continue
+            if partition in failed:
+                continue  # left for the next run, not counted in this one
+            if item.ok:
+                commit[partition] = offset + 1
+                self.summary.record(item.entry)
+                log.info("replay key=%s token=- %s (%s[%s]@%s)", item.entry.key, item.entry.step.value,
+                         self.topic, partition, offset)
+                continue
+            failed.add(partition)
+            self.summary.record(item.entry, ok=False)
+            log.error("replay key=%s token=- failed, partition %s stops at offset %s: %s",
+                      item.entry.key, partition, offset, item.error or "no delivery report")
+        if commit:
+            offsets = [self.ck.TopicPartition(self.topic, p, o) for p, o in commit.items()]
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        for partition in failed:
+            self._end(partition)
+
+
+def replay_kafka(config: dict[str, Any], topic: str, group: str, planner: Planner, *,
+                 destination: str | None = None, options: ReplayOptions | None = None,
+                 idle_timeout: float = 5.0, batch_size: int = 100,
+                 delivery_timeout: float = 30.0) -> Summary:
+    """Replay the dead-letter ``topic`` as consumer group ``group``; see the module docstring.
+
+    ``config`` is librdkafka configuration shared by the consumer and the producer (at least
+    ``bootstrap.servers``). ``destination`` overrides the topic records go to (default: the
+    ``x-dedupe-original-topic`` of each). Broker errors propagate; nothing uncommitted is lost.
+    """
+    return _KafkaReplay(config, topic, group, planner, destination, options or ReplayOptions(),
+                        idle_timeout, batch_size, delivery_timeout).run()

@@ -1,0 +1,157 @@
+"""The broker-neutral half of the replay: what to do with one dead-lettered message.
+
+For every message the replay derives the idempotency key exactly as the consumer does (the same
+key strategy applied to the same :class:`~dedupe_worker.Envelope`) and reads the key's state with
+:meth:`Deduplicator.status`, which changes nothing in Redis. The verdict:
+
+================  ===========  ==========================================================
+key state         step         why
+================  ===========  ==========================================================
+done (c / o)      DROP         already applied: remove it from the dead-letter queue
+done (f)          LEAVE        a stored permanent failure; the consumer would only ack it
+                               as ``previously_failed``, so replaying cannot help
+in_progress       LEAVE        another copy is being handled right now
+free              REPLAY       republish, wait for the broker's confirmation, then remove
+no key            LEAVE        the consumer could not derive a key either
+key mismatch      LEAVE        the key differs from the ``x-dedupe-key`` the consumer wrote:
+                               the replay's key options do not match the consumer's
+filtered          LEAVE        its dead-letter reason is not one of ``--filter``
+unavailable       LEAVE        Redis could not be asked; counted as failed
+================  ===========  ==========================================================
+
+The planner is advisory: between the look-up and the consumer's claim anything may happen, and
+the consumer's own deduplication is what finally prevents a second application.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..deadletter import ATTEMPTS, KEY
+from ..deduplicator import Deduplicator
+from ..envelope import Envelope
+from ..errors import InvalidKey, StoreUnavailable, UndecodableMessage
+from ..keys import KeyStrategy
+
+__all__ = ["REPLAYED", "Entry", "Pacer", "Planner", "Step", "replay_headers"]
+
+log = logging.getLogger(__name__)
+
+#: Header added to a republished message: how many times it has been replayed.
+REPLAYED = "x-dedupe-replayed"
+
+
+class Step(str, enum.Enum):
+    """What the replay does with one message."""
+
+    REPLAY = "replay"
+    DROP = "drop"
+    LEAVE = "leave"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The plan for one message: its key (``None`` when none could be derived), the key's state,
+    the step, the dead-letter reason the message carried, and a note for the operator."""
+
+    key: str | None
+    state: str
+    step: Step
+    reason: str = ""
+    note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """True when the message is left only because something went wrong (Redis down)."""
+        return self.state == "unavailable"
+
+
+class Planner:
+    """Decides the :class:`Entry` of each message; shared by the RabbitMQ and Kafka replays.
+
+    :param dedupe: the consumer's :class:`Deduplicator` settings (namespace!); only read from.
+    :param key_strategy: the consumer's key strategy.
+    :param reasons: replay only messages whose dead-letter reason is one of these (``None``: all).
+    """
+
+    def __init__(self, dedupe: Deduplicator, key_strategy: KeyStrategy,
+                 reasons: Collection[str] | None = None) -> None:
+        self.dedupe = dedupe
+        self.key_strategy = key_strategy
+        self.reasons = frozenset(reasons) if reasons else None
+
+    def judge(self, envelope: Envelope, reason: str = "") -> Entry:
+        """The plan for one message. Never raises; reads Redis at most once."""
+        if self.reasons is not None and reason not in self.reasons:
+            return Entry(None, "filtered", Step.LEAVE, reason, "reason not selected by --filter")
+        try:
+            key = self.key_strategy(envelope)
+        except (InvalidKey, UndecodableMessage) as exc:
+            return Entry(None, "no_key", Step.LEAVE, reason, f"{type(exc).__name__}: {exc}")
+        recorded = envelope.header(KEY)
+        if recorded is not None and recorded != key:
+            log.warning("replay key=%s differs from recorded %s=%s: check the key options",
+                        key, KEY, recorded)
+            return Entry(key, "key_mismatch", Step.LEAVE, reason, f"consumer recorded key {recorded!r}")
+        try:
+            state = self.dedupe.status(key)
+        except InvalidKey as exc:
+            return Entry(key, "no_key", Step.LEAVE, reason, str(exc))
+        except StoreUnavailable as exc:
+            log.error("replay key=%s left in place, Redis unavailable: %s", key, exc)
+            return Entry(key, "unavailable", Step.LEAVE, reason, str(exc))
+        if state.state == "done":
+            if state.status == "f":
+                return Entry(key, "failed", Step.LEAVE, reason,
+                             f"permanent failure stored (token {state.token})")
+            return Entry(key, "applied", Step.DROP, reason, f"applied (token {state.token})")
+        if state.state == "in_progress":
+            return Entry(key, "in_progress", Step.LEAVE, reason,
+                         f"lease held by token {state.token} for {state.remaining_ms} ms")
+        return Entry(key, "free", Step.REPLAY, reason)
+
+
+def replay_headers(headers: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The headers of a republished message: all of ``headers`` in order, except that
+    ``x-dedupe-attempts`` is dropped (a fresh retry budget) and ``x-dedupe-replayed`` is set to
+    one more than before."""
+    kept: list[tuple[str, Any]] = []
+    previous = 0
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == ATTEMPTS:
+            continue
+        if lowered == REPLAYED:
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+            previous = int(text) if text.strip().isdigit() else previous
+            continue
+        kept.append((name, value))
+    kept.append((REPLAYED, str(previous + 1)))
+    return kept
+
+
+class Pacer:
+    """Spaces calls to :meth:`wait` at least ``1/rate`` seconds apart (``rate`` ``None``: no limit)."""
+
+    def __init__(self, rate: float | None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if rate is not None and rate <= 0:
+            raise ValueError("rate must be positive")
+        self.interval = 1.0 / rate if rate else 0.0
+        self.clock = clock
+        self.sleep = sleep
+        self.next_at = 0.0
+
+    def wait(self) -> None:
+        if not self.interval:
+            return
+        now = self.clock()
+        if now < self.next_at:
+            self.sleep(self.next_at - now)
+            now = self.next_at
+        self.next_at = now + self.interval
