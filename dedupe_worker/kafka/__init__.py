@@ -1,0 +1,17 @@
+"""Kafka integration: :class:`DedupeKafkaConsumer`, a confluent-kafka consumer loop that applies
+each idempotency key once, commits only what is decided and dead-letters what cannot be applied.
+
+Needs the ``kafka`` extra (``pip install 'dedupe-worker[kafka]'``). See ``docs/kafka.md``.
+"""
+
+from __future__ import annotations
+
+from ..extras import require
+
+require("confluent_kafka", "kafka")
+
+from .consumer import DedupeKafkaConsumer  # noqa: E402
+from .deadletter import DeadLetter, DeadLetterProducer  # noqa: E402
+from .hooks import ConsumerHooks  # noqa: E402
+
+__all__ = ["ConsumerHooks", "DeadLetter", "DeadLetterProducer", "DedupeKafkaConsumer"]

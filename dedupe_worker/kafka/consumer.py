@@ -1,0 +1,342 @@
+"""The deduplicating Kafka consumer loop (confluent-kafka, classic consumer groups).
+
+One thread consumes a batch, derives each message's key, decides the whole batch with
+:func:`~dedupe_worker.handling.decide_many` (one round trip to claim, the handler per acquired
+message, one round trip to complete), dead-letters what must be, and then commits, per partition,
+the offset after the last message before which everything is decided. The first undecided message
+of a partition (in progress elsewhere, Redis down, handler error to retry, dead letter not
+delivered) pauses that partition and rewinds it; the other partitions keep flowing.
+
+Crash story: the consumer commits only after a batch is decided, so a crash redelivers at most the
+uncommitted messages. Those already completed answer DUPLICATE; one whose handler was running
+stays claimed until its lease runs out, and then runs again (fence outside effects with
+:func:`~dedupe_worker.current_claim`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from ..backoff import backoff
+from ..deduplicator import Deduplicator
+from ..envelope import Envelope, from_kafka
+from ..handling import Action, Decision, Reason, decide_many, poison
+from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
+from .deadletter import DeadLetter, DeadLetterProducer, producer_config
+from .hooks import ConsumerHooks
+from .positions import DONE, Hold, PartitionState, plan_partition
+
+__all__ = ["DedupeKafkaConsumer"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Any]
+TP = tuple[str, int]
+#: Reasons for which the handler ran (so they count as an attempt).
+_RAN = frozenset({Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT})
+
+
+class DedupeKafkaConsumer(ConsumerHooks):
+    """Consume ``topics`` with ``config`` and apply ``handler(message)`` once per idempotency key.
+
+    Guaranteed: ``enable.auto.commit`` is forced off and an offset is committed only when every
+    earlier message of its partition is applied, a duplicate or delivered to the dead-letter topic;
+    at-least-once delivery is never weakened into at-most-once. A key seen again (other offset,
+    other partition, other consumer) is not applied again while its outcome is kept.
+
+    Not guaranteed: a handler killed mid-run may run again after its lease (see the module doc);
+    dead letters are written at least once (a crash between delivery and commit repeats one);
+    the handler-error attempt count lives in memory and restarts after a rebalance or restart.
+
+    :param config: confluent-kafka consumer settings (``bootstrap.servers``, ``group.id``, ...);
+        ``auto.offset.reset`` defaults to ``earliest``.
+    :param handler: called with the ``confluent_kafka.Message``; its return value is stored as the
+        key's result (JSON).
+    :param key_strategy: ``Envelope -> key`` (default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`).
+    :param fingerprint: ``Envelope -> payload fingerprint`` (``None``: no conflict detection).
+    :param batch_size: most messages decided together (one claim and one completion round trip).
+    :param max_attempts: handler errors before a message is dead-lettered.
+    :param retry_base, retry_cap: backoff (full jitter) between handler attempts and deferrals.
+    :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
+    :param producer_overrides: extra settings for the dead-letter producer.
+    :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topics: Sequence[str],
+        handler: Handler,
+        deduplicator: Deduplicator,
+        *,
+        key_strategy: KeyStrategy = KAFKA_DEFAULT,
+        fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
+        batch_size: int = 500,
+        poll_timeout: float = 1.0,
+        max_attempts: int = 3,
+        retry_base: float = 0.5,
+        retry_cap: float = 30.0,
+        dead_letter_topic: str = "{topic}.dlq",
+        producer_overrides: Mapping[str, Any] | None = None,
+        dead_letter_timeout: float = 30.0,
+    ) -> None:
+        if batch_size < 1 or max_attempts < 1:
+            raise ValueError("batch_size and max_attempts must be at least 1")
+        self.config = {"auto.offset.reset": "earliest", **config, "enable.auto.commit": False}
+        self.topics = list(topics)
+        self.handler = handler
+        self.dedupe = deduplicator
+        self.key_strategy = key_strategy
+        self.fingerprint = fingerprint
+        self.batch_size = batch_size
+        self.poll_timeout = poll_timeout
+        self.max_attempts = max_attempts
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.consumer = Consumer(self.config)
+        producer = Producer(producer_config(self.config, producer_overrides, dead_letter_timeout))
+        self.dead_letters = DeadLetterProducer(producer, dead_letter_topic, dead_letter_timeout)
+        #: Count of decisions by reason value, plus ``"dead_lettered"`` and ``"committed"``.
+        self.stats: Counter[str] = Counter()
+        self._partitions: dict[TP, PartitionState] = {}
+        self._stop = threading.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def run(self, install_signal_handlers: bool | None = None) -> None:
+        """Consume until :meth:`stop` (or SIGTERM/SIGINT when ``install_signal_handlers``, the
+        default in the main thread), then finish the current batch, commit it and leave the group."""
+        if install_signal_handlers is None:
+            install_signal_handlers = threading.current_thread() is threading.main_thread()
+        previous = {}
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        try:
+            while not self._stop.is_set():
+                self._resume_due()
+                messages = self.consumer.consume(self.batch_size, self._wait())
+                if messages:
+                    self.process(messages)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current batch (safe from any thread or signal)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Deliver queued dead letters and leave the group (the lead hands partitions on)."""
+        self.dead_letters.close()
+        self.consumer.close()
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def process(self, messages: Sequence[Message]) -> None:
+        """Decide a batch, dead-letter, rewind what is undecided and commit what is decided."""
+        live = [m for m in messages if self._accept(m)]
+        outcomes = self._outcomes(live)
+        rows: dict[TP, list[tuple[int, Any]]] = {}
+        for msg, outcome in zip(live, outcomes, strict=True):
+            rows.setdefault(_tp(msg), []).append((msg.offset() or 0, outcome))
+        commits: list[TopicPartition] = []
+        for tp, outcome_rows in rows.items():
+            state = self._partitions[tp]
+            plan = plan_partition(state, sorted(outcome_rows, key=lambda row: row[0]))
+            if plan.commit is not None:
+                commits.append(TopicPartition(tp[0], tp[1], plan.commit))
+            if plan.rewind is not None:
+                self._rewind(tp, state, plan.rewind[0], plan.rewind[1].delay)
+        self._commit(commits)
+
+    def _accept(self, msg: Message) -> bool:
+        """Whether ``msg`` is to be handled now: not an error, and its partition is ours and not
+        rewound past it (a fetch from before a rewind comes again after the resume)."""
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+            return False
+        tp = _tp(msg)
+        state = self._partitions.get(tp)
+        offset = msg.offset() or 0
+        if state is None or state.paused_until is not None:
+            return False
+        if state.rewound_to is not None:
+            if offset < state.rewound_to:
+                return False
+            if offset > state.rewound_to:  # the seek did not take: rewind again
+                log.warning("partition %s:%s delivered offset %s after a rewind to %s; rewinding again",
+                            tp[0], tp[1], offset, state.rewound_to)
+                self._rewind(tp, state, state.rewound_to, self.retry_base)
+                return False
+            state.rewound_to = None
+        return True
+
+    def _outcomes(self, live: Sequence[Message]) -> list[Any]:
+        """``DONE`` or a :class:`Hold` per message."""
+        outcomes: list[Any] = [None] * len(live)
+        letters: list[tuple[int, DeadLetter]] = []
+        keyed: list[tuple[int, str]] = []
+        items: list[tuple[str, Any, Callable[[], Any]]] = []
+        for i, msg in enumerate(live):
+            state = self._state(msg)
+            offset = msg.offset() or 0
+            if offset in state.settled:  # decided in an earlier batch, behind an earlier hold
+                pending = state.settled[offset]
+                if pending is None:
+                    outcomes[i] = DONE
+                else:
+                    letters.append((i, DeadLetter(msg, pending.decision, pending.key, pending.attempts)))
+                continue
+            try:
+                envelope = from_kafka(msg)
+                key = self.key_strategy(envelope)
+                fp = self.fingerprint(envelope) if self.fingerprint is not None else None
+            except Exception as exc:  # MissingKey, UndecodableMessage, or a broken strategy
+                letters.append((i, DeadLetter(msg, poison(exc))))
+                continue
+            keyed.append((i, key))
+            items.append((key, fp, partial(self.handler, msg)))
+        for (i, key), decision in zip(keyed, self.decide_batch(items), strict=True):
+            outcomes[i] = self._verdict(live[i], key, decision, letters, i)
+        delivered = self.dead_letters.send([letter for _, letter in letters])
+        for (i, letter), ok in zip(letters, delivered, strict=True):
+            holds = self._state(letter.message).holds
+            outcomes[i] = DONE if ok else Hold(backoff(holds + 1, base=self.retry_base, cap=self.retry_cap),
+                                               letter)
+            self._after_dead_letter(letter, ok)
+        return outcomes
+
+    def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]]) -> list[Decision]:
+        """The dedupe verdicts for ``(key, fingerprint, handler)`` items: :func:`decide_many`."""
+        return decide_many(self.dedupe, items) if items else []
+
+    def _verdict(self, msg: Message, key: str, decision: Decision,
+                 letters: list[tuple[int, DeadLetter]], index: int) -> Any:
+        """Map one decision to ``DONE``, a :class:`Hold`, or (queued in ``letters``) a dead letter."""
+        state = self._state(msg)
+        offset = msg.offset() or 0
+        token = decision.claim.token if decision.claim else 0
+        self.stats[decision.reason.value] += 1
+        action = decision.action
+        if action is Action.ACK:
+            log.debug("%s key=%s token=%s offset=%s", decision.reason.value, key, token, offset)
+            hook = self.on_duplicate if decision.reason is not Reason.APPLIED else self.on_applied
+            self._safely(hook, msg, decision)
+            return DONE
+        attempts = state.attempts.get(offset, 0)
+        if decision.reason in _RAN:
+            attempts = state.attempts[offset] = attempts + 1
+        if action is Action.RETRY and attempts < self.max_attempts:
+            delay = backoff(attempts, base=self.retry_base, cap=self.retry_cap)
+        elif action is Action.DEFER:
+            if decision.reason is Reason.LEASE_LOST:
+                self._safely(self.on_lease_lost, msg, decision)
+            delay = backoff(state.holds + 1, base=self.retry_base, cap=self.retry_cap,
+                            floor=decision.retry_after)
+        else:
+            letters.append((index, DeadLetter(msg, decision, key, attempts)))
+            return None
+        log.info("deferring key=%s token=%s reason=%s %s:%s@%s for %.2fs: %s", key, token,
+                 decision.reason.value, msg.topic(), msg.partition(), offset, delay, decision.detail)
+        self._safely(self.on_deferred, msg, decision, delay)
+        return Hold(delay)
+
+    def _after_dead_letter(self, letter: DeadLetter, ok: bool) -> None:
+        msg, decision = letter.message, letter.decision
+        token = decision.claim.token if decision.claim else 0
+        where = f"{msg.topic()}:{msg.partition()}@{msg.offset()}"
+        if ok:
+            self.stats["dead_lettered"] += 1
+            log.warning("dead-lettered key=%s token=%s reason=%s %s: %s", letter.key, token,
+                        decision.reason.value, where, decision.detail)
+            self._safely(self.on_dead_letter, msg, decision)
+        else:
+            log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
+                      letter.key, token, where)
+
+    # -- partitions -----------------------------------------------------------------------------
+
+    def _state(self, msg: Message) -> PartitionState:
+        return self._partitions[_tp(msg)]
+
+    def _rewind(self, tp: TP, state: PartitionState, offset: int, delay: float) -> None:
+        """Pause ``tp``, seek it back to ``offset`` and schedule its resume in ``delay`` seconds."""
+        position = TopicPartition(tp[0], tp[1], offset)
+        state.paused_until = time.monotonic() + delay
+        state.rewound_to = offset
+        try:
+            self.consumer.pause([position])
+            self.consumer.seek(position)
+        except KafkaException as exc:  # caught again by _accept's offset check after the resume
+            log.warning("could not rewind %s:%s to %s: %s", tp[0], tp[1], offset, exc)
+
+    def _resume_due(self) -> None:
+        now = time.monotonic()
+        due = [tp for tp, s in self._partitions.items()
+               if s.paused_until is not None and s.paused_until <= now]
+        for tp in due:
+            self._partitions[tp].paused_until = None
+        if due:
+            self.consumer.resume([TopicPartition(t, p) for t, p in due])
+
+    def _wait(self) -> float:
+        """Poll timeout: ``poll_timeout``, shorter when a paused partition is due sooner."""
+        pending = [s.paused_until for s in self._partitions.values() if s.paused_until is not None]
+        if not pending:
+            return self.poll_timeout
+        return max(0.0, min(self.poll_timeout, min(pending) - time.monotonic()))
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # e.g. a rebalance: the next owner answers DUPLICATE
+            log.warning("commit of %s failed: %s", offsets, exc)
+            return
+        self.stats["committed"] += 1
+        self._safely(self.on_commit, offsets)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._partitions[(tp.topic, tp.partition)] = PartitionState()
+        try:  # a partition we paused before losing it starts flowing again
+            consumer.resume(partitions)
+        except KafkaException as exc:
+            log.debug("resume on assign: %s", exc)
+        log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
+        self._safely(self.on_assign, partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Batches run in this thread, so the last one is decided and committed already; what was
+        # held is simply read again by the next owner from the committed offset.
+        for tp in partitions:
+            self._partitions.pop((tp.topic, tp.partition), None)
+        log.info("revoked %s", [(tp.topic, tp.partition) for tp in partitions])
+        self._safely(self.on_revoke, partitions)
+
+    @staticmethod
+    def _safely(hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("hook %s failed", getattr(hook, "__name__", hook))
+
+
+def _tp(msg: Message) -> TP:
+    return (msg.topic() or "", msg.partition() or 0)
