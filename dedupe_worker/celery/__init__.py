@@ -1,0 +1,15 @@
+"""Celery integration: ``@app.task(base=IdempotentTask, ...)`` applies a task's body once per key.
+
+Needs the ``celery`` extra (``pip install 'dedupe-worker[celery]'``). See ``docs/celery.md``.
+"""
+
+from __future__ import annotations
+
+from ..extras import require
+
+require("celery", "celery")
+
+from ..context import current_claim  # noqa: E402
+from .task import DEFERRALS_HEADER, IdempotentTask  # noqa: E402
+
+__all__ = ["DEFERRALS_HEADER", "IdempotentTask", "current_claim"]
