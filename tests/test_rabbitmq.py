@@ -1,0 +1,213 @@
+"""The RabbitMQ consumer in-process, against the real broker and real Redis."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from kombu import Connection
+
+import dedupe_worker.rabbitmq as rabbitmq
+from dedupe_worker import Deduplicator, Reason
+from dedupe_worker.envelope import Envelope
+from dedupe_worker.keys import body_fingerprint, field_key, first_of, header_key
+from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
+
+from .rabbitmq_fixtures import amqp, consumer_thread, dead_letters, depth, publish, queue_name, wait_for
+
+__all__ = ["amqp", "queue_name"]  # fixtures used by name
+
+
+class Recorder:
+    """A handler that counts applications per ``id`` of the JSON body (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.applied: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
+        self.headers: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, body: Any, message: Any) -> str:
+        with self.lock:
+            self.applied[body["id"]] += 1
+            self.headers[body["id"]] = dict(message.headers)
+        return str(body["id"])
+
+    def total(self) -> int:
+        with self.lock:
+            return sum(self.applied.values())
+
+
+def test_public_names() -> None:
+    assert rabbitmq.__all__ == sorted(rabbitmq.__all__)
+    assert "DedupeConsumer" in rabbitmq.__all__
+    for name in rabbitmq.__all__:
+        assert hasattr(rabbitmq, name)
+
+
+@pytest.mark.parametrize("prefetch", [1, 10])
+def test_duplicates_applied_once_and_queue_drained(
+    amqp: Connection, queue_name: str, dedupe: Deduplicator, prefetch: int
+) -> None:
+    # Three ways a key is found (header, message_id, body hash), each message sent three times.
+    sent = []
+    for n in range(12):
+        body = orjson.dumps({"id": f"m{n}"})
+        if n % 3 == 0:
+            sent.append((body, {"headers": {"idempotency-key": f"order-{n}"}}))
+        elif n % 3 == 1:
+            sent.append((body, {"message_id": f"mid-{n}"}))
+        else:
+            sent.append((body, {}))
+    for _copy in range(3):
+        for body, props in sent:
+            publish(amqp, queue_name, body, **props)
+    handler = Recorder()
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], handler, dedupe, prefetch_count=prefetch)
+    with consumer_thread(consumer):
+        wait_for(lambda: handler.total() >= 12 and depth(amqp, queue_name) == 0, what="all applied")
+        # Give a stray duplicate the chance to be (wrongly) applied before judging.
+        wait_for(lambda: depth(amqp, delay_queue(queue_name)) == 0, what="delay queue empty")
+    assert handler.applied == {f"m{n}": 1 for n in range(12)}
+    assert depth(amqp, queue_name) == 0
+    assert dead_letters(amqp, queue_name) == []
+
+
+class Permanent(ValueError):
+    """Stored as a permanent failure by the deduplicator below."""
+
+
+@pytest.fixture
+def strict_dedupe(redis_client: redis.Redis, namespace: str) -> Any:
+    d = Deduplicator(redis_client, namespace=namespace, lease=2.0, result_ttl=60.0,
+                     permanent_errors=(Permanent,))
+    yield d
+    d.close()
+
+
+def test_every_poison_kind_is_dead_lettered_with_its_reason(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+) -> None:
+    applied: list[str] = []
+
+    def handler(body: Any, message: Any) -> Any:
+        if body.get("fail") == "permanent":
+            raise Permanent("cannot ever apply")
+        if body.get("fail") == "always":
+            raise RuntimeError("flaky downstream")
+        applied.append(body["id"])
+        return body["id"]
+
+    props = dict(message_id="mid-1", correlation_id="corr-1", priority=3, app_id="tests", type="order",
+                 timestamp=1_700_000_000, delivery_mode=2)
+    # header or the "id" field of the JSON body; no content-hash fallback, so a key can be missing
+    strategy = first_of(header_key(), field_key("id"))
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], handler, strict_dedupe, key_strategy=strategy,
+                              max_attempts=2, retry_base=0.05, retry_cap=0.1)
+    with consumer_thread(consumer):
+        publish(amqp, queue_name, '{"id": "conflict", "v": 1}')
+        wait_for(lambda: applied == ["conflict"], what="first use of the key")
+        publish(amqp, queue_name, '{"id": "conflict", "v": 2}', headers={"x-trace": "t1"}, **props)
+        publish(amqp, queue_name, "not json at all", content_type="text/plain")
+        publish(amqp, queue_name, "{broken", headers={"idempotency-key": "k-json"})
+        publish(amqp, queue_name, '{"no_id": 1}')
+        publish(amqp, queue_name, '{"id": 1}', headers={"idempotency-key": "x" * 9000})
+        publish(amqp, queue_name, '{"id": "perm", "fail": "permanent"}')
+        publish(amqp, queue_name, '{"id": "flaky", "fail": "always"}')
+        publish(amqp, queue_name, '{"id": "good"}')
+        wait_for(lambda: depth(amqp, dlq(queue_name)) >= 7, what="seven dead letters")
+        wait_for(lambda: "good" in applied, what="the loop to keep going")
+    letters = dead_letters(amqp, queue_name)
+    by_reason = {m.headers["x-dedupe-reason"]: m for m in letters}
+    assert len(letters) == 7
+    assert set(by_reason) == {r.value for r in (
+        Reason.CONFLICT, Reason.UNDECODABLE, Reason.INVALID_KEY, Reason.PERMANENT_FAILURE,
+        Reason.HANDLER_ERROR)}
+    reasons = collections.Counter(m.headers["x-dedupe-reason"] for m in letters)
+    assert reasons["undecodable"] == 2 and reasons["invalid_key"] == 2
+    for m in letters:
+        assert m.headers["x-dedupe-error"], m.headers
+        assert m.headers["x-dedupe-original-queue"] == queue_name
+        assert m.headers["x-dedupe-original-exchange"] == ""
+        assert m.headers["x-dedupe-original-routing-key"] == queue_name
+        assert m.properties.get("expiration") is None
+    # body, properties and the original headers travel intact
+    conflict = by_reason["conflict"]
+    assert conflict.body in ('{"id": "conflict", "v": 2}', b'{"id": "conflict", "v": 2}')
+    assert conflict.headers["x-trace"] == "t1"
+    assert conflict.headers["x-dedupe-key"] == "conflict"
+    for name, value in props.items():
+        got = conflict.properties[name]
+        assert (got.timestamp() if hasattr(got, "timestamp") else got) == value, name
+    assert conflict.properties["content_type"] == "application/json"
+    assert conflict.properties["content_encoding"] == "utf-8"
+    # handler errors were retried until the attempt limit; the permanent failure ran once
+    assert by_reason["handler_error"].headers["x-dedupe-attempts"] == "2"
+    assert "flaky downstream" in by_reason["handler_error"].headers["x-dedupe-error"]
+    assert by_reason["permanent_failure"].headers["x-dedupe-attempts"] == "1"
+    assert by_reason["undecodable"].headers["x-dedupe-error"].startswith("UndecodableMessage")
+    assert applied == ["conflict", "good"]
+    assert depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0
+
+
+def test_handler_errors_are_retried_with_backoff_then_applied_once(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def handler(body: Any, message: Any) -> str:
+        calls.append(dict(message.headers))
+        if len(calls) < 3:
+            raise RuntimeError(f"attempt {len(calls)} fails")
+        return "ok"
+
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], handler, strict_dedupe, max_attempts=3,
+                              retry_base=0.05, retry_cap=0.1)
+    with consumer_thread(consumer):
+        publish(amqp, queue_name, '{"id": "r1"}', headers={"idempotency-key": "r1"})
+        wait_for(lambda: len(calls) == 3, what="three attempts")
+        publish(amqp, queue_name, '{"id": "r1"}', headers={"idempotency-key": "r1"})  # a late duplicate
+        wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0)
+    assert [c.get("x-dedupe-attempts") for c in calls] == [None, "1", "2"]
+    assert strict_dedupe.status("r1").state == "done"
+    assert len(calls) == 3
+    assert dead_letters(amqp, queue_name) == []
+
+
+def test_in_progress_elsewhere_is_deferred_through_the_delay_queue(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+) -> None:
+    """Two keys held by "another worker" (claims taken here, lease 2 s, never renewed): one is
+    completed meanwhile (its message comes back a duplicate), the other's holder vanishes (its
+    message comes back after the lease and is applied once)."""
+    bodies = {"done-elsewhere": b'{"id": "done-elsewhere"}', "holder-died": b'{"id": "holder-died"}'}
+    held = {key: strict_dedupe.begin(key, fingerprint=body_fingerprint(Envelope(body=body)))
+            for key, body in bodies.items()}
+    assert all(c.acquired for c in held.values())
+    handler = Recorder()
+    deferred: list[tuple[str, str, float]] = []
+
+    class Watching(DedupeConsumer):
+        def on_deferred(self, message: Any, decision: Any, delay: float) -> None:
+            deferred.append((message.headers["idempotency-key"], decision.reason.value, delay))
+
+    consumer = Watching(amqp.clone(), [queue_name], handler, strict_dedupe, defer_base=0.1)
+    with consumer_thread(consumer):
+        for key, body in bodies.items():
+            publish(amqp, queue_name, body, headers={"idempotency-key": key})
+        wait_for(lambda: depth(amqp, delay_queue(queue_name)) == 2, what="both parked in the delay queue")
+        assert handler.total() == 0
+        strict_dedupe.complete(held["done-elsewhere"], "done by the other worker")
+        wait_for(lambda: handler.applied["holder-died"] == 1, timeout=15, what="the orphaned key applied")
+        wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0)
+    assert handler.applied == {"holder-died": 1}
+    assert {(k, r) for k, r, _ in deferred} >= {("done-elsewhere", "in_progress"),
+                                                ("holder-died", "in_progress")}
+    assert all(delay >= 1.0 for _, _, delay in deferred[:2])  # not before the other lease can end
+    assert int(handler.headers["holder-died"]["x-dedupe-deferrals"]) >= 1
+    assert "x-dedupe-attempts" not in handler.headers["holder-died"]  # a deferral is not an attempt
+    assert strict_dedupe.status("done-elsewhere").state == "done"
+    assert dead_letters(amqp, queue_name) == []
