@@ -15,16 +15,13 @@ from celery.result import AsyncResult
 
 from dedupe_worker import DedupeError, Deduplicator, KeyConflict
 
-from .celery_fixtures import (  # noqa: F401  (fixtures)
-    PermanentError,
-    WorkerProcess,
-    celery_app,
-    celery_config,
-    delete_queue,
-    effects,
-    make_app,
-    worker_process,
-)
+from . import celery_fixtures
+from .celery_fixtures import PermanentError, WorkerProcess, delete_queue, effects, make_app
+
+# The fixtures this module uses, from a conftest-free fixtures module.
+celery_config = celery_fixtures.celery_config
+celery_app = celery_fixtures.celery_app
+worker_process = celery_fixtures.worker_process
 
 TIMEOUT = 30
 
@@ -157,7 +154,7 @@ def test_permanent_failure_is_stored_and_not_retried(celery_app: Celery,
     second = doomed.delay("j4")
     # PreviouslyFailed cannot be rebuilt from its message by the JSON result backend, which
     # then gives its nearest rebuildable base, DedupeError, with the same message.
-    with pytest.raises(DedupeError, match="failed permanently before.*j4 can never work"):
+    with pytest.raises(DedupeError, match=r"failed permanently before.*j4 can never work"):
         second.get(timeout=TIMEOUT)
 
     assert second.state == "FAILURE"

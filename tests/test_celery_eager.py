@@ -1,0 +1,166 @@
+"""IdempotentTask in eager mode (users' unit tests), on direct calls, and its options (real Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chain
+
+import dedupe_worker.celery
+from dedupe_worker import Deduplicator, InProgress, InvalidKey, KeyConflict, PreviouslyFailed
+from dedupe_worker.celery import IdempotentTask
+
+from . import celery_fixtures
+from .celery_fixtures import PermanentError, effects, make_app
+
+celery_config = celery_fixtures.celery_config
+
+
+@pytest.fixture
+def eager_app(celery_config: dict[str, Any]) -> Iterator[Celery]:
+    app = make_app(**celery_config, eager=True)
+    yield app
+    app.close()
+
+
+def count(app: Celery, *parts: Any) -> int:
+    with effects(app) as r:
+        return int(r.get(":".join(["fx", app.conf.dedupe_namespace, *map(str, parts)])) or 0)
+
+
+def test_public_names() -> None:
+    assert dedupe_worker.celery.__all__ == ["DEFERRALS_HEADER", "IdempotentTask", "current_claim"]
+
+
+def test_eager_duplicate_returns_the_stored_result(eager_app: Celery) -> None:
+    charge = eager_app.tasks["dt.charge"]
+    first = charge.delay(1, 10).get()
+    second = charge.delay(1, 10).get()
+
+    assert first == second
+    assert first["fencing_token"] == first["claim_token"] >= 1
+    assert count(eager_app, "charge", 1) == 1
+    assert count(eager_app, "duplicates") == 1
+
+
+def test_eager_conflicting_payload_raises_key_conflict(eager_app: Celery) -> None:
+    charge = eager_app.tasks["dt.charge"]
+    charge.delay(2, 10).get()
+    with pytest.raises(KeyConflict):
+        charge.delay(2, 11)
+    assert count(eager_app, "charge-started", 2) == 1
+
+
+def test_eager_autoretry_claims_again_after_a_failing_body(eager_app: Celery) -> None:
+    # As with any Celery task, eager retries need task_eager_propagates off (else Retry is raised).
+    eager_app.conf.task_eager_propagates = False
+    assert eager_app.tasks["dt.flaky"].delay("e1", fail_times=2).get() == {"attempt": 3, "retries": 2}
+    assert count(eager_app, "flaky", "e1") == 3
+
+
+def test_eager_permanent_failure_then_previously_failed(eager_app: Celery) -> None:
+    doomed = eager_app.tasks["dt.doomed"]
+    with pytest.raises(PermanentError):
+        doomed.delay("e2")
+    with pytest.raises(PreviouslyFailed):
+        doomed.delay("e2")
+    assert count(eager_app, "doomed", "e2") == 1
+
+
+def test_eager_in_progress_elsewhere_raises_instead_of_spinning(eager_app: Celery, redis_url: str) -> None:
+    other = Deduplicator(redis.Redis.from_url(redis_url), namespace=eager_app.conf.dedupe_namespace, lease=5)
+    held = other.begin("charge:3")
+    with pytest.raises(InProgress) as caught:
+        eager_app.tasks["dt.charge"].delay(3, 10)
+    assert caught.value.retry_after > 0
+    assert count(eager_app, "charge-started", 3) == 0
+    other.release(held)
+    assert eager_app.tasks["dt.charge"].delay(3, 10).get()["fencing_token"] == held.token + 1
+
+
+def test_eager_chain_with_a_duplicate_link(eager_app: Celery) -> None:
+    charge, total = eager_app.tasks["dt.charge"], eager_app.tasks["dt.total"]
+    assert chain(charge.s(4, 5), total.s()).apply_async().get() == 10
+    assert chain(charge.s(4, 5), total.s()).apply_async().get() == 10
+    assert count(eager_app, "charge", 4) == 1
+    assert count(eager_app, "total", 4) == 2
+
+
+def test_direct_call_is_deduplicated_too(eager_app: Celery) -> None:
+    charge = eager_app.tasks["dt.charge"]
+    assert charge(5, 50) == charge(5, 50)
+    assert count(eager_app, "charge", 5) == 1
+
+
+def test_default_key_is_the_same_for_positional_and_keyword_arguments(eager_app: Celery) -> None:
+    tagged = eager_app.tasks["dt.tagged"]
+    assert tagged.delay("x").get() == tagged.delay(tag="x").get()
+    assert count(eager_app, "tagged", "x") == 1
+
+
+def test_header_key_in_eager_mode(eager_app: Celery) -> None:
+    tagged = eager_app.tasks["dt.tagged"]
+    assert tagged.apply_async(("y",), headers={"idempotency_key": "h1"}).get() == "y:h1"
+    assert tagged.apply_async(("y",), headers={"idempotency_key": "h1"}).get() == "y:h1"
+    assert count(eager_app, "tagged", "y") == 1
+
+
+def test_format_string_key_and_a_key_function_that_fails(eager_app: Celery) -> None:
+    calls: list[int] = []
+
+    @eager_app.task(base=IdempotentTask, shared=False, name="dt.formatted", idempotency_key="order:{order_id}")
+    def formatted(order_id: int, note: str = "") -> int:
+        calls.append(order_id)
+        return order_id
+
+    @eager_app.task(base=IdempotentTask, shared=False, name="dt.badkey",
+                    idempotency_key=lambda order, **_: order["id"])
+    def badkey(order: Any) -> None:
+        calls.append(-1)
+
+    assert formatted.delay(7).get() == formatted.delay(order_id=7).get() == 7
+    assert formatted.deduplicator.status("order:7").state == "done"
+    with pytest.raises(InvalidKey):
+        badkey.delay("not a dict")
+    assert calls == [7]
+
+
+def test_fingerprint_option_false_disables_the_conflict_check(eager_app: Celery) -> None:
+    @eager_app.task(base=IdempotentTask, shared=False, name="dt.nofp", idempotency_fingerprint=False,
+                    idempotency_key=lambda user, **_: f"welcome:{user}")
+    def welcome(user: str, text: str) -> str:
+        return text
+
+    assert welcome.delay("ann", "hello").get() == "hello"
+    assert welcome.delay("ann", "hi there").get() == "hello"  # same key, other payload: a duplicate
+
+
+def test_settings_come_from_task_then_app_then_environment(
+        celery_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEDUPE_LEASE", "7")
+    monkeypatch.setenv("DEDUPE_NAMESPACE", "from-env")
+    app = Celery("settings", set_as_current=False)
+    app.conf.dedupe_redis_url = celery_config["backend"]
+    app.conf.dedupe_result_ttl = 99
+
+    @app.task(base=IdempotentTask, shared=False, name="s.env")
+    def from_env() -> None: ...
+
+    @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine")
+    def from_task() -> None: ...
+
+    env, own = from_env.deduplicator, from_task.deduplicator
+    assert (env.lease, env.layout.namespace, env.result_ttl) == (7.0, "from-env", 99)
+    assert (own.lease, own.layout.namespace, own.result_ttl) == (1.5, "mine", 99)
+    app.conf.dedupe_lease = 3
+    assert from_env.deduplicator.lease == 3
+    assert from_env.deduplicator is not env and from_task.deduplicator is own
+    app.close()
+
+
+def test_crash_safety_defaults() -> None:
+    assert IdempotentTask.acks_late is True
+    assert IdempotentTask.reject_on_worker_lost is True
