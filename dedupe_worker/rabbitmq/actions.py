@@ -1,0 +1,193 @@
+"""What the RabbitMQ consumer does with a decided message: ack, defer, retry or dead-letter.
+
+:class:`BrokerActions` holds the options and the no-op hooks of
+:class:`~dedupe_worker.rabbitmq.DedupeConsumer` that concern these actions; it contains no dedupe
+logic (the :class:`~dedupe_worker.handling.Decision` is made before) and never acks a message
+before its outcome is stored or its copy confirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..backoff import backoff
+from ..deadletter import ATTEMPTS, dead_letter_headers
+from ..handling import Action, Decision, Reason
+from .republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
+
+__all__ = ["BrokerActions", "Item", "Stopping"]
+
+log = logging.getLogger(__name__)
+
+
+class Stopping(Exception):
+    """Raised instead of running a handler once a stop was requested: the claim is released
+    and the message requeued, without counting an attempt."""
+
+
+@dataclass
+class Item:
+    queue: str
+    message: Any
+    key: str | None = None
+    fingerprint: Any = None
+    call: Callable[[], Any] | None = None
+    decision: Decision | None = None
+
+
+def _int_header(message: Any, name: str) -> int:
+    raw = (message.headers or {}).get(name)
+    if isinstance(raw, bytes):
+        raw = raw.decode("ascii", "replace")
+    try:
+        return max(0, int(raw)) if raw is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _short(key: str | None) -> str | None:
+    """The key as logged: long keys are cut (the full key is in the dead letter's headers)."""
+    return key if key is None or len(key) <= 120 else f"{key[:100]}...({len(key)} chars)"
+
+
+def _token(decision: Decision) -> int:
+    return decision.claim.token if decision.claim is not None else 0
+
+class BrokerActions:
+    """Maps a decision to broker actions; mixed into the consumer."""
+
+    #: Handler attempts (counted in ``x-dedupe-attempts``) before a failing message is dead-lettered.
+    max_attempts: int = 5
+    #: Backoff before a failed handler is retried: ``backoff(attempt, base=..., cap=...)`` seconds.
+    retry_base: float = 1.0
+    retry_cap: float = 60.0
+    #: Backoff added to the other worker's remaining lease when a message is deferred.
+    defer_base: float = 0.5
+    defer_cap: float = 30.0
+    #: Longest pause before prefetched messages are requeued while Redis is unreachable.
+    outage_cap: float = 5.0
+
+    should_stop: bool = False
+    _publisher: Republisher | None = None
+    _outages: int = 0
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def on_applied(self, message: Any, decision: Decision) -> None:
+        """Called after a handler ran, its outcome was stored and the message was acked."""
+
+    def on_duplicate(self, message: Any, decision: Decision) -> None:
+        """Called after a duplicate (or a copy of a permanently failed key) was acked unhandled."""
+
+    def on_deferred(self, message: Any, decision: Decision, delay: float) -> None:
+        """Called after a message was deferred (delayed copy or requeue) for ``delay`` seconds."""
+
+    def on_dead_letter(self, message: Any, decision: Decision) -> None:
+        """Called after a copy of a message was confirmed in the dead-letter queue."""
+
+    def on_lease_lost(self, message: Any, decision: Decision) -> None:
+        """Called when a handler finished but its lease had been taken over (it is deferred)."""
+
+    # -- actions -----------------------------------------------------------------------------------
+
+    def _settle(self, item: Item) -> None:
+        decision, message = item.decision, item.message
+        assert decision is not None
+        action = decision.action
+        if action is Action.ACK:
+            message.ack()
+            log.debug("acked key=%s token=%s reason=%s", _short(item.key), _token(decision),
+                      decision.reason.value)
+            if decision.reason is Reason.APPLIED:
+                self.on_applied(message, decision)
+            else:
+                self.on_duplicate(message, decision)
+        elif action is Action.DEFER:
+            self._defer(item, decision)
+        elif action is Action.RETRY:
+            if isinstance(decision.error, Stopping):
+                message.requeue()
+            else:
+                self._retry(item, decision)
+        else:
+            handler_ran = decision.reason in (Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT)
+            self._dead_letter(item, decision, _int_header(message, ATTEMPTS) + int(handler_ran))
+
+    def _defer(self, item: Item, decision: Decision) -> None:
+        deferrals = _int_header(item.message, DEFERRALS) + 1
+        delay = backoff(deferrals, base=self.defer_base, cap=self.defer_cap, floor=decision.retry_after)
+        headers = {**item.message.headers, DEFERRALS: str(deferrals)}
+        if not self._copy(item, decision, delay_queue(item.queue), headers, delay):
+            return
+        log.info("deferred key=%s token=%s reason=%s for %.2fs", _short(item.key), _token(decision),
+                 decision.reason.value, delay)
+        if decision.reason is Reason.LEASE_LOST:
+            self.on_lease_lost(item.message, decision)
+        self.on_deferred(item.message, decision, delay)
+
+    def _retry(self, item: Item, decision: Decision) -> None:
+        attempts = _int_header(item.message, ATTEMPTS) + 1
+        if attempts >= self.max_attempts:
+            self._dead_letter(item, decision, attempts)
+            return
+        delay = backoff(attempts, base=self.retry_base, cap=self.retry_cap)
+        headers = {**item.message.headers, ATTEMPTS: str(attempts)}
+        if self._copy(item, decision, delay_queue(item.queue), headers, delay):
+            log.warning("handler failed key=%s token=%s attempt %d/%d, retry in %.2fs: %s", _short(item.key),
+                        _token(decision), attempts, self.max_attempts, delay, decision.detail)
+
+    def _dead_letter(self, item: Item, decision: Decision, attempts: int) -> None:
+        info = item.message.delivery_info or {}
+        headers = {k: v for k, v in item.message.headers.items() if k != DEFERRALS}
+        headers.update(dead_letter_headers(
+            decision, key=item.key, attempts=attempts, original_queue=item.queue,
+            original_exchange=info.get("exchange") or "", original_routing_key=info.get("routing_key") or "",
+        ))
+        if self._copy(item, decision, dlq(item.queue), headers, None):
+            log.error("dead-lettered key=%s token=%s reason=%s attempts=%d: %s", _short(item.key),
+                      _token(decision),
+                      decision.reason.value, attempts, decision.detail)
+            self.on_dead_letter(item.message, decision)
+
+    def _copy(self, item: Item, decision: Decision, queue: str, headers: dict[str, Any],
+              expiration: float | None) -> bool:
+        """Publish a confirmed copy, then ack the original; on a nack or return, requeue it
+        after a pause instead (and redeclare the queues)."""
+        assert self._publisher is not None
+        try:
+            self._publisher.publish(item.message, queue, headers, expiration)
+        except PublishFailed as exc:
+            log.error("could not copy key=%s token=%s to %s, requeueing: %s", _short(item.key),
+                      _token(decision),
+                      queue, exc)
+            self._pause(backoff(1, base=1.0, floor=0.5))
+            self._publisher.declare(item.queue)
+            item.message.requeue()
+            return False
+        item.message.ack()
+        return True
+
+    def _requeue_later(self, items: Sequence[Item]) -> None:
+        """Redis is unreachable: hold the messages for a backoff pause, then requeue them."""
+        first = items[0].decision
+        assert first is not None
+        delay = min(self.outage_cap, backoff(self._outages, base=0.25, cap=self.outage_cap,
+                                             floor=min(first.retry_after, self.outage_cap)))
+        log.warning("Redis unavailable (%s); requeueing %d message(s) after %.2fs", first.detail,
+                    len(items), delay)
+        self._pause(delay)
+        for item in items:
+            item.message.requeue()
+            assert item.decision is not None
+            log.info("requeued key=%s token=%s reason=store_unavailable", _short(item.key),
+                     _token(item.decision))
+            self.on_deferred(item.message, item.decision, delay)
+
+    def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.should_stop and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
