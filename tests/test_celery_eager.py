@@ -111,7 +111,8 @@ def test_header_key_in_eager_mode(eager_app: Celery) -> None:
 def test_format_string_key_and_a_key_function_that_fails(eager_app: Celery) -> None:
     calls: list[int] = []
 
-    @eager_app.task(base=IdempotentTask, shared=False, name="dt.formatted", idempotency_key="order:{order_id}")
+    @eager_app.task(base=IdempotentTask, shared=False, name="dt.formatted",
+                    idempotency_key="order:{order_id}")
     def formatted(order_id: int, note: str = "") -> int:
         calls.append(order_id)
         return order_id
