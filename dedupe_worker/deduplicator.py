@@ -14,7 +14,7 @@ from redis.retry import Retry
 from redis.cluster import RedisCluster
 
 from .claim import OMITTED, Claim, Outcome
-from .context import bind_claim
+from .context import _current, bind_claim
 from .errors import (
     InProgress,
     InvalidKey,
@@ -179,7 +179,9 @@ class Deduplicator:
         hashed); with it, the same key seen with a different payload answers CONFLICT. Raises
         :class:`InvalidKey` and :class:`StoreUnavailable`.
         """
-        return self.begin_many([key], fingerprints=[fingerprint])[0]
+        text, stem, fp, original = self._request(key, fingerprint)
+        reply = self.store.claim_one(stem, fp, original, self._lease_ms, self._retention_ms)
+        return self._claim(text, stem, fp, reply)
 
     def begin_many(
         self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None
@@ -197,8 +199,9 @@ class Deduplicator:
             [(stem, fp, orig) for _, stem, fp, orig in requests], self._lease_ms, self._retention_ms
         )
         claims = [self._claim(key, stem, fp, r) for (key, stem, fp, _), r in zip(requests, replies)]
-        for claim in claims:
-            log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
+        if log.isEnabledFor(logging.DEBUG):
+            for claim in claims:
+                log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
         return claims
 
     def _encode(self, claim: Claim, value: Any) -> tuple[str, bytes, ResultNotSerializable | None]:
@@ -222,9 +225,9 @@ class Deduplicator:
         cannot hold.
         """
         status, data, problem = self._encode(claim, value)
-        if self.renewer.is_lost(claim.stem, claim.token) or not self.store.complete(
-            [(claim.stem, claim.token, status, data)], self._result_ttl_ms
-        )[0]:
+        if self.renewer.is_lost(claim.stem, claim.token) or not self.store.complete_one(
+            claim.stem, claim.token, status, data, self._result_ttl_ms
+        ):
             raise LeaseLost(claim.key, claim.token)
         if problem is not None:
             raise problem
@@ -298,13 +301,19 @@ class Deduplicator:
         stored) and the exception propagates. If the process dies inside ``fn``, the claim stays
         held until the lease runs out; then another delivery may run ``fn`` again.
         """
-        with self.hold(claim):
+        # hold(), spelled out: this is the hot path of every message
+        self.renewer.track(claim.stem, claim.token)
+        reset = _current.set(claim)
+        try:
             try:
                 value = fn(*args, **kwargs)
             except BaseException as exc:
                 self.settle_failure(claim, exc)
                 raise
             self.complete(claim, value)
+        finally:
+            _current.reset(reset)
+            self.renewer.untrack(claim.stem, claim.token)
         return value
 
     def settle_failure(self, claim: Claim, exc: BaseException) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
@@ -29,12 +29,23 @@ from .scripts import ScriptRunner
 __all__ = ["ClaimReply", "KeyState", "RedisStore"]
 
 
+_OUTCOMES = {int(o.value): o for o in Outcome}
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@dataclass(frozen=True)
-class ClaimReply:
+def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
+    outcome = _OUTCOMES[int(code)]
+    if outcome is Outcome.DUPLICATE:
+        return ClaimReply(outcome, int(token), _text(a), b)
+    if outcome is Outcome.IN_PROGRESS:
+        return ClaimReply(outcome, int(token), remaining_ms=int(a))
+    return ClaimReply(outcome, int(token))
+
+
+class ClaimReply(NamedTuple):
     """One key's answer from ``claim.lua``: the raw material of a :class:`~dedupe_worker.Claim`."""
 
     outcome: Outcome
@@ -91,17 +102,20 @@ class RedisStore:
             (lease_ms, retention_ms),
             [(fp, orig) for _, fp, orig in items],
         )
-        replies = []
-        for i in range(0, len(flat), 4):
-            code, token, a, b = flat[i : i + 4]
-            outcome = Outcome(int(code))
-            if outcome is Outcome.DUPLICATE:
-                replies.append(ClaimReply(outcome, int(token), _text(a), b))
-            elif outcome is Outcome.IN_PROGRESS:
-                replies.append(ClaimReply(outcome, int(token), remaining_ms=int(a)))
-            else:
-                replies.append(ClaimReply(outcome, int(token)))
-        return replies
+        return [_claim_reply(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
+
+    def claim_one(self, stem: str, fingerprint: str, original: str, lease_ms: int, retention_ms: int) -> ClaimReply:
+        """:meth:`claim` for one key, without the batch bookkeeping (the per-message hot path)."""
+        return _claim_reply(*self.scripts.call(
+            "claim", (stem + ":started", stem + ":result"), (lease_ms, retention_ms, fingerprint, original)
+        ))
+
+    def complete_one(self, stem: str, token: int, status: str, value: bytes, result_ttl_ms: int) -> bool:
+        """:meth:`complete` for one key (the per-message hot path)."""
+        reply = self.scripts.call(
+            "complete", (stem + ":started", stem + ":result"), (result_ttl_ms, token, status, value)
+        )
+        return bool(reply[0])
 
     def complete(
         self, items: Sequence[tuple[str, int, str, bytes]], result_ttl_ms: int

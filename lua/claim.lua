@@ -23,17 +23,17 @@ local retention_ms = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl_ms = math.max(lease_ms, retention_ms)
-local out = {}
+local out, n = {}, 0
 for i = 1, #KEYS / 2 do
   local started, result = KEYS[2 * i - 1], KEYS[2 * i]
   local fp, orig = ARGV[2 * i + 1], ARGV[2 * i + 2]
   local done = redis.call('HMGET', result, 's', 'v', 't', 'f')
   if done[1] then
     if fp ~= '' and done[4] and done[4] ~= '' and done[4] ~= fp then
-      table.insert(out, 4); table.insert(out, 0); table.insert(out, false); table.insert(out, false)
+      out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
     else
-      table.insert(out, 2); table.insert(out, tonumber(done[3]) or 0)
-      table.insert(out, done[1]); table.insert(out, done[2] or '')
+      out[n + 1] = 2; out[n + 2] = tonumber(done[3]) or 0; n = n + 2
+      out[n + 1] = done[1]; out[n + 2] = done[2] or ''; n = n + 2
     end
   else
     local st = redis.call('HMGET', started, 'next', 'owner', 'deadline', 'fp')
@@ -41,10 +41,10 @@ for i = 1, #KEYS / 2 do
     local deadline = tonumber(st[3]) or 0
     if owner > 0 and deadline > now_ms then
       if fp ~= '' and st[4] and st[4] ~= '' and st[4] ~= fp then
-        table.insert(out, 4); table.insert(out, 0); table.insert(out, false); table.insert(out, false)
+        out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
       else
-        table.insert(out, 3); table.insert(out, owner)
-        table.insert(out, deadline - now_ms); table.insert(out, false)
+        out[n + 1] = 3; out[n + 2] = owner; n = n + 2
+        out[n + 1] = deadline - now_ms; out[n + 2] = false; n = n + 2
       end
     else
       local token = (tonumber(st[1]) or 0) + 1
@@ -52,7 +52,7 @@ for i = 1, #KEYS / 2 do
                  'deadline', now_ms + lease_ms, 'fp', fp)
       if orig ~= '' then redis.call('HSET', started, 'orig', orig) end
       redis.call('PEXPIRE', started, ttl_ms)
-      table.insert(out, 1); table.insert(out, token); table.insert(out, false); table.insert(out, false)
+      out[n + 1] = 1; out[n + 2] = token; out[n + 3] = false; out[n + 4] = false; n = n + 4
     end
   end
 end

@@ -13,7 +13,7 @@
 -- overwrite what its successor stored. The started key is deleted on success: once a
 -- result exists every claim answers DUPLICATE, and the result keeps the final token.
 local result_ttl_ms = tonumber(ARGV[1])
-local out = {}
+local out, n = {}, 0
 for i = 1, #KEYS / 2 do
   local started, result = KEYS[2 * i - 1], KEYS[2 * i]
   local token = ARGV[3 * i - 1]
@@ -24,9 +24,9 @@ for i = 1, #KEYS / 2 do
     if st[3] then redis.call('HSET', result, 'orig', st[3]) end
     redis.call('PEXPIRE', result, result_ttl_ms)
     redis.call('DEL', started)
-    table.insert(out, 1)
+    out[n + 1] = 1; n = n + 1
   else
-    table.insert(out, 0)
+    out[n + 1] = 0; n = n + 1
   end
 end
 return out

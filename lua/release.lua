@@ -8,15 +8,15 @@
 -- claim (nothing is changed: the successor's lease stays). The token counter is kept, so
 -- the next claimant gets a larger token than ours.
 local retention_ms = tonumber(ARGV[1])
-local out = {}
+local out, n = {}, 0
 for i = 1, #KEYS do
   local owner = redis.call('HGET', KEYS[i], 'owner')
   if owner and owner == ARGV[i + 1] then
     redis.call('HSET', KEYS[i], 'owner', 0, 'deadline', 0, 'fp', '')
     redis.call('PEXPIRE', KEYS[i], retention_ms)
-    table.insert(out, 1)
+    out[n + 1] = 1; n = n + 1
   else
-    table.insert(out, 0)
+    out[n + 1] = 0; n = n + 1
   end
 end
 return out

@@ -12,15 +12,15 @@ local lease_ms = tonumber(ARGV[1])
 local ttl_ms = math.max(lease_ms, tonumber(ARGV[2]))
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
+local out, n = {}, 0
 for i = 1, #KEYS do
   local owner = redis.call('HGET', KEYS[i], 'owner')
   if owner and owner == ARGV[i + 2] then
     redis.call('HSET', KEYS[i], 'deadline', now_ms + lease_ms)
     redis.call('PEXPIRE', KEYS[i], ttl_ms)
-    table.insert(out, 1)
+    out[n + 1] = 1; n = n + 1
   else
-    table.insert(out, 0)
+    out[n + 1] = 0; n = n + 1
   end
 end
 return out

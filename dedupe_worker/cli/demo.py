@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", type=int, default=4, help="concurrent workers (default 4)")
     p.add_argument("--seed", type=int, default=7, help="seed of the delivery script")
     p.add_argument("--redis-url", help="Redis to use (default: DEDUPE_REDIS_URL, else local, else a private server)")
+    p.add_argument("--no-local", action="store_true",
+                   help="do not try the local Redis on 127.0.0.1:6379 (use DEDUPE_REDIS_URL or a private server)")
     p.set_defaults(func=run)
 
 
@@ -40,10 +42,12 @@ def _reachable(url: str) -> bool:
 
 
 @contextmanager
-def _redis(explicit: str | None) -> Iterator[tuple[str, str]]:
+def _redis(explicit: str | None, try_local: bool = True) -> Iterator[tuple[str, str]]:
     """Yield ``(url, where)``: the configured Redis, the local one, or a private redis-server."""
-    for url, where in ((explicit, "--redis-url"), (os.environ.get("DEDUPE_REDIS_URL"), "DEDUPE_REDIS_URL"),
-                       ("redis://127.0.0.1:6379/0", "the local Redis")):
+    candidates = [(explicit, "--redis-url"), (os.environ.get("DEDUPE_REDIS_URL"), "DEDUPE_REDIS_URL")]
+    if try_local:
+        candidates.append(("redis://127.0.0.1:6379/0", "the local Redis"))
+    for url, where in candidates:
         if url and _reachable(url):
             yield url, f"{where} ({urlsplit(url).netloc})"
             return
@@ -91,7 +95,7 @@ def _table(without: DemoReport, with_: DemoReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    with _redis(args.redis_url) as (url, where):
+    with _redis(args.redis_url, not args.no_local) as (url, where):
         print(f"Redis: {where}")
         print(f"Delivering {args.orders} orders at least once to {args.workers} concurrent workers...")
         without = run_demo(None, orders=args.orders, workers=args.workers, seed=args.seed)

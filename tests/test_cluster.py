@@ -1,0 +1,78 @@
+"""The same scripts on a 3-master Redis Cluster that the fixture starts on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis.cluster import RedisCluster
+
+from dedupe_worker import Deduplicator, LeaseLost, Outcome, decide_many, Reason
+
+from .services import redis_cluster
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster_ports() -> Iterator[list[int]]:
+    with redis_cluster(3) as ports:
+        yield ports
+
+
+@pytest.fixture
+def cluster_dedupe(cluster_ports: list[int], namespace: str) -> Iterator[Deduplicator]:
+    d = Deduplicator.from_url(f"redis://127.0.0.1:{cluster_ports[0]}/0?cluster=1", namespace=namespace,
+                              lease=0.3, result_ttl=30)
+    assert isinstance(d.store.client, RedisCluster)
+    yield d
+    d.close()
+
+
+def test_keys_spread_over_every_master(cluster_dedupe: Deduplicator) -> None:
+    client = cluster_dedupe.store.client
+    assert isinstance(client, RedisCluster)
+    keys = [f"order-{i}" for i in range(60)]
+    slots = {client.keyslot(cluster_dedupe.layout.stem(k)) for k in keys}
+    nodes = {client.get_node_from_key(cluster_dedupe.layout.stem(k) + ":started").name for k in keys}
+    assert len(slots) > 30 and len(nodes) == 3
+
+
+def test_state_machine_on_a_cluster(cluster_dedupe: Deduplicator) -> None:
+    d = cluster_dedupe
+    a = d.begin("k", fingerprint="x")
+    assert a.outcome is Outcome.ACQUIRED and a.token == 1
+    assert d.begin("k", fingerprint="y").outcome is Outcome.CONFLICT
+    assert d.begin("k", fingerprint="x").outcome is Outcome.IN_PROGRESS
+    assert d.renew(a)
+    time.sleep(0.4)
+    b = d.begin("k", fingerprint="x")
+    assert b.token == 2
+    d.complete(b, {"by": "b"})
+    with pytest.raises(LeaseLost):
+        d.complete(a, {"by": "a"})
+    assert d.begin("k").result == {"by": "b"}
+    c = d.begin("released")
+    d.release(c)
+    assert d.begin("released").token == c.token + 1
+    assert d.status("k").state == "done"
+
+
+def test_batches_on_a_cluster(cluster_dedupe: Deduplicator) -> None:
+    d = cluster_dedupe
+    keys = [f"m{i}" for i in range(50)]
+    claims = d.begin_many(keys)
+    assert all(c.outcome is Outcome.ACQUIRED for c in claims)
+    assert d.complete_many([(c, i) for i, c in enumerate(claims)]) == [True] * 50
+    assert [c.result for c in d.begin_many(keys)] == list(range(50))
+    decisions = decide_many(d, [(k, None, lambda: 0) for k in [*keys[:3], "new", "new"]])
+    assert [x.reason for x in decisions] == [Reason.DUPLICATE] * 3 + [Reason.APPLIED, Reason.DUPLICATE]
+
+
+def test_scripts_reload_on_every_master(cluster_dedupe: Deduplicator, cluster_ports: list[int]) -> None:
+    import redis
+
+    for port in cluster_ports:
+        redis.Redis(port=port).script_flush()
+    assert all(c.acquired for c in cluster_dedupe.begin_many([f"after-flush-{i}" for i in range(20)]))

@@ -1,0 +1,87 @@
+"""The wheel ships the Lua scripts, and the public names are the intended ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import dedupe_worker
+from dedupe_worker.scripts import SCRIPT_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (found,) = out.glob("dedupe_worker-*.whl")
+    return found
+
+
+def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in SCRIPT_NAMES:
+        assert f"dedupe_worker/lua/{name}.lua" in names
+    assert "dedupe_worker/py.typed" in names
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True, timeout=300)
+    # dependencies come from the test environment's site-packages, the package from the wheel
+    deps = sysconfig.get_paths()["purelib"]
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "test-deps.pth").write_text(deps + "\n")
+    code = (
+        "import dedupe_worker, pathlib; from dedupe_worker.scripts import load_script, SCRIPT_NAMES;"
+        "from importlib import resources;"
+        "print(dedupe_worker.__file__);"
+        "print(all(resources.files('dedupe_worker').joinpath('lua', n + '.lua').is_file() for n in SCRIPT_NAMES));"
+        "print(load_script('claim').splitlines()[0])"
+    )
+    out = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    location, packaged, first_line = out.splitlines()
+    assert location.startswith(str(venv))
+    assert packaged == "True"
+    assert first_line.startswith("-- claim.lua")
+
+
+def test_public_names() -> None:
+    expected = {
+        "OMITTED", "Action", "Claim", "ClaimError", "DedupeError", "DedupeSettings", "Decision",
+        "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
+        "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",
+        "StoreUnavailable", "UndecodableMessage", "current_claim", "decide", "decide_many", "idempotent",
+    }
+    assert set(dedupe_worker.__all__) == expected
+    for name in expected:
+        assert getattr(dedupe_worker, name) is not None
+
+
+def test_every_error_derives_from_the_root() -> None:
+    from dedupe_worker import errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.DedupeError)
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/3")
+    monkeypatch.setenv("DEDUPE_LEASE", "2.5")
+    monkeypatch.setenv("DEDUPE_NAMESPACE", "billing")
+    d = dedupe_worker.Deduplicator.from_settings()
+    assert d.lease == 2.5 and d.layout.namespace == "billing"
+    assert d.store.client.connection_pool.connection_kwargs["db"] == 3
