@@ -173,6 +173,8 @@ def decide(
 def decide_many(
     dedupe: Deduplicator,
     items: Sequence[tuple[str | bytes, Any, Callable[[], Any]]],
+    *,
+    run_batch: Callable[[list[int]], Sequence[Any]] | None = None,
 ) -> list[Decision]:
     """:func:`decide` for a batch of ``(key, fingerprint, handler)``: one round trip to claim them
     all, handlers run in order (every acquired lease renewed meanwhile), one round trip to store
@@ -180,6 +182,11 @@ def decide_many(
 
     A key repeated inside the batch runs once: its later copies take the first copy's verdict
     (DUPLICATE when it was applied, IN_PROGRESS otherwise, so they are deferred, not dropped).
+
+    With ``run_batch`` the per-item handlers are not called: ``run_batch(indices)`` is called once
+    with the indices (into ``items``) of the acquired items and returns their values in that
+    order. If it raises, every one of them gets that error (HANDLER_ERROR, claims released; or
+    PERMANENT_FAILURE, stored). ``current_claim()`` is not set inside it.
     """
     decisions: dict[int, Decision] = {}
     valid: list[int] = []
@@ -199,10 +206,12 @@ def decide_many(
     applied: list[tuple[int, Claim, Any]] = []
     first_copy: dict[str, int] = {}
     with dedupe.keep_leases(acquired):
+        ran = None if run_batch is None else _run_batch(
+            dedupe, [(i, c) for i, c in zip(valid, claims, strict=True) if c.acquired], run_batch)
         for i, claim in zip(valid, claims):
             if claim.acquired:
                 first_copy[claim.stem] = i
-                decisions[i] = _run_handler(dedupe, claim, items[i][2])
+                decisions[i] = ran[i] if ran is not None else _run_handler(dedupe, claim, items[i][2])
                 if decisions[i].reason is Reason.APPLIED:
                     applied.append((i, claim, decisions[i].value))
             elif not (claim.outcome is Outcome.IN_PROGRESS and claim.stem in first_copy):
@@ -238,3 +247,26 @@ def _run_handler(dedupe: Deduplicator, claim: Claim, handler: Callable[[], Any])
             if isinstance(exc, dedupe.permanent_errors):
                 return Decision(Reason.PERMANENT_FAILURE, claim, error=exc)
             return Decision(Reason.HANDLER_ERROR, claim, error=exc)
+
+
+def _run_batch(dedupe: Deduplicator, acquired: list[tuple[int, Claim]],
+               run_batch: Callable[[list[int]], Sequence[Any]]) -> dict[int, Decision]:
+    """Run one batch handler for every acquired claim; its error is every claim's error."""
+    if not acquired:
+        return {}
+    try:
+        values = list(run_batch([i for i, _ in acquired]))
+        if len(values) != len(acquired):
+            raise ValueError(f"batch handler returned {len(values)} values for {len(acquired)} items")
+    except Exception as exc:
+        if isinstance(exc, dedupe.permanent_errors):
+            for _, claim in acquired:
+                dedupe.settle_failure(claim, exc)
+            return {i: Decision(Reason.PERMANENT_FAILURE, claim, error=exc) for i, claim in acquired}
+        try:
+            dedupe.release_many([claim for _, claim in acquired])
+        except Exception as inner:  # Redis down: the leases run out by themselves
+            log.warning("could not release %d claims after a batch error: %s", len(acquired), inner)
+        return {i: Decision(Reason.HANDLER_ERROR, claim, error=exc) for i, claim in acquired}
+    return {i: Decision(Reason.APPLIED, claim, value)
+            for (i, claim), value in zip(acquired, values, strict=True)}

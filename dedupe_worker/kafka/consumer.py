@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from ..backoff import backoff
 from ..deduplicator import Deduplicator
@@ -32,6 +31,7 @@ from ..envelope import Envelope, from_kafka
 from ..handling import Action, Decision, Reason, decide_many, poison
 from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
+from .flow import TP, PartitionFlow, tp_of
 from .hooks import ConsumerHooks
 from .positions import DONE, Hold, PartitionState, plan_partition
 
@@ -40,12 +40,12 @@ __all__ = ["DedupeKafkaConsumer"]
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Any]
-TP = tuple[str, int]
+BatchHandler = Callable[[list[Message]], Sequence[Any]]
 #: Reasons for which the handler ran (so they count as an attempt).
 _RAN = frozenset({Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT})
 
 
-class DedupeKafkaConsumer(ConsumerHooks):
+class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
     """Consume ``topics`` with ``config`` and apply ``handler(message)`` once per idempotency key.
 
     Guaranteed: ``enable.auto.commit`` is forced off and an offset is committed only when every
@@ -60,7 +60,10 @@ class DedupeKafkaConsumer(ConsumerHooks):
     :param config: confluent-kafka consumer settings (``bootstrap.servers``, ``group.id``, ...);
         ``auto.offset.reset`` defaults to ``earliest``.
     :param handler: called with the ``confluent_kafka.Message``; its return value is stored as the
-        key's result (JSON).
+        key's result (JSON). Give ``None`` and a ``batch_handler`` instead to handle batches.
+    :param batch_handler: called once per batch with the messages to apply (duplicates left out)
+        and returns one result per message; if it raises, every one of them failed (retried, then
+        dead-lettered). ``current_claim()`` is not set inside it.
     :param key_strategy: ``Envelope -> key`` (default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`).
     :param fingerprint: ``Envelope -> payload fingerprint`` (``None``: no conflict detection).
     :param batch_size: most messages decided together (one claim and one completion round trip).
@@ -75,9 +78,10 @@ class DedupeKafkaConsumer(ConsumerHooks):
         self,
         config: Mapping[str, Any],
         topics: Sequence[str],
-        handler: Handler,
+        handler: Handler | None,
         deduplicator: Deduplicator,
         *,
+        batch_handler: BatchHandler | None = None,
         key_strategy: KeyStrategy = KAFKA_DEFAULT,
         fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
         batch_size: int = 500,
@@ -91,9 +95,12 @@ class DedupeKafkaConsumer(ConsumerHooks):
     ) -> None:
         if batch_size < 1 or max_attempts < 1:
             raise ValueError("batch_size and max_attempts must be at least 1")
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
         self.config = {"auto.offset.reset": "earliest", **config, "enable.auto.commit": False}
         self.topics = list(topics)
         self.handler = handler
+        self.batch_handler = batch_handler
         self.dedupe = deduplicator
         self.key_strategy = key_strategy
         self.fingerprint = fingerprint
@@ -151,7 +158,7 @@ class DedupeKafkaConsumer(ConsumerHooks):
         outcomes = self._outcomes(live)
         rows: dict[TP, list[tuple[int, Any]]] = {}
         for msg, outcome in zip(live, outcomes, strict=True):
-            rows.setdefault(_tp(msg), []).append((msg.offset() or 0, outcome))
+            rows.setdefault(tp_of(msg), []).append((msg.offset() or 0, outcome))
         commits: list[TopicPartition] = []
         for tp, outcome_rows in rows.items():
             state = self._partitions[tp]
@@ -162,36 +169,13 @@ class DedupeKafkaConsumer(ConsumerHooks):
                 self._rewind(tp, state, plan.rewind[0], plan.rewind[1].delay)
         self._commit(commits)
 
-    def _accept(self, msg: Message) -> bool:
-        """Whether ``msg`` is to be handled now: not an error, and its partition is ours and not
-        rewound past it (a fetch from before a rewind comes again after the resume)."""
-        err = msg.error()
-        if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", err)
-            return False
-        tp = _tp(msg)
-        state = self._partitions.get(tp)
-        offset = msg.offset() or 0
-        if state is None or state.paused_until is not None:
-            return False
-        if state.rewound_to is not None:
-            if offset < state.rewound_to:
-                return False
-            if offset > state.rewound_to:  # the seek did not take: rewind again
-                log.warning("partition %s:%s delivered offset %s after a rewind to %s; rewinding again",
-                            tp[0], tp[1], offset, state.rewound_to)
-                self._rewind(tp, state, state.rewound_to, self.retry_base)
-                return False
-            state.rewound_to = None
-        return True
-
     def _outcomes(self, live: Sequence[Message]) -> list[Any]:
         """``DONE`` or a :class:`Hold` per message."""
         outcomes: list[Any] = [None] * len(live)
         letters: list[tuple[int, DeadLetter]] = []
         keyed: list[tuple[int, str]] = []
         items: list[tuple[str, Any, Callable[[], Any]]] = []
+        handler = self.handler or _batched
         for i, msg in enumerate(live):
             state = self._state(msg)
             offset = msg.offset() or 0
@@ -210,8 +194,9 @@ class DedupeKafkaConsumer(ConsumerHooks):
                 letters.append((i, DeadLetter(msg, poison(exc))))
                 continue
             keyed.append((i, key))
-            items.append((key, fp, partial(self.handler, msg)))
-        for (i, key), decision in zip(keyed, self.decide_batch(items), strict=True):
+            items.append((key, fp, partial(handler, msg)))
+        decisions = self.decide_batch(items, [live[i] for i, _ in keyed])
+        for (i, key), decision in zip(keyed, decisions, strict=True):
             outcomes[i] = self._verdict(live[i], key, decision, letters, i)
         delivered = self.dead_letters.send([letter for _, letter in letters])
         for (i, letter), ok in zip(letters, delivered, strict=True):
@@ -221,9 +206,16 @@ class DedupeKafkaConsumer(ConsumerHooks):
             self._after_dead_letter(letter, ok)
         return outcomes
 
-    def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]]) -> list[Decision]:
-        """The dedupe verdicts for ``(key, fingerprint, handler)`` items: :func:`decide_many`."""
-        return decide_many(self.dedupe, items) if items else []
+    def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
+                     messages: Sequence[Message]) -> list[Decision]:
+        """The dedupe verdicts for ``(key, fingerprint, handler)`` items (one per message):
+        :func:`~dedupe_worker.handling.decide_many`, with the batch handler if there is one."""
+        if not items:
+            return []
+        batch = self.batch_handler
+        if batch is None:
+            return decide_many(self.dedupe, items)
+        return decide_many(self.dedupe, items, run_batch=lambda chosen: batch([messages[i] for i in chosen]))
 
     def _verdict(self, msg: Message, key: str, decision: Decision,
                  letters: list[tuple[int, DeadLetter]], index: int) -> Any:
@@ -269,74 +261,11 @@ class DedupeKafkaConsumer(ConsumerHooks):
             log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
                       letter.key, token, where)
 
-    # -- partitions -----------------------------------------------------------------------------
-
-    def _state(self, msg: Message) -> PartitionState:
-        return self._partitions[_tp(msg)]
-
-    def _rewind(self, tp: TP, state: PartitionState, offset: int, delay: float) -> None:
-        """Pause ``tp``, seek it back to ``offset`` and schedule its resume in ``delay`` seconds."""
-        position = TopicPartition(tp[0], tp[1], offset)
-        state.paused_until = time.monotonic() + delay
-        state.rewound_to = offset
-        try:
-            self.consumer.pause([position])
-            self.consumer.seek(position)
-        except KafkaException as exc:  # caught again by _accept's offset check after the resume
-            log.warning("could not rewind %s:%s to %s: %s", tp[0], tp[1], offset, exc)
-
-    def _resume_due(self) -> None:
-        now = time.monotonic()
-        due = [tp for tp, s in self._partitions.items()
-               if s.paused_until is not None and s.paused_until <= now]
-        for tp in due:
-            self._partitions[tp].paused_until = None
-        if due:
-            self.consumer.resume([TopicPartition(t, p) for t, p in due])
-
-    def _wait(self) -> float:
-        """Poll timeout: ``poll_timeout``, shorter when a paused partition is due sooner."""
-        pending = [s.paused_until for s in self._partitions.values() if s.paused_until is not None]
-        if not pending:
-            return self.poll_timeout
-        return max(0.0, min(self.poll_timeout, min(pending) - time.monotonic()))
-
-    def _commit(self, offsets: list[TopicPartition]) -> None:
-        if not offsets:
-            return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:  # e.g. a rebalance: the next owner answers DUPLICATE
-            log.warning("commit of %s failed: %s", offsets, exc)
-            return
-        self.stats["committed"] += 1
-        self._safely(self.on_commit, offsets)
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self._partitions[(tp.topic, tp.partition)] = PartitionState()
-        try:  # a partition we paused before losing it starts flowing again
-            consumer.resume(partitions)
-        except KafkaException as exc:
-            log.debug("resume on assign: %s", exc)
-        log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
-        self._safely(self.on_assign, partitions)
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Batches run in this thread, so the last one is decided and committed already; what was
-        # held is simply read again by the next owner from the committed offset.
-        for tp in partitions:
-            self._partitions.pop((tp.topic, tp.partition), None)
-        log.info("revoked %s", [(tp.topic, tp.partition) for tp in partitions])
-        self._safely(self.on_revoke, partitions)
-
-    @staticmethod
-    def _safely(hook: Callable[..., None], *args: Any) -> None:
-        try:
-            hook(*args)
-        except Exception:
-            log.exception("hook %s failed", getattr(hook, "__name__", hook))
-
 
 def _tp(msg: Message) -> TP:
     return (msg.topic() or "", msg.partition() or 0)
+
+
+def _batched(_message: Message) -> None:
+    """Stands in for the per-message handler when a batch handler runs instead (never called)."""
+    raise AssertionError("decide_many runs the batch handler, not this one")

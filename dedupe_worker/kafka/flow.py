@@ -1,0 +1,133 @@
+"""Partition flow control for the Kafka consumer: pause, rewind, resume, commit, rebalance.
+
+A held partition is paused and sought back to its first undecided message; it resumes when its
+delay is over. Messages fetched before a rewind are dropped (they come again after it). Commits
+are synchronous and explicit; a failed commit only means the next owner reads a few decided
+messages again (they answer DUPLICATE).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from .positions import PartitionState
+
+__all__ = ["TP", "PartitionFlow", "tp_of"]
+
+log = logging.getLogger(__name__)
+
+#: ``(topic, partition)``
+TP = tuple[str, int]
+
+
+def tp_of(msg: Message) -> TP:
+    """The ``(topic, partition)`` of a message."""
+    return (msg.topic() or "", msg.partition() or 0)
+
+
+class PartitionFlow:
+    """Mixin owning ``consumer`` and the per-partition states; hooks come from the subclass."""
+
+    consumer: Consumer
+    poll_timeout: float
+    retry_base: float
+    stats: Any
+    _partitions: dict[TP, PartitionState]
+    on_commit: Callable[[list[Any]], None]
+    on_assign: Callable[[list[Any]], None]
+    on_revoke: Callable[[list[Any]], None]
+
+    def _accept(self, msg: Message) -> bool:
+        """Whether ``msg`` is to be handled now: not an error, and its partition is ours and not
+        rewound past it (a fetch from before a rewind comes again after the resume)."""
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+            return False
+        tp = tp_of(msg)
+        state = self._partitions.get(tp)
+        offset = msg.offset() or 0
+        if state is None or state.paused_until is not None:
+            return False
+        if state.rewound_to is not None:
+            if offset < state.rewound_to:
+                return False
+            if offset > state.rewound_to:  # the seek did not take: rewind again
+                log.warning("partition %s:%s delivered offset %s after a rewind to %s; rewinding again",
+                            tp[0], tp[1], offset, state.rewound_to)
+                self._rewind(tp, state, state.rewound_to, self.retry_base)
+                return False
+            state.rewound_to = None
+        return True
+
+    def _state(self, msg: Message) -> PartitionState:
+        return self._partitions[tp_of(msg)]
+
+    def _rewind(self, tp: TP, state: PartitionState, offset: int, delay: float) -> None:
+        """Pause ``tp``, seek it back to ``offset`` and schedule its resume in ``delay`` seconds."""
+        position = TopicPartition(tp[0], tp[1], offset)
+        state.paused_until = time.monotonic() + delay
+        state.rewound_to = offset
+        try:
+            self.consumer.pause([position])
+            self.consumer.seek(position)
+        except KafkaException as exc:  # caught again by _accept's offset check after the resume
+            log.warning("could not rewind %s:%s to %s: %s", tp[0], tp[1], offset, exc)
+
+    def _resume_due(self) -> None:
+        now = time.monotonic()
+        due = [tp for tp, s in self._partitions.items()
+               if s.paused_until is not None and s.paused_until <= now]
+        for tp in due:
+            self._partitions[tp].paused_until = None
+        if due:
+            self.consumer.resume([TopicPartition(t, p) for t, p in due])
+
+    def _wait(self) -> float:
+        """Poll timeout: ``poll_timeout``, shorter when a paused partition is due sooner."""
+        pending = [s.paused_until for s in self._partitions.values() if s.paused_until is not None]
+        if not pending:
+            return self.poll_timeout
+        return max(0.0, min(self.poll_timeout, min(pending) - time.monotonic()))
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # e.g. a rebalance: the next owner answers DUPLICATE
+            log.warning("commit of %s failed: %s", offsets, exc)
+            return
+        self.stats["committed"] += 1
+        self._safely(self.on_commit, offsets)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._partitions[(tp.topic, tp.partition)] = PartitionState()
+        try:  # a partition we paused before losing it starts flowing again
+            consumer.resume(partitions)
+        except KafkaException as exc:
+            log.debug("resume on assign: %s", exc)
+        log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
+        self._safely(self.on_assign, partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Batches run in this thread, so the last one is decided and committed already; what was
+        # held is simply read again by the next owner from the committed offset.
+        for tp in partitions:
+            self._partitions.pop((tp.topic, tp.partition), None)
+        log.info("revoked %s", [(tp.topic, tp.partition) for tp in partitions])
+        self._safely(self.on_revoke, partitions)
+
+    @staticmethod
+    def _safely(hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("hook %s failed", getattr(hook, "__name__", hook))
