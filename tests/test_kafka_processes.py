@@ -45,14 +45,15 @@ class Workers:
         self.logs = tempfile.TemporaryDirectory(prefix="kafka-workers-")
 
     def start(self) -> subprocess.Popen[bytes]:
-        log = open(Path(self.logs.name) / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        log = open(Path(self.logs.name) / f"worker-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
         return proc
 
     def output(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(Path(self.logs.name).iterdir()))
+        logs = sorted(Path(self.logs.name).iterdir())
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
 
     def cleanup(self) -> None:
         for proc in self.procs:

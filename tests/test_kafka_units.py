@@ -62,4 +62,5 @@ def test_cli_options() -> None:
     assert kafka_cli.consumer_config(args) == {"bootstrap.servers": "h:1", "group.id": "billing",
                                                "session.timeout.ms": "2000"}
     with pytest.raises(SystemExit):
-        kafka_cli.consumer_config(parse("--bootstrap", "h", "--topic", "t", "--group", "g", "-X", "oops", "m:f"))
+        kafka_cli.consumer_config(parse("--bootstrap", "h", "--topic", "t", "--group", "g",
+                                        "-X", "oops", "m:f"))
