@@ -26,11 +26,14 @@ from . import services
 __all__ = [
     "amqp",
     "consumer_thread",
+    "consumers_of",
     "dead_letters",
     "depth",
+    "entries",
     "publish",
     "queue_name",
     "record",
+    "stop_process",
     "wait_for",
     "worker_env",
 ]
