@@ -10,8 +10,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from .claim import OMITTED, Claim, Outcome
 from .context import _current, bind_claim
@@ -194,11 +194,11 @@ class Deduplicator:
         fps = fingerprints if fingerprints is not None else [None] * len(keys)
         if len(fps) != len(keys):
             raise ValueError("fingerprints must match keys one to one")
-        requests = [self._request(k, f) for k, f in zip(keys, fps)]
+        requests = [self._request(k, f) for k, f in zip(keys, fps, strict=True)]
         replies = self.store.claim(
             [(stem, fp, orig) for _, stem, fp, orig in requests], self._lease_ms, self._retention_ms
         )
-        claims = [self._claim(key, stem, fp, r) for (key, stem, fp, _), r in zip(requests, replies)]
+        claims = [self._claim(key, stem, fp, r) for (key, stem, fp, _), r in zip(requests, replies, strict=True)]
         if log.isEnabledFor(logging.DEBUG):
             for claim in claims:
                 log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
@@ -242,7 +242,7 @@ class Deduplicator:
             status, data, _ = self._encode(claim, value)
             rows.append((claim.stem, claim.token, status, data))
         stored = self.store.complete(rows, self._result_ttl_ms)
-        return [ok and not self.renewer.is_lost(c.stem, c.token) for (c, _), ok in zip(items, stored)]
+        return [ok and not self.renewer.is_lost(c.stem, c.token) for (c, _), ok in zip(items, stored, strict=True)]
 
     def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome: later deliveries answer DUPLICATE with

@@ -24,11 +24,11 @@ __all__ = [
     "KeyStrategy",
     "body_fingerprint",
     "canonical_json",
-    "content_key",
     "content_hash",
+    "content_key",
     "field_key",
-    "first_of",
     "fingerprint_of",
+    "first_of",
     "header_key",
     "message_id_key",
     "partition_key_with_hash",
@@ -141,7 +141,8 @@ def field_key(path: str, model: Any = None) -> KeyStrategy:
         try:
             value: Any = model.model_validate_json(envelope.body) if model else orjson.loads(envelope.body)
         except Exception as exc:  # orjson.JSONDecodeError, pydantic.ValidationError
-            raise UndecodableMessage(f"body is not valid {'input for ' + model.__name__ if model else 'JSON'}: {exc}") from exc
+            expected = f"input for {model.__name__}" if model else "JSON"
+            raise UndecodableMessage(f"body is not valid {expected}: {exc}") from exc
         for part in parts:
             if isinstance(value, dict):
                 value = value.get(part)

@@ -79,7 +79,7 @@ class LeaseRenewer:
         except StoreUnavailable as exc:
             log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
             return
-        for (stem, token), ok in zip(items, renewed):
+        for (stem, token), ok in zip(items, renewed, strict=True):
             if ok:
                 continue
             with self._lock:

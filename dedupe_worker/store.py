@@ -87,7 +87,8 @@ class RedisStore:
             flat_keys = [k for ks in keys for k in ks]
             flat_args = [*shared, *(a for args in per_item for a in args)]
             return list(self.scripts.call(name, flat_keys, flat_args))
-        replies = self.scripts.call_each(name, [(ks, [*shared, *args]) for ks, args in zip(keys, per_item)])
+        calls = [(ks, [*shared, *args]) for ks, args in zip(keys, per_item, strict=True)]
+        replies = self.scripts.call_each(name, calls)
         return [v for reply in replies for v in reply]
 
     def claim(

@@ -71,26 +71,47 @@ class RedisServer:
     """A private redis-server process on a free loopback port; can be stopped and restarted."""
 
     def __init__(self, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.port = port or free_port()
         self.extra = extra
+        self.port = port or self.pick_port()
         self.dir = tempfile.mkdtemp(prefix="dedupe-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_once = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def pick_port(self) -> int:
+        """A free port; a cluster node also needs port + 10000 (its bus) free and below 65536."""
+        while True:
+            port = free_port()
+            if "--cluster-enabled" not in self.extra:
+                return port
+            if port + 10000 < 65536 and not port_open("127.0.0.1", port + 10000, 0.1):
+                return port
+
     def start(self) -> RedisServer:
+        """Start on ``self.port``; if that port was taken meanwhile (free_port races other
+        processes) and this is a first start, move to a new port and try again."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server")
-        self.proc = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", self.dir, *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_for_port("127.0.0.1", self.port, 10)
-        return self
+        for _ in range(5):
+            self.proc = subprocess.Popen(
+                [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+                 "--dir", self.dir, *self.extra],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if port_open("127.0.0.1", self.port, 0.2):
+                    self.started_once = True
+                    return self
+                time.sleep(0.05)
+            self.stop()
+            if not self.started_once:  # a restart keeps its port: clients point at it
+                self.port = self.pick_port()
+        raise TimeoutError(f"redis-server did not start (last port {self.port})")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from redis.cluster import RedisCluster
 
-from dedupe_worker import Deduplicator, LeaseLost, Outcome, decide_many, Reason
+from dedupe_worker import Deduplicator, LeaseLost, Outcome, Reason, decide_many
 
 from .services import redis_cluster
 

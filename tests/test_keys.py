@@ -95,5 +95,5 @@ def test_field_key_from_json_and_pydantic() -> None:
 
 def test_first_of_reports_every_missing_strategy() -> None:
     strategy = k.first_of(k.header_key("x-id"), k.message_id_key())
-    with pytest.raises(MissingKey, match="x-id.*message_id"):
+    with pytest.raises(MissingKey, match=r"x-id.*message_id"):
         strategy(Envelope(b"body"))

@@ -16,7 +16,9 @@ def keys_of(d: Deduplicator, key: str) -> tuple[str, str]:
     return KeyLayout.started(stem), KeyLayout.result(stem)
 
 
-def test_first_claim_acquires_with_token_one_and_records_a_lease(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+def test_first_claim_acquires_with_token_one_and_records_a_lease(
+    dedupe: Deduplicator, redis_client: redis.Redis
+) -> None:
     claim = dedupe.begin("order-1", fingerprint="fp-a")
     assert claim.outcome is Outcome.ACQUIRED and claim.token == 1
     started, result = keys_of(dedupe, "order-1")

@@ -32,7 +32,7 @@ def test_fifty_threads_one_key_one_acquisition(redis_client: redis.Redis, namesp
     assert outcomes.count(Outcome.IN_PROGRESS) == 59
 
 
-def _process_worker(url: str, namespace: str, counter: str, start: "multiprocessing.synchronize.Event") -> None:
+def _process_worker(url: str, namespace: str, counter: str, start: multiprocessing.synchronize.Event) -> None:
     client = redis.Redis.from_url(url)
     d = Deduplicator(client, namespace=namespace, lease=10)
     start.wait()
