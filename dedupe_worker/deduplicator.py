@@ -163,14 +163,25 @@ class Deduplicator:
         outcome = reply.outcome
         if outcome is Outcome.DUPLICATE:
             if reply.status == "f":
-                error = self.serializer.loads(reply.value or b"null")
+                error = self._stored(key, reply)
                 return Claim(key, outcome, reply.token, failed=True, error=error, stem=stem, fingerprint=fp)
-            result = OMITTED if reply.status == "o" else self.serializer.loads(reply.value or b"null")
+            result = OMITTED if reply.status == "o" else self._stored(key, reply)
             return Claim(key, outcome, reply.token, result=result, stem=stem, fingerprint=fp)
         if outcome is Outcome.IN_PROGRESS:
             return Claim(key, outcome, reply.token, retry_after=reply.remaining_ms / 1000,
                          stem=stem, fingerprint=fp)
         return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp)
+
+    def _stored(self, key: str, reply: ClaimReply) -> Any:
+        """Decode a stored value. One that does not parse (written by something else, or
+        corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
+        executed or unpickled."""
+        try:
+            return self.serializer.loads(reply.value or b"null")
+        except Exception as exc:
+            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
+                      key, reply.token, exc)
+            return OMITTED
 
     def begin(self, key: str | bytes, *, fingerprint: Any = None) -> Claim:
         """Try to claim ``key``: one round trip, one :class:`Claim` with one :class:`Outcome`.

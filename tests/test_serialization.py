@@ -11,7 +11,7 @@ import pydantic
 import pytest
 import redis
 
-from dedupe_worker import Deduplicator, ResultNotSerializable
+from dedupe_worker import OMITTED, Deduplicator, Outcome, ResultNotSerializable
 from dedupe_worker.layout import KeyLayout
 from dedupe_worker.serialization import JsonSerializer
 
@@ -50,12 +50,17 @@ def test_unserialisable_values_raise_a_clear_error(value: object) -> None:
         JsonSerializer().dumps(value)
 
 
-def test_a_pickle_planted_in_redis_is_never_unpickled(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+def test_a_pickle_planted_in_redis_is_never_unpickled(
+    dedupe: Deduplicator, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
     class Boom:
         def __reduce__(self) -> tuple[object, tuple[str]]:
             return (print, ("pwned",))
 
     stem = dedupe.layout.stem("planted")
     redis_client.hset(KeyLayout.result(stem), mapping={"s": "c", "v": pickle.dumps(Boom()), "t": 1})
-    with pytest.raises(ValueError):  # orjson.JSONDecodeError: JSON only, never pickle
-        dedupe.begin("planted")
+    claim = dedupe.begin("planted")
+    # a record exists, so the work counts as done; its undecodable body is never executed
+    assert claim.outcome is Outcome.DUPLICATE and claim.result is OMITTED
+    assert dedupe.run("planted", lambda: "not run") is OMITTED
+    assert "pwned" not in capsys.readouterr().out
