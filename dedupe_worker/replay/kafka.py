@@ -5,7 +5,9 @@ join, so a run starts at once) from the replay group's committed offsets, or fro
 when the group has none. High watermarks are never used to find the end (compaction and some
 brokers report them wrong). A partition ends at the first record written after the run started
 (record timestamp later than the start), and the run ends when every partition has ended, when
-nothing arrived for ``idle_timeout`` seconds, or at ``limit`` records.
+nothing arrived for ``idle_timeout`` seconds (counted from the moment every partition answered a
+first fetch, with a record or an end-of-partition event, so a slow first fetch does not end the
+run early), or at ``limit`` records.
 
 Records are handled in batches. Each record is judged by the
 :class:`~dedupe_worker.replay.plan.Planner`, then:
@@ -45,6 +47,9 @@ __all__ = ["lookup_envelope", "replay_kafka"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds to wait for every partition's first answer before the idle clock starts anyway.
+STARTUP_TIMEOUT = 30.0
+
 
 def lookup_envelope(record: Any) -> Envelope:
     """The envelope the consumer saw: the dead-lettered record with the original topic, partition
@@ -80,10 +85,11 @@ class _KafkaReplay:
         self.pacer = Pacer(options.rate)
         self.consumer = self.ck.Consumer({
             **config, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "enable.auto.offset.store": False,
+            "enable.auto.offset.store": False, "enable.partition.eof": True,
         })
         self.producer = None if options.dry_run else self.ck.Producer({**config, "acks": "all"})
         self.ended: set[int] = set()
+        self.answered: set[int] = set()  # partitions that sent a record or an end-of-partition event
         self.started_ms = int(time.time() * 1000)
 
     def assign(self) -> list[int]:
@@ -105,19 +111,23 @@ class _KafkaReplay:
             partitions = self.assign()
             if self.options.on_start is not None:
                 self.options.on_start(None)
-            idle_since = time.monotonic()
+            began = time.monotonic()
+            idle_since: float | None = None  # the idle clock starts once every partition answered
             while len(self.ended) < len(partitions) and not self._limit_reached():
                 want = self.batch_size
                 if self.options.limit is not None:
                     want = min(want, self.options.limit - self.summary.examined)
                 records = [r for r in self.consumer.consume(num_messages=want, timeout=0.2)
                            if not self._skip(r)]
-                if not records:
-                    if time.monotonic() - idle_since >= self.idle_timeout:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                self._handle(records)
+                now = time.monotonic()
+                if records:
+                    idle_since = now
+                    self._handle(records)
+                elif idle_since is None:
+                    if self.answered >= set(partitions) or now - began >= STARTUP_TIMEOUT:
+                        idle_since = now
+                elif now - idle_since >= self.idle_timeout:
+                    break
         finally:
             self.consumer.close()
         return self.summary
@@ -128,6 +138,7 @@ class _KafkaReplay:
     def _skip(self, record: Any) -> bool:
         """True for errors the consumer reports inline and for records past a partition's end."""
         error = record.error()
+        self.answered.add(record.partition())
         if error is not None:
             if error.code() == self.ck.KafkaError._PARTITION_EOF:
                 return True

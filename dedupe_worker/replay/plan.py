@@ -87,12 +87,15 @@ class Planner:
 
     def judge(self, envelope: Envelope, reason: str = "") -> Entry:
         """The plan for one message. Never raises; reads Redis at most once."""
-        if self.reasons is not None and reason not in self.reasons:
-            return Entry(None, "filtered", Step.LEAVE, reason, "reason not selected by --filter")
         try:
-            key = self.key_strategy(envelope)
+            key: str | None = self.key_strategy(envelope)
+            problem = ""
         except (InvalidKey, UndecodableMessage) as exc:
-            return Entry(None, "no_key", Step.LEAVE, reason, f"{type(exc).__name__}: {exc}")
+            key, problem = None, f"{type(exc).__name__}: {exc}"
+        if self.reasons is not None and reason not in self.reasons:
+            return Entry(key, "filtered", Step.LEAVE, reason, "reason not selected by --filter")
+        if key is None:
+            return Entry(None, "no_key", Step.LEAVE, reason, problem)
         recorded = envelope.header(KEY)
         if recorded is not None and recorded != key:
             log.warning("replay key=%s differs from recorded %s=%s: check the key options",

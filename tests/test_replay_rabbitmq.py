@@ -1,0 +1,287 @@
+"""``dedupe-worker replay rabbitmq`` against a real RabbitMQ and Redis, and the real consumer."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection
+
+from dedupe_worker import Deduplicator
+from dedupe_worker.rabbitmq import DedupeConsumer
+
+from . import services
+from .replay_fixtures import (
+    apply_before,
+    body_of,
+    cli,
+    killed_on_exit,
+    redis_snapshot,
+    replay_process,
+    unique,
+    wait_until,
+)
+
+
+@pytest.fixture
+def amqp(rabbitmq_url: str) -> Iterator[Connection]:
+    conn = Connection(rabbitmq_url)
+    try:
+        conn.ensure_connection(max_retries=2)
+    except Exception as exc:
+        services.unavailable(f"RabbitMQ at {rabbitmq_url} ({exc})")
+    yield conn
+    conn.release()
+
+
+@pytest.fixture
+def queue(amqp: Connection) -> Iterator[str]:
+    """A work queue and its ``.dlq`` of the test's own; every queue named after it is deleted."""
+    name = unique("replay")
+    channel = amqp.default_channel
+    for q in (name, name + ".dlq"):
+        channel.queue_declare(queue=q, durable=True, auto_delete=False)
+    yield name
+    with amqp.clone() as conn:
+        channel = conn.channel()
+        for q in (name, name + ".dlq", name + ".delay", name + ".src"):
+            channel.queue_delete(queue=q)
+
+
+def dead_letter(conn: Connection, queue: str, i: int, *, key: bool = True, reason: str = "handler_error",
+                **extra_headers: str) -> None:
+    """Publish message ``k<i>`` into ``<queue>.dlq`` as the consumer dead-letters it."""
+    headers: dict[str, Any] = {
+        "x-dedupe-reason": reason, "x-dedupe-error": "RuntimeError: downstream down",
+        "x-dedupe-attempts": "5", "x-dedupe-original-queue": queue,
+        "x-dedupe-original-exchange": "", "x-dedupe-original-routing-key": queue,
+        "tenant": "acme",
+    }
+    if key:
+        headers["idempotency-key"] = f"k{i}"
+        headers["x-dedupe-key"] = f"k{i}"
+    headers.update(extra_headers)
+    channel = conn.default_channel
+    message = channel.prepare_message(body_of(i), 3, "application/json", "utf-8", headers,
+                                      {"message_id": f"m{i}", "correlation_id": f"c{i}", "delivery_mode": 2})
+    channel.basic_publish_confirm(message, exchange="", routing_key=queue + ".dlq")
+
+
+def peek_all(conn: Connection, queue: str) -> list[Any]:
+    """Every ready message of ``queue``, left in it (un-acked, then requeued by closing the channel)."""
+    with conn.clone() as other:
+        channel = other.channel()
+        out = []
+        while (message := channel.basic_get(queue=queue, no_ack=False)) is not None:
+            out.append(message)
+        channel.close()
+    return out
+
+
+def take_all(conn: Connection, queue: str) -> list[Any]:
+    """Every ready message of ``queue`` (acked, so removed)."""
+    channel = conn.default_channel
+    out = []
+    while (message := channel.basic_get(queue=queue, no_ack=True)) is not None:
+        out.append(message)
+    return out
+
+
+def raw_body(message: Any) -> bytes:
+    """py-amqp decodes bodies that name a content encoding; compare bytes."""
+    body = message.body
+    return body.encode(message.properties.get("content_encoding") or "utf-8") if isinstance(body, str) else body
+
+
+def depth(conn: Connection, queue: str) -> int:
+    return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+
+
+def replay_args(url: str, queue: str, redis_url: str, namespace: str, *extra: str) -> list[str]:
+    return ["replay", "rabbitmq", "--url", url, "--from", queue + ".dlq", "--redis-url", redis_url,
+            "--namespace", namespace, *extra]
+
+
+def consume_all(conn: Connection, queue: str, dedupe: Deduplicator, expected: int) -> Counter[str]:
+    """Run the real consumer on ``queue`` until it holds no message and ``expected`` distinct keys
+    were applied; return how many times the handler ran per key."""
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handler(body: Any, message: Any) -> str:
+        with lock:
+            runs[body["id"]] += 1
+        return str(body["id"])
+
+    consumer = DedupeConsumer(conn.clone(), [queue], handler, dedupe)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(runs) >= expected and depth(conn, queue) == 0, 60, "the consumer to drain")
+    finally:
+        consumer.stop()
+        thread.join(15)
+        consumer.connection.release()
+    assert not thread.is_alive()
+    return runs
+
+
+def test_replays_exactly_the_unapplied_half(amqp: Connection, rabbitmq_url: str, queue: str,
+                                            redis_url: str, namespace: str, dedupe: Deduplicator) -> None:
+    for i in range(10):
+        dead_letter(amqp, queue, i)
+    for i in range(5):
+        apply_before(dedupe, f"k{i}", body_of(i))
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
+
+    summary = json.loads(out)
+    assert status == 0
+    assert summary == {"dry_run": False, "examined": 10, "replayed": 5, "already_applied": 5,
+                       "left_in_place": 0, "failed": 0}
+    assert depth(amqp, queue + ".dlq") == 0
+    replayed = peek_all(amqp, queue)
+    assert sorted(m.headers["idempotency-key"] for m in replayed) == [f"k{i}" for i in range(5, 10)]
+    for m in replayed:
+        i = int(m.headers["idempotency-key"][1:])
+        assert raw_body(m) == body_of(i)
+        assert "x-dedupe-attempts" not in m.headers
+        assert m.headers["x-dedupe-replayed"] == "1"
+        assert m.headers["tenant"] == "acme"
+        assert m.headers["x-dedupe-reason"] == "handler_error"
+        assert (m.properties["message_id"], m.properties["correlation_id"]) == (f"m{i}", f"c{i}")
+        assert (m.properties["priority"], m.properties["delivery_mode"]) == (3, 2)
+        assert m.properties["content_type"] == "application/json"
+    # The real consumer then applies each of them once: every message is applied exactly once.
+    runs = consume_all(amqp, queue, dedupe, expected=5)
+    assert runs == Counter({f"k{i}": 1 for i in range(5, 10)})
+    assert all(dedupe.status(f"k{i}").state == "done" for i in range(10))
+
+
+def fill_mixed(conn: Connection, queue: str, redis_url: str, namespace: str) -> None:
+    """A dead-letter queue with one message in each state the planner knows, plus one that RabbitMQ
+    itself dead-lettered (``x-death`` only) from ``<queue>.src``."""
+    holder = Deduplicator(redis.Redis.from_url(redis_url), namespace=namespace, lease=60.0)
+    try:
+        dead_letter(conn, queue, 0)                          # applied -> drop
+        apply_before(holder, "k0", body_of(0))
+        dead_letter(conn, queue, 1)                          # permanent failure -> leave
+        apply_before(holder, "k1", body_of(1), fail=True)
+        dead_letter(conn, queue, 2)                          # in progress -> leave
+        assert holder.begin("k2").acquired
+        dead_letter(conn, queue, 3)                          # free -> replay
+        dead_letter(conn, queue, 4, key=False)               # no idempotency-key header -> leave
+        dead_letter(conn, queue, 5, reason="conflict")       # not selected by --filter -> leave
+        dead_letter(conn, queue, 6, **{"x-dedupe-key": "other"})  # key mismatch -> leave
+    finally:
+        holder.close()
+    channel = conn.default_channel
+    source = queue + ".src"
+    channel.queue_declare(queue=source, durable=True, auto_delete=False, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": queue + ".dlq"})
+    message = channel.prepare_message(body_of(7), None, "application/json", "utf-8",
+                                      {"idempotency-key": "k7"}, {})
+    channel.basic_publish_confirm(message, exchange="", routing_key=source)
+    got = wait_until(lambda: channel.basic_get(queue=source, no_ack=False), 10, "the source message")
+    channel.basic_reject(got.delivery_tag, requeue=False)   # RabbitMQ dead-letters it with x-death
+    wait_until(lambda: depth(conn, queue + ".dlq") == 8, 10, "RabbitMQ's dead-lettering")
+
+
+EXPECTED_PLAN = {
+    "k0": ("applied", "drop"), "k1": ("failed", "leave"), "k2": ("in_progress", "leave"),
+    "k3": ("free", "replay"), None: ("no_key", "leave"), "k5": ("filtered", "leave"),
+    "k6": ("key_mismatch", "leave"), "k7": ("free", "replay"),
+}
+
+
+def test_dry_run_changes_nothing_then_the_real_run_follows_the_plan(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str,
+        redis_client: redis.Redis) -> None:
+    fill_mixed(amqp, queue, redis_url, namespace)
+    before = redis_snapshot(redis_client, namespace)
+    options = ("--key-header", "idempotency-key", "--filter", "handler_error,rejected")
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--dry-run", "--json", *options))
+
+    plan = json.loads(out)
+    assert status == 0 and plan["dry_run"] is True
+    by_key = {e["key"]: (e["state"], e["action"]) for e in plan["plan"]}
+    assert by_key == EXPECTED_PLAN
+    assert (plan["replayed"], plan["already_applied"], plan["left_in_place"]) == (2, 1, 5)
+    assert depth(amqp, queue) == 0 and depth(amqp, queue + ".src") == 0
+    assert depth(amqp, queue + ".dlq") == 8
+    assert redis_snapshot(redis_client, namespace) == before
+    status, text = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--dry-run", *options))
+    assert "KEY" in text.splitlines()[0] and "would have: replayed 2" in text
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", *options))
+
+    assert json.loads(out)["replayed"] == 2 and status == 0
+    assert [m.headers["idempotency-key"] for m in take_all(amqp, queue)] == ["k3"]
+    from_source = take_all(amqp, queue + ".src")
+    assert [raw_body(m) for m in from_source] == [body_of(7)] and "x-death" in from_source[0].headers
+    left = take_all(amqp, queue + ".dlq")
+    assert sorted(raw_body(m) for m in left) == sorted(body_of(i) for i in (1, 2, 4, 5, 6))
+    assert all(m.headers["x-dedupe-attempts"] == "5" for m in left)   # left untouched
+    assert redis_snapshot(redis_client, namespace) == before
+
+
+def test_unroutable_destination_is_counted_failed_and_kept(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str) -> None:
+    dead_letter(amqp, queue, 0, **{"x-dedupe-original-queue": queue + "-gone"})
+    dead_letter(amqp, queue, 1)
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
+
+    assert status == 1
+    assert json.loads(out)["failed"] == 1 and json.loads(out)["replayed"] == 1
+    assert [raw_body(m) for m in take_all(amqp, queue + ".dlq")] == [body_of(0)]
+
+
+def test_to_overrides_the_destination_and_limit_bounds_the_run(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str) -> None:
+    for i in range(4):
+        dead_letter(amqp, queue, i)
+    other = queue + ".src"
+    amqp.default_channel.queue_declare(queue=other, durable=True, auto_delete=False)
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--limit", "3",
+                                  "--to", "/" + other))
+
+    assert status == 0 and json.loads(out)["replayed"] == 3
+    assert depth(amqp, other) == 3 and depth(amqp, queue) == 0 and depth(amqp, queue + ".dlq") == 1
+
+
+def test_sigkill_mid_replay_then_rerun_loses_nothing_and_applies_once(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str,
+        dedupe: Deduplicator) -> None:
+    total = 300
+    channel = amqp.default_channel
+    for i in range(total):
+        dead_letter(amqp, queue, i)
+    args = replay_args(rabbitmq_url, queue, redis_url, namespace, "--rate", "300/s")
+
+    with killed_on_exit(replay_process(args)) as proc:
+        wait_until(lambda: depth(amqp, queue) >= 60 or proc.poll() is not None, 30, "replay progress")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    # The broker requeues what the killed replay held: nothing is lost.
+    wait_until(lambda: depth(amqp, queue) + depth(amqp, queue + ".dlq") >= total, 30, "requeue")
+    assert 0 < depth(amqp, queue + ".dlq") < total
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
+
+    assert status == 0 and json.loads(out)["failed"] == 0
+    assert depth(amqp, queue + ".dlq") == 0
+    delivered = depth(amqp, queue)
+    assert total <= delivered <= total + 1   # at most the one in flight at the kill is doubled
+    runs = consume_all(amqp, queue, dedupe, expected=total)
+    assert runs == Counter({f"k{i}": 1 for i in range(total)})
+    assert channel.queue_declare(queue=queue, passive=True).message_count == 0
