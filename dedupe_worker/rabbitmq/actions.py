@@ -94,12 +94,14 @@ class BrokerActions:
 
     # -- actions -----------------------------------------------------------------------------------
 
-    def _settle(self, item: Item) -> None:
+    def _settle(self, item: Item, acked: bool = False) -> None:
+        """Carry out the decision on ``item`` (``acked``: its ack was already sent)."""
         decision, message = item.decision, item.message
         assert decision is not None
         action = decision.action
         if action is Action.ACK:
-            message.ack()
+            if not acked:
+                message.ack()
             log.debug("acked key=%s token=%s reason=%s", _short(item.key), _token(decision),
                       decision.reason.value)
             if decision.reason is Reason.APPLIED:

@@ -39,7 +39,7 @@ from ..deduplicator import Deduplicator
 from ..envelope import Envelope, from_kombu
 from ..errors import UndecodableMessage
 from ..extras import require
-from ..handling import Reason, decide, decide_many, poison
+from ..handling import Action, Reason, decide, decide_many, poison
 from ..keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
 from .actions import BrokerActions, Item, Stopping
 from .republish import Republisher
@@ -181,9 +181,14 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             item.decision = decision
         unavailable = [i for i in items if i.decision and i.decision.reason is Reason.STORE_UNAVAILABLE]
         self._outages = self._outages + 1 if unavailable else 0
+        acked = len(items) > 1 and all(i.decision and i.decision.action is Action.ACK for i in items)
+        if acked:
+            # One basic.ack(multiple) for the batch: every message delivered on this channel and
+            # not settled yet is in it (those delivered meanwhile have higher delivery tags).
+            max(items, key=lambda i: int(i.message.delivery_tag)).message.ack(multiple=True)
         for item in items:
-            if item not in unavailable:
-                self._settle(item)
+            if item.decision is None or item.decision.reason is not Reason.STORE_UNAVAILABLE:
+                self._settle(item, acked=acked)
         if unavailable:
             self._requeue_later(unavailable)
 
