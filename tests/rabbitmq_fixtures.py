@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from amqp.exceptions import NotFound
 from kombu import Connection, Message
 
 from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
@@ -73,8 +74,11 @@ def publish(conn: Connection, queue: str, body: bytes | str, *, headers: dict[st
 
 
 def depth(conn: Connection, queue: str) -> int:
-    """Ready messages in ``queue`` (not counting un-acked ones)."""
-    return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+    """Ready messages in ``queue`` (not counting un-acked ones); 0 when it does not exist."""
+    try:
+        return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+    except NotFound:
+        return 0
 
 
 def consumers_of(conn: Connection, queue: str) -> int:

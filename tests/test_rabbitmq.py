@@ -211,3 +211,104 @@ def test_in_progress_elsewhere_is_deferred_through_the_delay_queue(
     assert "x-dedupe-attempts" not in handler.headers["holder-died"]  # a deferral is not an attempt
     assert strict_dedupe.status("done-elsewhere").state == "done"
     assert dead_letters(amqp, queue_name) == []
+
+
+def test_attempts_are_counted_from_the_header_and_a_message_without_it_gets_a_fresh_budget(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+) -> None:
+    seen: list[str | None] = []
+
+    def handler(body: Any, message: Any) -> None:
+        seen.append(message.headers.get("x-dedupe-attempts"))
+        raise RuntimeError("still failing")
+
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], handler, strict_dedupe, max_attempts=3,
+                              retry_base=0.01, retry_cap=0.02)
+    with consumer_thread(consumer):
+        # four attempts already spent elsewhere: one more and it is dead-lettered
+        publish(amqp, queue_name, '{"id": "spent"}', headers={"idempotency-key": "spent", "x-dedupe-attempts": "4"})
+        wait_for(lambda: depth(amqp, dlq(queue_name)) == 1, what="the exhausted message dead-lettered")
+        # as a replay republishes it: same message, no attempts header -> a full budget again
+        publish(amqp, queue_name, '{"id": "spent"}', headers={"idempotency-key": "spent"})
+        wait_for(lambda: depth(amqp, dlq(queue_name)) == 2, what="the replayed message dead-lettered")
+    assert seen == ["4", None, "1", "2"]
+    letters = dead_letters(amqp, queue_name)
+    assert [m.headers["x-dedupe-attempts"] for m in letters] == ["5", "3"]
+    assert [m.headers["x-dedupe-reason"] for m in letters] == ["handler_error", "handler_error"]
+
+
+def test_lease_lost_while_handling_is_deferred_and_comes_back_a_duplicate(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+) -> None:
+    """The handler's claim is taken over mid-run (released and re-claimed by "another worker"),
+    so its outcome is refused; the message is deferred, not acked as applied."""
+    from dedupe_worker import current_claim
+
+    takeover: dict[str, Any] = {}
+    lost: list[str] = []
+    calls: list[str] = []
+
+    def handler(body: Any, message: Any) -> str:
+        calls.append(body["id"])
+        if "claim" not in takeover:
+            mine = current_claim()
+            assert mine is not None
+            strict_dedupe.release(mine)
+            takeover["claim"] = strict_dedupe.begin(mine.key, fingerprint=mine.fingerprint)
+        return "mine"
+
+    class Watching(DedupeConsumer):
+        def on_lease_lost(self, message: Any, decision: Any) -> None:
+            lost.append(decision.claim.key)
+
+    consumer = Watching(amqp.clone(), [queue_name], handler, strict_dedupe, defer_base=0.05, prefetch_count=1)
+    with consumer_thread(consumer):
+        publish(amqp, queue_name, '{"id": "taken"}', headers={"idempotency-key": "taken"})
+        wait_for(lambda: lost == ["taken"], what="the lease loss")
+        assert takeover["claim"].acquired
+        strict_dedupe.complete(takeover["claim"], "theirs")
+        wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0,
+                 timeout=10, what="the deferred copy acked as a duplicate")
+    assert calls == ["taken"]
+    assert strict_dedupe.run("taken", lambda: "never") == "theirs"
+    assert dead_letters(amqp, queue_name) == []
+
+
+def test_a_deleted_dead_letter_queue_is_redeclared_and_nothing_is_dropped(
+    amqp: Connection, queue_name: str, dedupe: Deduplicator
+) -> None:
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], Recorder(), dedupe,
+                              key_strategy=header_key())
+    with consumer_thread(consumer):
+        amqp.default_channel.queue_delete(queue=dlq(queue_name))
+        publish(amqp, queue_name, '{"id": "no-key"}')
+        # the first copy is returned unroutable: the original is requeued, the queue redeclared
+        wait_for(lambda: depth(amqp, dlq(queue_name)) == 1, timeout=15, what="the dead letter")
+    [letter] = dead_letters(amqp, queue_name)
+    assert letter.headers["x-dedupe-reason"] == "invalid_key"
+    assert depth(amqp, queue_name) == 0
+
+
+def test_several_queues_keep_their_own_delay_and_dead_letter_queues(
+    amqp: Connection, queue_name: str, dedupe: Deduplicator
+) -> None:
+    other = f"{queue_name}-b"
+    amqp.default_channel.queue_declare(queue=other, durable=True, auto_delete=False)
+    handler = Recorder()
+    try:
+        consumer = DedupeConsumer(amqp.clone(), [queue_name, other], handler, dedupe,
+                                  key_strategy=first_of(header_key(), field_key("id")))
+        with consumer_thread(consumer):
+            publish(amqp, other, "garbage", content_type="text/plain")
+            publish(amqp, queue_name, '{"id": "a"}')
+            publish(amqp, other, '{"id": "a"}')  # the same key through another queue: a duplicate
+            wait_for(lambda: depth(amqp, dlq(other)) == 1 and handler.total() == 1, what="both handled")
+            wait_for(lambda: depth(amqp, other) == 0 and depth(amqp, queue_name) == 0)
+        [letter] = dead_letters(amqp, other)
+        assert letter.headers["x-dedupe-original-queue"] == other
+        assert letter.headers["x-dedupe-reason"] == "undecodable"
+        assert handler.applied == {"a": 1}
+        assert dead_letters(amqp, queue_name) == []
+    finally:
+        for name in (other, delay_queue(other), dlq(other)):
+            amqp.default_channel.queue_delete(queue=name)

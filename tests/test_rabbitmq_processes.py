@@ -70,8 +70,9 @@ def log_of(proc: subprocess.Popen[bytes]) -> str:
 def test_two_workers_with_copies_in_flight_apply_each_key_once(
     amqp: Connection, queue_name: str, spawn: Spawn, redis_client: redis.Redis, namespace: str
 ) -> None:
-    workers = [spawn("--prefetch", "4", TEST_SLEEP="0.2") for _ in range(2)]
-    wait_for(lambda: consumers_of(amqp, queue_name) == 2, what="two consumers")
+    # two processes, the second with two consumer threads (each its own connection)
+    workers = [spawn("--prefetch", "4", *extra, TEST_SLEEP="0.2") for extra in ((), ("--concurrency", "2"))]
+    wait_for(lambda: consumers_of(amqp, queue_name) == 3, what="three consumers")
     for n in range(15):
         for _copy in range(3):  # consecutive copies land on both workers at once
             publish(amqp, queue_name, orjson.dumps({"id": f"k{n}"}), headers={"idempotency-key": f"k{n}"})
@@ -133,3 +134,21 @@ def test_sigterm_finishes_the_message_in_hand_and_requeues_the_rest(
     again.send_signal(signal.SIGTERM)
     assert again.wait(15) == 0
     assert dead_letters(amqp, queue_name) == []
+
+
+def test_cli_key_header_option_is_the_only_key_source(
+    amqp: Connection, queue_name: str, spawn: Spawn, redis_client: redis.Redis, namespace: str
+) -> None:
+    worker = spawn("--key-header", "order-id", "--max-attempts", "2")
+    wait_for(lambda: consumers_of(amqp, queue_name) == 1, what="the worker")
+    publish(amqp, queue_name, b'{"id": "with-header"}', headers={"order-id": "o-1"})
+    publish(amqp, queue_name, b'{"id": "with-header"}', headers={"order-id": "o-1"})
+    publish(amqp, queue_name, b'{"id": "no-header"}', message_id="m-1")  # message_id is not consulted
+    wait_for(lambda: depth(amqp, f"{queue_name}.dlq") == 1, what="the keyless message dead-lettered")
+    wait_for(lambda: depth(amqp, queue_name) == 0)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    assert entries(redis_client, f"{namespace}:record", "applied") == ["with-header"]
+    [letter] = dead_letters(amqp, queue_name)
+    assert letter.headers["x-dedupe-reason"] == "invalid_key"
+    assert "order-id" in letter.headers["x-dedupe-error"]
