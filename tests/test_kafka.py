@@ -72,6 +72,14 @@ def all_committed(bootstrap: str, group: str, topic: str, expected: dict[int, in
     return committed(bootstrap, group, topic, list(expected)) == expected
 
 
+def consume_all(consumer: DedupeKafkaConsumer, positions: list[tuple[int, int]]) -> None:
+    """Run ``consumer`` until its group has committed past every produced record, then stop it."""
+    bootstrap, group = consumer.config["bootstrap.servers"], consumer.config["group.id"]
+    with running(consumer):
+        wait_until(lambda: all_committed(bootstrap, group, consumer.topics[0], ends(positions)), 30,
+                   "offsets committed past every record")
+
+
 def test_duplicates_across_offsets_and_partitions_apply_once(
     kafka_bootstrap: str, kafka_topics: Topics, dedupe: Deduplicator
 ) -> None:
@@ -98,9 +106,7 @@ def test_duplicates_across_offsets_and_partitions_apply_once(
     group = unique("g")
     consumer = DedupeKafkaConsumer(config(kafka_bootstrap, group), [topic], handler, dedupe,
                                    batch_size=500, poll_timeout=0.2)
-    with running(consumer):
-        wait_until(lambda: all_committed(kafka_bootstrap, group, topic, ends(positions)), 30,
-                   "offsets committed past every record")
+    consume_all(consumer, positions)
     assert sorted(applied) == sorted({"order-1", "acct-7", *(f"u{i}" for i in range(30))})
     assert consumer.stats["duplicate"] == 4
     assert dedupe.status("order-1").state == "done"
@@ -140,9 +146,7 @@ def test_dead_letters_for_each_failure_kind(
                         key_strategy=first_of(header_key(), field_key("id")),
                         batch_size=500, poll_timeout=0.2, max_attempts=2, retry_base=0.05)
     try:
-        with running(consumer):
-            wait_until(lambda: all_committed(kafka_bootstrap, group, topic, ends(positions)), 30,
-                       "offsets committed past every record")
+        consume_all(consumer, positions)
     finally:
         dedupe.close()
     assert applied == ["ok-1", "c", "ok-2"]
@@ -214,9 +218,7 @@ def test_in_progress_elsewhere_pauses_only_its_partition(
     group = unique("g")
     consumer = Recorder(config(kafka_bootstrap, group), [topic], handler, dedupe, poll_timeout=0.2)
     try:
-        with running(consumer):
-            wait_until(lambda: all_committed(kafka_bootstrap, group, topic, ends(positions)), 30,
-                       "offsets committed past every record")
+        consume_all(consumer, positions)
     finally:
         dedupe.close()
         other.close()
@@ -280,9 +282,7 @@ def test_batch_handler_gets_only_new_messages_and_retries_as_a_whole(
     group = unique("g")
     consumer = Recorder(config(kafka_bootstrap, group), [topic], None, dedupe, batch_handler=batch_handler,
                         poll_timeout=0.2, retry_base=0.05)
-    with running(consumer):
-        wait_until(lambda: all_committed(kafka_bootstrap, group, topic, ends(positions)), 30,
-                   "offsets committed past every record")
+    consume_all(consumer, positions)
     applied = [ident for call in calls[1:] for ident in call]
     assert sorted(applied) == [f"k{i}" for i in range(8)]  # each once, duplicates never passed in
     assert all(len(set(call)) == len(call) for call in calls)

@@ -34,6 +34,7 @@ class Workers:
 
     def __init__(self, bootstrap: str, topic: str, group: str, redis_url: str, namespace: str,
                  runs_key: str) -> None:
+        self.bootstrap, self.topic, self.group, self.runs_key = bootstrap, topic, group, runs_key
         self.args = [sys.executable, "-m", "dedupe_worker", "-v", "kafka", "tests.kafka_fixtures:record_run",
                      "--bootstrap", bootstrap, "--topic", topic, "--group", group,
                      "--redis-url", redis_url, "--namespace", namespace, "--lease", "2",
@@ -67,7 +68,6 @@ class Workers:
 def workers(kafka_bootstrap: str, kafka_topics: Topics, redis_url: str, namespace: str) -> Iterator[Workers]:
     topic = kafka_topics.create(partitions=4)
     w = Workers(kafka_bootstrap, topic, unique("g"), redis_url, namespace, f"{namespace}:runs")
-    w.topic = topic  # type: ignore[attr-defined]
     yield w
     w.cleanup()
 
@@ -94,23 +94,18 @@ def check(seen: dict[str, list[tuple[int, int]]], expected: set[str], killed: se
         assert [t for _, t in history] == sorted({t for _, t in history}), (ident, history)
 
 
-def finish(w: Workers, bootstrap: str, positions: list[tuple[int, int]], client: redis.Redis,
-           key: str, expected: set[str]) -> None:
-    group = w.args[w.args.index("--group") + 1]
-    topic = w.topic  # type: ignore[attr-defined]
+def finish(w: Workers, positions: list[tuple[int, int]], client: redis.Redis, expected: set[str]) -> None:
     try:
-        wait_until(lambda: len(runs(client, key)) == len(expected), 60, "every message applied")
-        wait_until(lambda: committed(bootstrap, group, topic, range(4)) == ends(positions), 30,
+        wait_until(lambda: len(runs(client, w.runs_key)) == len(expected), 60, "every message applied")
+        wait_until(lambda: committed(w.bootstrap, w.group, w.topic, range(4)) == ends(positions), 30,
                    "offsets committed past every record")
     except AssertionError:
         print(w.output())
         raise
 
 
-def test_rebalance_join_then_sigkill(workers: Workers, kafka_bootstrap: str, redis_client: redis.Redis,
-                                     namespace: str) -> None:
-    key = f"{namespace}:runs"
-    topic = workers.topic  # type: ignore[attr-defined]
+def test_rebalance_join_then_sigkill(workers: Workers, kafka_bootstrap: str, redis_client: redis.Redis) -> None:
+    key, topic = workers.runs_key, workers.topic
     positions = produce(kafka_bootstrap, topic, messages("a", 120))
     first = workers.start()
     wait_until(lambda: redis_client.llen(key) >= 20, 30, "the first worker started applying")
@@ -123,16 +118,15 @@ def test_rebalance_join_then_sigkill(workers: Workers, kafka_bootstrap: str, red
     first.wait(10)
     positions += produce(kafka_bootstrap, topic, messages("d", 60))
     expected = {f"{p}{i}" for p, n in (("a", 120), ("b", 120), ("c", 60), ("d", 60)) for i in range(n)}
-    finish(workers, kafka_bootstrap, positions, redis_client, key, expected)
+    finish(workers, positions, redis_client, expected)
     second.send_signal(signal.SIGTERM)
     assert second.wait(20) == 0, workers.output()
     check(runs(redis_client, key), expected, killed={first.pid})
 
 
-def test_killed_mid_batch_then_restarted(workers: Workers, kafka_bootstrap: str, redis_client: redis.Redis,
-                                         namespace: str) -> None:
-    key = f"{namespace}:runs"
-    topic = workers.topic  # type: ignore[attr-defined]
+def test_killed_mid_batch_then_restarted(workers: Workers, kafka_bootstrap: str,
+                                         redis_client: redis.Redis) -> None:
+    key, topic = workers.runs_key, workers.topic
     positions = produce(kafka_bootstrap, topic, messages("m", 200))
     first = workers.start()
     wait_until(lambda: redis_client.llen(key) >= 50, 30, "the worker is mid-stream")
@@ -141,7 +135,7 @@ def test_killed_mid_batch_then_restarted(workers: Workers, kafka_bootstrap: str,
     killed_at = time.monotonic()
     restarted = workers.start()
     expected = {f"m{i}" for i in range(200)}
-    finish(workers, kafka_bootstrap, positions, redis_client, key, expected)
+    finish(workers, positions, redis_client, expected)
     restarted.send_signal(signal.SIGTERM)
     assert restarted.wait(20) == 0, workers.output()
     seen = runs(redis_client, key)
