@@ -1,14 +1,17 @@
-"""Pieces of the Kafka integration that need no broker: partition planning, CLI options, exports."""
+"""Pieces of the Kafka integration that need no broker: partition planning, CLI options, exports,
+and the batch-handler hook of ``decide_many`` (against real Redis)."""
 
 from __future__ import annotations
 
 import argparse
 
 import pytest
+import redis
 
 import dedupe_worker.kafka
+from dedupe_worker import Deduplicator
 from dedupe_worker.cli import kafka as kafka_cli
-from dedupe_worker.handling import Decision, Reason
+from dedupe_worker.handling import Decision, Reason, decide_many
 from dedupe_worker.kafka.deadletter import DeadLetter, producer_config
 from dedupe_worker.kafka.positions import DONE, Hold, PartitionState, plan_partition
 
@@ -64,3 +67,53 @@ def test_cli_options() -> None:
     with pytest.raises(SystemExit):
         kafka_cli.consumer_config(parse("--bootstrap", "h", "--topic", "t", "--group", "g",
                                         "-X", "oops", "m:f"))
+
+
+# -- decide_many(run_batch=...), the core hook behind the batch handler (real Redis) ---------------
+
+
+def test_run_batch_gets_only_the_acquired_items(dedupe: Deduplicator) -> None:
+    decide_many(dedupe, [("a", "fa", lambda: "old-a")])
+    seen: list[list[int]] = []
+
+    def run_batch(indices: list[int]) -> list[str]:
+        seen.append(indices)
+        return [f"new-{i}" for i in indices]
+
+    items = [("a", "fa", _never), ("b", "fb", _never), ("b", "fb", _never), ("c", "fc", _never)]
+    decisions = decide_many(dedupe, items, run_batch=run_batch)
+    assert seen == [[1, 3]]
+    assert [d.reason for d in decisions] == [Reason.DUPLICATE, Reason.APPLIED, Reason.DUPLICATE, Reason.APPLIED]
+    assert [d.value for d in decisions] == ["old-a", "new-1", "new-1", "new-3"]
+    assert dedupe.status("c").value == b'"new-3"'
+
+
+@pytest.mark.parametrize("outcome", ["raises", "wrong length"])
+def test_run_batch_failure_fails_every_item_and_releases(dedupe: Deduplicator, outcome: str) -> None:
+    def run_batch(indices: list[int]) -> list[str]:
+        if outcome == "raises":
+            raise ConnectionError("db away")
+        return ["only one"]
+
+    decisions = decide_many(dedupe, [("x", None, _never), ("y", None, _never)], run_batch=run_batch)
+    assert [d.reason for d in decisions] == [Reason.HANDLER_ERROR] * 2
+    assert all(isinstance(d.error, ConnectionError if outcome == "raises" else ValueError) for d in decisions)
+    again = decide_many(dedupe, [("x", None, _never), ("y", None, _never)], run_batch=lambda i: [1, 2])
+    assert [d.reason for d in again] == [Reason.APPLIED] * 2  # the claims were released
+
+
+def test_run_batch_permanent_error_is_stored(redis_client: redis.Redis, namespace: str) -> None:
+    dedupe = Deduplicator(redis_client, namespace=namespace, lease=5.0, permanent_errors=(KeyError,))
+    try:
+        def run_batch(indices: list[int]) -> list[str]:
+            raise KeyError("no such account")
+
+        first = decide_many(dedupe, [("p", None, _never)], run_batch=run_batch)
+        assert first[0].reason is Reason.PERMANENT_FAILURE
+        assert decide_many(dedupe, [("p", None, _never)], run_batch=run_batch)[0].reason is Reason.PREVIOUSLY_FAILED
+    finally:
+        dedupe.close()
+
+
+def _never() -> None:
+    raise AssertionError("per-item handlers are not called when run_batch is given")

@@ -146,7 +146,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         self._stop.set()
 
     def close(self) -> None:
-        """Deliver queued dead letters and leave the group (the lead hands partitions on)."""
+        """Deliver queued dead letters and leave the group, which hands the partitions on."""
         self.dead_letters.close()
         self.consumer.close()
 

@@ -20,7 +20,8 @@ class ConsumerHooks:
         """Called after the handler ran for ``message`` and its outcome was stored."""
 
     def on_duplicate(self, message: Any, decision: Decision) -> None:
-        """Called when ``message``'s key was applied before; it is committed without running."""
+        """Called when ``message``'s key was applied (or failed permanently) before; it is
+        committed without running."""
 
     def on_deferred(self, message: Any, decision: Decision, delay: float) -> None:
         """Called when ``message``'s partition is paused and rewound to it for ``delay`` seconds."""
