@@ -42,8 +42,9 @@ class Recorder:
 
 
 def test_public_names() -> None:
-    assert rabbitmq.__all__ == sorted(rabbitmq.__all__)
-    assert "DedupeConsumer" in rabbitmq.__all__
+    assert set(rabbitmq.__all__) == {
+        "DedupeConsumer", "Handler", "Republisher", "PublishFailed", "delay_queue", "dlq",
+        "DEFERRALS", "DELAY_SUFFIX", "DLQ_SUFFIX", "ORIGINAL_USER_ID"}
     for name in rabbitmq.__all__:
         assert hasattr(rabbitmq, name)
 
@@ -312,3 +313,29 @@ def test_several_queues_keep_their_own_delay_and_dead_letter_queues(
     finally:
         for name in (other, delay_queue(other), dlq(other)):
             amqp.default_channel.queue_delete(queue=name)
+
+
+def test_republished_copy_keeps_properties_and_moves_a_foreign_user_id_to_a_header(
+    amqp: Connection, queue_name: str
+) -> None:
+    """RabbitMQ refuses a user_id other than the login; a copy of such a message must still go out."""
+    from types import SimpleNamespace
+
+    from dedupe_worker.rabbitmq import Republisher
+
+    with amqp.clone() as conn:
+        publisher = Republisher(conn.channel(), conn.userid)
+        publisher.declare(queue_name)
+        consumed = SimpleNamespace(body=b"{}", properties={
+            "content_type": "application/json", "content_encoding": "utf-8", "user_id": "mallory",
+            "message_id": "m-9", "priority": 4, "expiration": "60000", "application_headers": {"a": "1"},
+        })
+        publisher.publish(consumed, dlq(queue_name), {"a": "1", "b": "2"})
+        consumed.properties["user_id"] = conn.userid  # our own login stays a property
+        publisher.publish(consumed, dlq(queue_name), {})
+    first, second = dead_letters(amqp, queue_name)
+    assert first.headers == {"a": "1", "b": "2", "x-dedupe-original-user-id": "mallory"}
+    assert "user_id" not in first.properties and "expiration" not in first.properties
+    assert (first.properties["message_id"], first.properties["priority"]) == ("m-9", 4)
+    assert first.properties["content_type"] == "application/json"
+    assert second.properties["user_id"] == "guest" or second.properties["user_id"] == amqp.userid

@@ -17,12 +17,22 @@ crash story. Needs the ``[rabbitmq]`` extra (kombu).
 from __future__ import annotations
 
 from .consumer import DedupeConsumer, Handler
-from .republish import DEFERRALS, DELAY_SUFFIX, DLQ_SUFFIX, PublishFailed, Republisher, delay_queue, dlq
+from .republish import (
+    DEFERRALS,
+    DELAY_SUFFIX,
+    DLQ_SUFFIX,
+    ORIGINAL_USER_ID,
+    PublishFailed,
+    Republisher,
+    delay_queue,
+    dlq,
+)
 
 __all__ = [
     "DEFERRALS",
     "DELAY_SUFFIX",
     "DLQ_SUFFIX",
+    "ORIGINAL_USER_ID",
     "DedupeConsumer",
     "Handler",
     "PublishFailed",

@@ -135,7 +135,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
 
     def on_consume_ready(self, connection: Any, channel: Any, consumers: Any, **kwargs: Any) -> None:
         self._pending.clear()
-        self._publisher = Republisher(connection.channel())
+        self._publisher = Republisher(connection.channel(), getattr(connection, "userid", None))
         for queue in self.queues:
             self._publisher.declare(queue.name)
         self.ready.set()

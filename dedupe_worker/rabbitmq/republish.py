@@ -15,9 +15,10 @@ the second copy a duplicate (or, for a dead letter, the DLQ holds it twice; both
 
 Body and properties (``content_type``, ``content_encoding``, ``message_id``, ``correlation_id``,
 ``delivery_mode``, ``priority``, ``timestamp``, ``type``, ``app_id``, ``reply_to``, ...) are copied
-as they are; the original headers are kept and the given ones added. The one property not kept is
-``expiration``: a delayed copy gets its own, and a dead-lettered copy gets none so it cannot
-silently expire in the DLQ.
+as they are; the original headers are kept and the given ones added. Not kept: ``expiration`` (a
+delayed copy gets its own, a dead-lettered copy none, so it cannot silently expire in the DLQ),
+and a ``user_id`` other than our login, which RabbitMQ would refuse (it moves to the
+``x-dedupe-original-user-id`` header).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from amqp.exceptions import MessageNacked
 
 from ..errors import DedupeError
 
-__all__ = ["DEFERRALS", "DELAY_SUFFIX", "DLQ_SUFFIX", "PublishFailed", "Republisher", "delay_queue",
-           "dlq"]
+__all__ = ["DEFERRALS", "DELAY_SUFFIX", "DLQ_SUFFIX", "ORIGINAL_USER_ID", "PublishFailed", "Republisher",
+           "delay_queue", "dlq"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ DELAY_SUFFIX = ".delay"
 #: Header counting how often a message was deferred (it only grows the deferral backoff; it never
 #: counts as a failed attempt).
 DEFERRALS = "x-dedupe-deferrals"
+#: Header keeping a ``user_id`` property that could not be republished under our login.
+ORIGINAL_USER_ID = "x-dedupe-original-user-id"
 
 #: Properties passed to ``prepare_message`` as arguments rather than in ``properties``.
 _SEPARATE = ("application_headers", "content_type", "content_encoding", "priority", "expiration")
@@ -66,10 +69,11 @@ class Republisher:
     a nack or a return raises :class:`PublishFailed`.
     """
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: Any, userid: str | None = None) -> None:
         if not hasattr(channel, "basic_publish_confirm"):
             raise TypeError("the RabbitMQ consumer needs kombu's py-amqp transport (an amqp:// URL)")
         self.channel = channel
+        self.userid = userid
         self._returned: list[str] = []
         channel.events["basic_return"].add(self._on_return)
 
@@ -90,6 +94,10 @@ class Republisher:
         original ones: pass them merged) and wait for the broker's confirm."""
         properties = dict(getattr(message, "properties", None) or {})
         separate = {name: properties.pop(name, None) for name in _SEPARATE}
+        if properties.get("user_id") not in (None, self.userid):
+            # RabbitMQ refuses (closes the channel on) a user_id other than our login; keep it as
+            # a header instead of blocking the message forever.
+            headers = {**headers, ORIGINAL_USER_ID: properties.pop("user_id")}
         if expiration is not None:
             properties["expiration"] = str(max(1, int(expiration * 1000)))
         copy = self.channel.prepare_message(
