@@ -30,6 +30,7 @@ __all__ = [
     "consumers_of",
     "dead_letters",
     "depth",
+    "drained",
     "entries",
     "publish",
     "queue_name",
@@ -79,6 +80,11 @@ def depth(conn: Connection, queue: str) -> int:
         return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
     except NotFound:
         return 0
+
+
+def drained(conn: Connection, queue: str) -> bool:
+    """Nothing ready in ``queue`` nor waiting in its delay queue."""
+    return depth(conn, queue) == 0 and depth(conn, delay_queue(queue)) == 0
 
 
 def consumers_of(conn: Connection, queue: str) -> int:

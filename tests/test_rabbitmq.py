@@ -17,7 +17,7 @@ from dedupe_worker.envelope import Envelope
 from dedupe_worker.keys import body_fingerprint, field_key, first_of, header_key
 from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
 
-from .rabbitmq_fixtures import amqp, consumer_thread, dead_letters, depth, publish, queue_name, wait_for
+from .rabbitmq_fixtures import amqp, consumer_thread, dead_letters, depth, drained, publish, queue_name, wait_for
 
 __all__ = ["amqp", "queue_name"]  # fixtures used by name
 
@@ -171,7 +171,7 @@ def test_handler_errors_are_retried_with_backoff_then_applied_once(
         publish(amqp, queue_name, '{"id": "r1"}', headers={"idempotency-key": "r1"})
         wait_for(lambda: len(calls) == 3, what="three attempts")
         publish(amqp, queue_name, '{"id": "r1"}', headers={"idempotency-key": "r1"})  # a late duplicate
-        wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0)
+        wait_for(lambda: drained(amqp, queue_name))
     assert [c.get("x-dedupe-attempts") for c in calls] == [None, "1", "2"]
     assert strict_dedupe.status("r1").state == "done"
     assert len(calls) == 3
@@ -203,7 +203,7 @@ def test_in_progress_elsewhere_is_deferred_through_the_delay_queue(
         assert handler.total() == 0
         strict_dedupe.complete(held["done-elsewhere"], "done by the other worker")
         wait_for(lambda: handler.applied["holder-died"] == 1, timeout=15, what="the orphaned key applied")
-        wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0)
+        wait_for(lambda: drained(amqp, queue_name))
     assert handler.applied == {"holder-died": 1}
     assert {(k, r) for k, r, _ in deferred} >= {("done-elsewhere", "in_progress"),
                                                 ("holder-died", "in_progress")}
@@ -268,7 +268,7 @@ def test_lease_lost_while_handling_is_deferred_and_comes_back_a_duplicate(
         wait_for(lambda: lost == ["taken"], what="the lease loss")
         assert takeover["claim"].acquired
         strict_dedupe.complete(takeover["claim"], "theirs")
-        wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, delay_queue(queue_name)) == 0,
+        wait_for(lambda: drained(amqp, queue_name),
                  timeout=10, what="the deferred copy acked as a duplicate")
     assert calls == ["taken"]
     assert strict_dedupe.run("taken", lambda: "never") == "theirs"

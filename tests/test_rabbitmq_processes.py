@@ -21,6 +21,7 @@ from .rabbitmq_fixtures import (
     consumers_of,
     dead_letters,
     depth,
+    drained,
     entries,
     publish,
     queue_name,
@@ -78,7 +79,7 @@ def test_two_workers_with_copies_in_flight_apply_each_key_once(
             publish(amqp, queue_name, orjson.dumps({"id": f"k{n}"}), headers={"idempotency-key": f"k{n}"})
     record = f"{namespace}:record"
     wait_for(lambda: len(set(entries(redis_client, record, "applied"))) == 15, timeout=60, what="15 keys")
-    wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, f"{queue_name}.delay") == 0,
+    wait_for(lambda: drained(amqp, queue_name),
              timeout=30, what="queues drained")
     for proc in workers:
         proc.send_signal(signal.SIGTERM)
@@ -111,7 +112,7 @@ def test_worker_killed_mid_handler_message_redelivered_and_applied_once(
     applied = [e.decode() for e in redis_client.lrange(record, 0, -1) if e.startswith(b"applied:")]
     assert applied == [f"applied:{survivor.pid}:victim"]
     wait_for(lambda: "reason=in_progress" in log_of(survivor), what="the in-progress deferral logged")
-    wait_for(lambda: depth(amqp, queue_name) == 0 and depth(amqp, f"{queue_name}.delay") == 0)
+    wait_for(lambda: drained(amqp, queue_name))
     assert dead_letters(amqp, queue_name) == []
 
 

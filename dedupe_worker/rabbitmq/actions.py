@@ -57,6 +57,7 @@ def _short(key: str | None) -> str | None:
 def _token(decision: Decision) -> int:
     return decision.claim.token if decision.claim is not None else 0
 
+
 class BrokerActions:
     """Maps a decision to broker actions; mixed into the consumer."""
 
@@ -92,7 +93,7 @@ class BrokerActions:
     def on_lease_lost(self, message: Any, decision: Decision) -> None:
         """Called when a handler finished but its lease had been taken over (it is deferred)."""
 
-    # -- actions -----------------------------------------------------------------------------------
+    # -- actions ---------------------------------------------------------------------------------
 
     def _settle(self, item: Item, acked: bool = False) -> None:
         """Carry out the decision on ``item`` (``acked``: its ack was already sent)."""
@@ -151,8 +152,7 @@ class BrokerActions:
         ))
         if self._copy(item, decision, dlq(item.queue), headers, None):
             log.error("dead-lettered key=%s token=%s reason=%s attempts=%d: %s", _short(item.key),
-                      _token(decision),
-                      decision.reason.value, attempts, decision.detail)
+                      _token(decision), decision.reason.value, attempts, decision.detail)
             self.on_dead_letter(item.message, decision)
 
     def _copy(self, item: Item, decision: Decision, queue: str, headers: dict[str, Any],
@@ -164,8 +164,7 @@ class BrokerActions:
             self._publisher.publish(item.message, queue, headers, expiration)
         except PublishFailed as exc:
             log.error("could not copy key=%s token=%s to %s, requeueing: %s", _short(item.key),
-                      _token(decision),
-                      queue, exc)
+                      _token(decision), queue, exc)
             self._pause(backoff(1, base=1.0, floor=0.5))
             self._publisher.declare(item.queue)
             item.message.requeue()

@@ -217,5 +217,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
 
         item.call = call
         return item
+
+
 def _noop() -> None:
     return None
