@@ -203,9 +203,9 @@ def test_in_progress_elsewhere_pauses_only_its_partition(
     held_body = body("held")
     other = Deduplicator(redis_client, namespace=namespace, lease=2.0, result_ttl=60.0)
     dedupe = Deduplicator(redis_client, namespace=namespace, lease=5.0, result_ttl=60.0)
+    claimed_at = time.monotonic()  # the lease runs from a moment after this one
     claim = other.begin("held")  # a previous owner still working (it will die without finishing)
     assert claim.acquired
-    claimed_at = time.monotonic()
     records = [(0, None, held_body, [("idempotency-key", b"held")]),
                (0, None, body("a1"), [("idempotency-key", b"a1")])]
     records += [(1, None, body(f"b{i}"), [("idempotency-key", f"b{i}".encode())]) for i in range(5)]

@@ -72,6 +72,8 @@ class DeadLetterProducer:
     def send(self, letters: Sequence[DeadLetter]) -> list[bool]:
         """Produce every letter, wait up to ``timeout`` for the delivery reports; ``True`` where
         the broker confirmed the record. Never raises for a failed delivery."""
+        if not letters:
+            return []
         delivered = [False] * len(letters)
 
         def report(index: int) -> Any:
