@@ -104,8 +104,12 @@ def test_duplicates_across_offsets_and_partitions_apply_once(
         return str(ident)
 
     group = unique("g")
-    consumer = DedupeKafkaConsumer(config(kafka_bootstrap, group), [topic], handler, dedupe,
-                                   batch_size=500, poll_timeout=0.2)
+    class BrokenHooks(DedupeKafkaConsumer):
+        def on_duplicate(self, message: Any, decision: Decision) -> None:
+            raise RuntimeError("a hook that fails must not stop the loop")
+
+    consumer = BrokenHooks(config(kafka_bootstrap, group), [topic], handler, dedupe,
+                           batch_size=500, poll_timeout=0.2)
     consume_all(consumer, positions)
     assert sorted(applied) == sorted({"order-1", "acct-7", *(f"u{i}" for i in range(30))})
     assert consumer.stats["duplicate"] == 4
