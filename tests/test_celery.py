@@ -61,10 +61,13 @@ def test_same_task_sent_three_times_runs_once(celery_app: Celery, worker_process
 def test_concurrent_copies_on_prefork_worker_run_once(celery_app: Celery,
                                                       worker_process: WorkerProcess) -> None:
     charge = celery_app.tasks["dt.charge"]
-    pending = [charge.delay(2, 200, delay=1.0) for _ in range(3)]
+    # The body runs 3 s, longer than the 2 s lease: only the heartbeat keeps the claim, so
+    # a deferred copy coming back after 2 s must find it still held.
+    pending = [charge.delay(2, 200, delay=3.0) for _ in range(3)]
     results = [p.get(timeout=TIMEOUT) for p in pending]
 
     assert results[0] == results[1] == results[2]
+    assert results[0]["fencing_token"] == 1
     assert count(celery_app, "charge", 2) == 1
     assert count(celery_app, "charge-started", 2) == 1
     # The copy that reached the second pool process while the first ran was deferred, which

@@ -143,23 +143,28 @@ def test_settings_come_from_task_then_app_then_environment(
         celery_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEDUPE_LEASE", "7")
     monkeypatch.setenv("DEDUPE_NAMESPACE", "from-env")
-    app = Celery("settings", set_as_current=False)
-    app.conf.dedupe_redis_url = celery_config["backend"]
-    app.conf.dedupe_result_ttl = 99
+    apps = [Celery(f"settings-{i}", set_as_current=False) for i in range(2)]
+    for app in apps:
+        app.conf.dedupe_redis_url = celery_config["backend"]
+        app.conf.dedupe_result_ttl = 99
+    apps[1].conf.dedupe_lease = 3
+    tasks = []
+    for app in apps:
+        @app.task(base=IdempotentTask, shared=False, name="s.env")
+        def from_env() -> None: ...
 
-    @app.task(base=IdempotentTask, shared=False, name="s.env")
-    def from_env() -> None: ...
+        @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine")
+        def from_task() -> None: ...
 
-    @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine")
-    def from_task() -> None: ...
+        tasks.append((from_env.deduplicator, from_task.deduplicator))
 
-    env, own = from_env.deduplicator, from_task.deduplicator
+    (env, own), (conf, own_again) = tasks
     assert (env.lease, env.layout.namespace, env.result_ttl) == (7.0, "from-env", 99)
     assert (own.lease, own.layout.namespace, own.result_ttl) == (1.5, "mine", 99)
-    app.conf.dedupe_lease = 3
-    assert from_env.deduplicator.lease == 3
-    assert from_env.deduplicator is not env and from_task.deduplicator is own
-    app.close()
+    assert (conf.lease, conf.layout.namespace) == (3.0, "from-env")
+    assert own_again is own  # same settings, same process: one Deduplicator, one renewer thread
+    for app in apps:
+        app.close()
 
 
 def test_crash_safety_defaults() -> None:

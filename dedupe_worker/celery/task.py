@@ -158,9 +158,10 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
 
     # -- machinery ------------------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def deduplicator(self) -> Deduplicator:
-        """The :class:`Deduplicator` this task claims keys with (built on first use per process)."""
+        """The :class:`Deduplicator` this task claims keys with, from the settings as they are on
+        first use (later changes to ``app.conf`` or the environment are not seen)."""
         return deduplicator_for(self)
 
     @functools.cached_property
