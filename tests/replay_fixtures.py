@@ -10,9 +10,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
@@ -30,7 +29,6 @@ __all__ = [
     "redis_snapshot",
     "replay_process",
     "unique",
-    "wait_until",
 ]
 
 
@@ -74,15 +72,6 @@ def replay_process(args: Sequence[str]) -> subprocess.Popen[bytes]:
     """``python -m dedupe_worker <args>`` as a child process (stdout/stderr to pipes)."""
     return subprocess.Popen([sys.executable, "-m", "dedupe_worker", *args], env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -19,19 +18,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from dedupe_worker import Deduplicator
 from dedupe_worker.kafka import DedupeKafkaConsumer
 
-from .replay_fixtures import (
-    apply_before,
-    body_of,
-    cli,
-    killed_on_exit,
-    redis_snapshot,
-    replay_process,
-    unique,
-    wait_until,
-)
+from .kafka_fixtures import FAST_GROUP, headers_of, read_topic, unique, wait_until
+from .kafka_fixtures import committed as committed_on
+from .replay_fixtures import apply_before, body_of, cli, killed_on_exit, redis_snapshot, replay_process
 
-#: tansu's group joins take half the session timeout: keep it short.
-FAST_GROUP = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 500}
 PARTITIONS = 2
 
 
@@ -52,9 +42,10 @@ def topic(kafka_bootstrap: str) -> Iterator[str]:
 
 
 def dead_letter(bootstrap: str, topic: str, ids: Sequence[int], *, reason: str = "handler_error",
-                **extra_headers: str) -> None:
+                keyed: bool = True, **extra_headers: str) -> None:
     """Produce records ``k<i>`` into ``<topic>.dlq`` as the consumer dead-letters them (partition
-    ``i % 2``, as if from offset ``i`` of that partition of ``topic``), one request per record."""
+    ``i % 2``, as if from offset ``i`` of that partition of ``topic``), one request per record.
+    Without ``keyed`` they carry no ``idempotency-key`` and were keyed on their position."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
     failures: list[Any] = []
     for i in ids:
@@ -65,39 +56,21 @@ def dead_letter(bootstrap: str, topic: str, ids: Sequence[int], *, reason: str =
             "x-dedupe-original-partition": str(i % PARTITIONS), "x-dedupe-original-offset": str(i),
             **extra_headers,
         }
+        if not keyed:
+            del headers["idempotency-key"]
+            headers["x-dedupe-key"] = f"{topic}/{i % PARTITIONS}/{i}"
         producer.produce(topic + ".dlq", value=body_of(i), key=f"order-{i}".encode(), partition=i % PARTITIONS,
                          headers=list(headers.items()), on_delivery=lambda err, _m: err and failures.append(err))
     assert producer.flush(10) == 0 and not failures, failures
 
 
-def read_all(bootstrap: str, topic: str, idle: float = 1.5) -> list[Message]:
-    """Every record of ``topic`` (by assignment, from the start) until nothing came for ``idle`` s."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"), "enable.auto.commit": False})
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    got: list[Message] = []
-    last = time.monotonic()
-    try:
-        while time.monotonic() - last < idle:
-            batch = [m for m in c.consume(100, 0.2) if m.error() is None]
-            if batch:
-                got += batch
-                last = time.monotonic()
-        return got
-    finally:
-        c.close()
-
-
-def headers_of(msg: Message) -> dict[str, str]:
-    return {k: v.decode() for k, v in msg.headers() or ()}
+def read_all(bootstrap: str, topic: str) -> list[Message]:
+    """Every record of ``topic``, read until nothing came for 1.5 s."""
+    return read_topic(bootstrap, topic, expected=10**9, partitions=PARTITIONS, idle=1.5)
 
 
 def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        found = c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
-        return {tp.partition: tp.offset for tp in found}
-    finally:
-        c.close()
+    return committed_on(bootstrap, group, topic, range(PARTITIONS))
 
 
 def replay_args(bootstrap: str, topic: str, redis_url: str, namespace: str, *extra: str) -> list[str]:
@@ -241,22 +214,55 @@ def test_missing_origin_is_a_failure_that_stops_the_partition(
     assert status == 0 and json.loads(out)["replayed"] == 2
 
 
+def test_position_fallback_looks_up_the_original_position(
+        kafka_bootstrap: str, topic: str, redis_url: str, namespace: str, dedupe: Deduplicator) -> None:
+    dead_letter(kafka_bootstrap, topic, [3, 4], keyed=False)
+    apply_before(dedupe, f"{topic}/1/3", body_of(3))
+    options = ("--key-header", "idempotency-key", "--dry-run", "--json")
+
+    status, out = cli(replay_args(kafka_bootstrap, topic, redis_url, namespace, *options, "--position-fallback"))
+
+    assert status == 0
+    assert {e["key"]: e["state"] for e in json.loads(out)["plan"]} == {
+        f"{topic}/1/3": "applied", f"{topic}/0/4": "free"}
+    _, out = cli(replay_args(kafka_bootstrap, topic, redis_url, namespace, *options))
+    assert [e["state"] for e in json.loads(out)["plan"]] == ["no_key", "no_key"]
+
+
+def test_a_missing_dead_letter_topic_exits_2(kafka_bootstrap: str, redis_url: str, namespace: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    status, _ = cli(replay_args(kafka_bootstrap, unique("absent"), redis_url, namespace))
+    assert status == 2 and "not found" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sigkill_mid_replay_then_rerun_loses_nothing_and_applies_once(
         kafka_bootstrap: str, topic: str, redis_url: str, namespace: str, dedupe: Deduplicator) -> None:
     total = 200
     dead_letter(kafka_bootstrap, topic, range(total))
-    args = replay_args(kafka_bootstrap, topic, redis_url, namespace, "--rate", "150/s")
+    args = replay_args(kafka_bootstrap, topic, redis_url, namespace, "--rate", "100/s")
     group = "replay-" + namespace
+    reader = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": unique("reader")})
+    reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen = [0]
 
     def progress() -> int:
         return sum(max(o, 0) for o in committed(kafka_bootstrap, group, topic + ".dlq").values())
 
-    with killed_on_exit(replay_process(args)) as proc:
-        wait_until(lambda: progress() >= 40 or proc.poll() is not None, 60, "replay progress")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+    def mid_batch() -> bool:
+        """Some records committed, and at least 20 more delivered but not yet committed."""
+        seen[0] += sum(1 for m in reader.consume(100, 0.05) if m.error() is None)
+        done = progress()
+        return 0 < done and seen[0] >= done + 20
+
+    try:
+        with killed_on_exit(replay_process(args)) as proc:
+            wait_until(lambda: mid_batch() or proc.poll() is not None, 60, "replay progress")
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+    finally:
+        reader.close()
     done = progress()
     assert 0 < done < total
 

@@ -177,7 +177,7 @@ def test_summary_counts_each_message_once_and_prints() -> None:
     assert {k: data[k] for k in ("examined", "replayed", "already_applied", "left_in_place", "failed")} == {
         "examined": 4, "replayed": 1, "already_applied": 1, "left_in_place": 1, "failed": 1}
     assert data["plan"][2] == {"key": "c", "state": "applied", "action": "drop", "reason": "handler_error",
-                               "note": ""}
+                               "note": "", "token": 0}
     json.dumps(data)
     table = format_table(summary.entries).splitlines()
     assert table[0].split() == ["KEY", "STATE", "ACTION", "REASON", "NOTE"]

@@ -16,28 +16,10 @@ from kombu import Connection
 from dedupe_worker import Deduplicator
 from dedupe_worker.rabbitmq import DedupeConsumer
 
-from . import services
-from .replay_fixtures import (
-    apply_before,
-    body_of,
-    cli,
-    killed_on_exit,
-    redis_snapshot,
-    replay_process,
-    unique,
-    wait_until,
-)
+from .rabbitmq_fixtures import amqp, depth, wait_for
+from .replay_fixtures import apply_before, body_of, cli, killed_on_exit, redis_snapshot, replay_process, unique
 
-
-@pytest.fixture
-def amqp(rabbitmq_url: str) -> Iterator[Connection]:
-    conn = Connection(rabbitmq_url)
-    try:
-        conn.ensure_connection(max_retries=2)
-    except Exception as exc:
-        services.unavailable(f"RabbitMQ at {rabbitmq_url} ({exc})")
-    yield conn
-    conn.release()
+__all__ = ["amqp"]  # a fixture, imported for pytest
 
 
 @pytest.fixture
@@ -99,10 +81,6 @@ def raw_body(message: Any) -> bytes:
     return body.encode(message.properties.get("content_encoding") or "utf-8") if isinstance(body, str) else body
 
 
-def depth(conn: Connection, queue: str) -> int:
-    return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
-
-
 def replay_args(url: str, queue: str, redis_url: str, namespace: str, *extra: str) -> list[str]:
     return ["replay", "rabbitmq", "--url", url, "--from", queue + ".dlq", "--redis-url", redis_url,
             "--namespace", namespace, *extra]
@@ -123,7 +101,7 @@ def consume_all(conn: Connection, queue: str, dedupe: Deduplicator, expected: in
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len(runs) >= expected and depth(conn, queue) == 0, 60, "the consumer to drain")
+        wait_for(lambda: len(runs) >= expected and depth(conn, queue) == 0, 60, "the consumer to drain")
     finally:
         consumer.stop()
         thread.join(15)
@@ -188,9 +166,9 @@ def fill_mixed(conn: Connection, queue: str, redis_url: str, namespace: str) -> 
     message = channel.prepare_message(body_of(7), None, "application/json", "utf-8",
                                       {"idempotency-key": "k7"}, {})
     channel.basic_publish_confirm(message, exchange="", routing_key=source)
-    got = wait_until(lambda: channel.basic_get(queue=source, no_ack=False), 10, "the source message")
+    got = wait_for(lambda: channel.basic_get(queue=source, no_ack=False), 10, "the source message")
     channel.basic_reject(got.delivery_tag, requeue=False)   # RabbitMQ dead-letters it with x-death
-    wait_until(lambda: depth(conn, queue + ".dlq") == 8, 10, "RabbitMQ's dead-lettering")
+    wait_for(lambda: depth(conn, queue + ".dlq") == 8, 10, "RabbitMQ's dead-lettering")
 
 
 EXPECTED_PLAN = {
@@ -244,6 +222,12 @@ def test_unroutable_destination_is_counted_failed_and_kept(
     assert [raw_body(m) for m in take_all(amqp, queue + ".dlq")] == [body_of(0)]
 
 
+def test_a_missing_dead_letter_queue_exits_2(rabbitmq_url: str, redis_url: str, namespace: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    status, _ = cli(replay_args(rabbitmq_url, unique("absent"), redis_url, namespace))
+    assert status == 2 and "not found" in capsys.readouterr().err
+
+
 def test_to_overrides_the_destination_and_limit_bounds_the_run(
         amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str) -> None:
     for i in range(4):
@@ -268,12 +252,12 @@ def test_sigkill_mid_replay_then_rerun_loses_nothing_and_applies_once(
     args = replay_args(rabbitmq_url, queue, redis_url, namespace, "--rate", "300/s")
 
     with killed_on_exit(replay_process(args)) as proc:
-        wait_until(lambda: depth(amqp, queue) >= 60 or proc.poll() is not None, 30, "replay progress")
+        wait_for(lambda: depth(amqp, queue) >= 60 or proc.poll() is not None, 30, "replay progress")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     # The broker requeues what the killed replay held: nothing is lost.
-    wait_until(lambda: depth(amqp, queue) + depth(amqp, queue + ".dlq") >= total, 30, "requeue")
+    wait_for(lambda: depth(amqp, queue) + depth(amqp, queue + ".dlq") >= total, 30, "requeue")
     assert 0 < depth(amqp, queue + ".dlq") < total
 
     status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))

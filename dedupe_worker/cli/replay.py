@@ -3,7 +3,8 @@ re-applying one. See ``docs/replay.md``.
 
 Keys are derived with the same options and defaults as the consumer commands
 (:func:`~dedupe_worker.cli.options.key_strategy_from`), so pass the consumer's ``--key-header`` /
-``--key-field`` and ``--namespace`` here too. Exit status: 0, or 1 when any message failed.
+``--key-field`` and ``--namespace`` here too. Exit status: 0; 1 when any message failed; 2 when
+the dead-letter queue or topic does not exist.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from ..keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy
+from ..keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy, first_of, position_key
 from ..replay.plan import Planner
 from ..replay.summary import Progress, ReplayOptions, Summary, format_table
 from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
@@ -82,6 +84,9 @@ def register(subparsers: Any) -> None:
                             "(default dedupe-worker-replay)")
     kafka.add_argument("--idle-timeout", type=float, default=5.0, metavar="SECONDS",
                        help="stop when nothing arrived for this long (default 5)")
+    kafka.add_argument("--position-fallback", action="store_true",
+                       help="as the consumer's option: when no key is found, key on the ORIGINAL "
+                            "topic/partition/offset (x-dedupe-original-* headers)")
     kafka.add_argument("-X", dest="config", action="append", type=_config_pair, default=[],
                        metavar="KEY=VALUE",
                        help="librdkafka setting for the replay's consumer and producer (repeatable)")
@@ -89,24 +94,25 @@ def register(subparsers: Any) -> None:
     kafka.set_defaults(func=run_kafka)
 
 
-def _setup(args: argparse.Namespace, default: KeyStrategy) -> tuple[Planner, ReplayOptions, Progress | None]:
+def _run(args: argparse.Namespace, default: KeyStrategy,
+         replay: Callable[[Planner, ReplayOptions], Summary]) -> int:
+    """Build the planner and options from ``args``, run ``replay``, print the outcome."""
     strategy = key_strategy_from(args, default)
+    if getattr(args, "position_fallback", False):
+        strategy = first_of(strategy, position_key())
     planner = Planner(deduplicator_from(args), strategy, reasons=_reasons(args.reasons))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     progress = Progress(sys.stderr) if show else None
     options = ReplayOptions(dry_run=args.dry_run, limit=args.limit, rate=args.rate, keep_entries=args.dry_run,
                             on_start=progress.start if progress else None,
                             on_entry=progress.entry if progress else None)
-    return planner, options, progress
-
-
-def _reasons(values: list[str] | None) -> set[str] | None:
-    if not values:
-        return None
-    return {part.strip() for value in values for part in value.split(",") if part.strip()}
-
-
-def _finish(args: argparse.Namespace, summary: Summary, progress: Progress | None) -> int:
+    try:
+        summary = replay(planner, options)
+    except LookupError as exc:
+        print(f"dedupe-worker replay {args.broker}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        planner.dedupe.close()
     if progress is not None:
         progress.close()
     if args.json:
@@ -118,30 +124,34 @@ def _finish(args: argparse.Namespace, summary: Summary, progress: Progress | Non
     return 1 if summary.failed else 0
 
 
+def _reasons(values: list[str] | None) -> set[str] | None:
+    if not values:
+        return None
+    return {part.strip() for value in values for part in value.split(",") if part.strip()}
+
+
 def run_rabbitmq(args: argparse.Namespace) -> int:
     from ..extras import require
     from ..replay.rabbitmq import Destination, replay_rabbitmq
 
     kombu = require("kombu", "rabbitmq")
-    planner, options, progress = _setup(args, RABBITMQ_DEFAULT)
     destination = Destination.parse(args.to) if args.to else None
-    try:
+
+    def replay(planner: Planner, options: ReplayOptions) -> Summary:
         with kombu.Connection(args.url) as connection:
-            summary = replay_rabbitmq(connection, args.source, planner, destination=destination,
-                                      options=options, confirm_timeout=args.confirm_timeout)
-    finally:
-        planner.dedupe.close()
-    return _finish(args, summary, progress)
+            return replay_rabbitmq(connection, args.source, planner, destination=destination,
+                                   options=options, confirm_timeout=args.confirm_timeout)
+
+    return _run(args, RABBITMQ_DEFAULT, replay)
 
 
 def run_kafka(args: argparse.Namespace) -> int:
     from ..replay.kafka import replay_kafka
 
-    planner, options, progress = _setup(args, KAFKA_DEFAULT)
     config = {"bootstrap.servers": args.bootstrap, **dict(args.config)}
-    try:
-        summary = replay_kafka(config, args.source, args.group, planner, destination=args.to,
-                               options=options, idle_timeout=args.idle_timeout)
-    finally:
-        planner.dedupe.close()
-    return _finish(args, summary, progress)
+
+    def replay(planner: Planner, options: ReplayOptions) -> Summary:
+        return replay_kafka(config, args.source, args.group, planner, destination=args.to,
+                            options=options, idle_timeout=args.idle_timeout)
+
+    return _run(args, KAFKA_DEFAULT, replay)

@@ -80,14 +80,17 @@ class _KafkaReplay:
         self.ck = require("confluent_kafka", "kafka")
         self.topic, self.planner, self.destination = topic, planner, destination
         self.options, self.idle_timeout = options, idle_timeout
-        self.batch_size, self.delivery_timeout = batch_size, delivery_timeout
+        # With a rate, a batch lasts about a second, so progress is committed about once a second.
+        self.batch_size = max(1, min(batch_size, int(options.rate))) if options.rate else batch_size
+        self.delivery_timeout = delivery_timeout
         self.summary = Summary.start(options)
         self.pacer = Pacer(options.rate)
         self.consumer = self.ck.Consumer({
             **config, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "enable.auto.offset.store": False, "enable.partition.eof": True,
         })
-        self.producer = None if options.dry_run else self.ck.Producer({**config, "acks": "all"})
+        self.dry_run = options.dry_run
+        self.producer: Any = None if self.dry_run else self.ck.Producer({**config, "acks": "all"})
         self.ended: set[int] = set()
         self.answered: set[int] = set()  # partitions that sent a record or an end-of-partition event
         self.started_ms = int(time.time() * 1000)
@@ -130,6 +133,7 @@ class _KafkaReplay:
                     break
         finally:
             self.consumer.close()
+            self.producer = None  # every batch was flushed; anything unflushed was not committed
         return self.summary
 
     def _limit_reached(self) -> bool:
@@ -166,9 +170,9 @@ class _KafkaReplay:
             reason = from_kafka(record).header(REASON) or ""
             item = _Pending(record, self.planner.judge(lookup_envelope(record), reason))
             pending.append(item)
-            if self.producer is not None and not self._start(item):
+            if not self.dry_run and not self._start(item):
                 stopped.add(record.partition())
-        if self.producer is not None:
+        if not self.dry_run:
             remaining = self.producer.flush(self.delivery_timeout)
             if remaining:
                 log.error("%d deliveries not reported within %ss", remaining, self.delivery_timeout)
@@ -184,14 +188,8 @@ class _KafkaReplay:
             item.ok = True
             return True
 
-        def report(err: Any, _msg: Any) -> None:
-            item.ok, item.error = err is None, str(err or "")
-
         if entry.step is Step.LEAVE:
-            self.producer.produce(self.topic, value=record.value(), key=record.key(),  # type: ignore[union-attr]
-                                  headers=record.headers() or [], partition=record.partition(),
-                                  on_delivery=report)
-            return True
+            return self._produce(item, self.topic, record.headers() or [], partition=record.partition())
         seen = from_kafka(record)
         original_topic = seen.header(ORIGINAL_TOPIC)
         target = self.destination or original_topic
@@ -203,9 +201,21 @@ class _KafkaReplay:
         if target == original_topic and partition is not None and partition.isdigit():
             extra["partition"] = int(partition)
         self.pacer.wait()
-        self.producer.produce(target, value=record.value(), key=record.key(),  # type: ignore[union-attr]
-                              headers=replay_headers(record.headers() or []), on_delivery=report, **extra)
-        self.producer.poll(0)  # type: ignore[union-attr]
+        return self._produce(item, target, replay_headers(record.headers() or []), **extra)
+
+    def _produce(self, item: _Pending, topic: str, headers: list[tuple[str, Any]], **extra: Any) -> bool:
+        """Queue a copy of ``item``'s record; its delivery report settles ``item.ok``."""
+
+        def report(err: Any, _msg: Any) -> None:
+            item.ok, item.error = err is None, str(err or "")
+
+        try:
+            self.producer.produce(topic, value=item.record.value(), key=item.record.key(), headers=headers,
+                                  on_delivery=report, **extra)
+        except (self.ck.KafkaException, BufferError) as exc:
+            item.ok, item.error = False, f"produce to {topic} refused: {exc}"
+            return False
+        self.producer.poll(0)
         return True
 
     def _settle(self, pending: list[_Pending]) -> None:
@@ -214,7 +224,7 @@ class _KafkaReplay:
         failed: set[int] = set()
         for item in pending:
             partition, offset = item.record.partition(), item.record.offset()
-            if self.producer is None:
+            if self.dry_run:
                 self.summary.record(item.entry)
                 continue
             if partition in failed:
@@ -222,13 +232,13 @@ class _KafkaReplay:
             if item.ok:
                 commit[partition] = offset + 1
                 self.summary.record(item.entry)
-                log.info("replay key=%s token=- %s (%s[%s]@%s)", item.entry.key, item.entry.step.value,
-                         self.topic, partition, offset)
+                log.info("replay key=%s token=%s %s (%s[%s]@%s)", item.entry.key, item.entry.token,
+                         item.entry.step.value, self.topic, partition, offset)
                 continue
             failed.add(partition)
             self.summary.record(item.entry, ok=False)
-            log.error("replay key=%s token=- failed, partition %s stops at offset %s: %s",
-                      item.entry.key, partition, offset, item.error or "no delivery report")
+            log.error("replay key=%s token=%s failed, partition %s stops at offset %s: %s",
+                      item.entry.key, item.entry.token, partition, offset, item.error or "no delivery report")
         if commit:
             offsets = [self.ck.TopicPartition(self.topic, p, o) for p, o in commit.items()]
             self.consumer.commit(offsets=offsets, asynchronous=False)

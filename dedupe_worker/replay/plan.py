@@ -57,13 +57,15 @@ class Step(str, enum.Enum):
 @dataclass(frozen=True)
 class Entry:
     """The plan for one message: its key (``None`` when none could be derived), the key's state,
-    the step, the dead-letter reason the message carried, and a note for the operator."""
+    the step, the dead-letter reason the message carried, a note for the operator, and the
+    fencing token Redis reported for the key (the last one issued; 0 when never claimed)."""
 
     key: str | None
     state: str
     step: Step
     reason: str = ""
     note: str = ""
+    token: int = 0
 
     @property
     def failed(self) -> bool:
@@ -110,13 +112,12 @@ class Planner:
             return Entry(key, "unavailable", Step.LEAVE, reason, str(exc))
         if state.state == "done":
             if state.status == "f":
-                return Entry(key, "failed", Step.LEAVE, reason,
-                             f"permanent failure stored (token {state.token})")
-            return Entry(key, "applied", Step.DROP, reason, f"applied (token {state.token})")
+                return Entry(key, "failed", Step.LEAVE, reason, "permanent failure stored", state.token)
+            return Entry(key, "applied", Step.DROP, reason, "outcome stored", state.token)
         if state.state == "in_progress":
             return Entry(key, "in_progress", Step.LEAVE, reason,
-                         f"lease held by token {state.token} for {state.remaining_ms} ms")
-        return Entry(key, "free", Step.REPLAY, reason)
+                         f"lease held for {state.remaining_ms} ms more", state.token)
+        return Entry(key, "free", Step.REPLAY, reason, "", state.token)
 
 
 def replay_headers(headers: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -110,8 +110,9 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                     confirm_timeout: float = 30.0) -> Summary:
     """Replay the dead-letter ``queue`` over the kombu ``connection``; see the module docstring.
 
-    ``destination`` overrides where messages go (default: the queue each came from). Connection
-    and channel errors propagate; whatever was not acked by then stays in the queue.
+    ``destination`` overrides where messages go (default: the queue each came from). Raises
+    :class:`LookupError` when ``queue`` does not exist. Connection and channel errors propagate;
+    whatever was not acked by then stays in the queue.
     """
     options = options or ReplayOptions()
     summary = Summary.start(options)
@@ -119,7 +120,7 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
     channel = connection.channel()
     held: list[int] = []
     try:
-        _, ready, _ = channel.queue_declare(queue=queue, passive=True)
+        ready = _ready_messages(channel, queue)
         total = ready if options.limit is None else min(ready, options.limit)
         if options.on_start is not None:
             options.on_start(total)
@@ -140,7 +141,8 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                 summary.record(entry)
             elif entry.step is Step.DROP:
                 channel.basic_ack(tag)
-                log.info("replay key=%s token=- already applied, dropped from %s", entry.key, queue)
+                log.info("replay key=%s token=%s already applied, dropped from %s", entry.key, entry.token,
+                         queue)
                 summary.record(entry)
             else:
                 problem = "no destination: no x-dedupe-original-queue or x-death header, use --to"
@@ -149,15 +151,24 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                     problem = publisher.publish(raw, target) or ""
                 if problem:
                     held.append(tag)
-                    log.error("replay key=%s token=- failed, left in %s: %s", entry.key, queue, problem)
+                    log.error("replay key=%s token=%s failed, left in %s: %s", entry.key, entry.token, queue,
+                              problem)
                     summary.record(entry, ok=False)
                 else:
                     channel.basic_ack(tag)
-                    log.info("replay key=%s token=- republished to %s", entry.key, target)
+                    log.info("replay key=%s token=%s republished to %s", entry.key, entry.token, target)
                     summary.record(entry)
     finally:
         _give_back(channel, held)
     return summary
+
+
+def _ready_messages(channel: Any, queue: str) -> int:
+    amqp = require("amqp", "rabbitmq")
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except amqp.exceptions.NotFound as exc:
+        raise LookupError(f"dead-letter queue {queue!r} not found") from exc
 
 
 def _give_back(channel: Any, held: list[int]) -> None:

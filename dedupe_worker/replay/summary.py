@@ -80,7 +80,8 @@ class Summary:
         data: dict[str, Any] = {"dry_run": self.dry_run, **self.counts()}
         if self.keep_entries:
             data["plan"] = [
-                {"key": e.key, "state": e.state, "action": e.step.value, "reason": e.reason, "note": e.note}
+                {"key": e.key, "state": e.state, "action": e.step.value, "reason": e.reason, "note": e.note,
+                 "token": e.token}
                 for e in self.entries
             ]
         return data
