@@ -10,7 +10,15 @@ import redis
 from celery import Celery, chain
 
 import dedupe_worker.celery
-from dedupe_worker import Deduplicator, InProgress, InvalidKey, KeyConflict, PreviouslyFailed
+from dedupe_worker import (
+    OMITTED,
+    Deduplicator,
+    InProgress,
+    InvalidKey,
+    KeyConflict,
+    PreviouslyFailed,
+    ResultNotSerializable,
+)
 from dedupe_worker.celery import IdempotentTask
 
 from . import celery_fixtures
@@ -137,6 +145,20 @@ def test_fingerprint_option_false_disables_the_conflict_check(eager_app: Celery)
 
     assert welcome.delay("ann", "hello").get() == "hello"
     assert welcome.delay("ann", "hi there").get() == "hello"  # same key, other payload: a duplicate
+
+
+def test_unserializable_result_fails_once_and_later_copies_get_omitted(eager_app: Celery) -> None:
+    runs: list[str] = []
+
+    @eager_app.task(base=IdempotentTask, shared=False, name="dt.raw")
+    def raw(name: str) -> bytes:
+        runs.append(name)
+        return name.encode()
+
+    with pytest.raises(ResultNotSerializable):
+        raw.delay("blob")
+    assert raw.delay("blob").get() is OMITTED  # the body ran; it is not run again
+    assert runs == ["blob"]
 
 
 def test_settings_come_from_task_then_app_then_environment(
