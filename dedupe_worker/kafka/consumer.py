@@ -206,7 +206,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
                 key = self.key_strategy(envelope)
                 fp = self.fingerprint(envelope) if self.fingerprint is not None else None
             except Exception as exc:  # MissingKey, UndecodableMessage, or a broken strategy
-                letters.append((i, DeadLetter(msg, poison(exc))))
+                decision = poison(exc)
+                self.stats[decision.reason.value] += 1
+                letters.append((i, DeadLetter(msg, decision)))
                 continue
             keyed.append((i, key))
             items.append((key, fp, partial(handler, msg)))
@@ -272,10 +274,6 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         else:
             log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
                       letter.key, token, where)
-
-
-def _tp(msg: Message) -> TP:
-    return (msg.topic() or "", msg.partition() or 0)
 
 
 def _batched(_message: Message) -> None:
