@@ -229,16 +229,19 @@ def test_a_missing_dead_letter_queue_exits_2(rabbitmq_url: str, redis_url: str, 
 
 
 def test_to_overrides_the_destination_and_limit_bounds_the_run(
-        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str) -> None:
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     for i in range(4):
         dead_letter(amqp, queue, i)
     other = queue + ".src"
     amqp.default_channel.queue_declare(queue=other, durable=True, auto_delete=False)
 
     status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--limit", "3",
-                                  "--to", "/" + other))
+                                  "--to", "/" + other, "--progress"))
 
     assert status == 0 and json.loads(out)["replayed"] == 3
+    bar = capsys.readouterr().err.rstrip("\n").split("\r")[-1]
+    assert bar.endswith("3/3 replayed=3 applied=0 left=0 failed=0")
     assert depth(amqp, other) == 3 and depth(amqp, queue) == 0 and depth(amqp, queue + ".dlq") == 1
 
 

@@ -43,6 +43,9 @@ class Destination:
     exchange: str
     routing_key: str
 
+    def __str__(self) -> str:
+        return f"exchange {self.exchange!r} routing key {self.routing_key!r}"
+
     @classmethod
     def parse(cls, text: str) -> Destination:
         """``EXCHANGE/ROUTING_KEY``; ``/QUEUE`` or a bare ``QUEUE`` publish straight to a queue."""
@@ -173,6 +176,8 @@ def _ready_messages(channel: Any, queue: str) -> int:
 
 def _give_back(channel: Any, held: list[int]) -> None:
     """Requeue the messages left in place; if the channel is gone the broker already did."""
+    if not channel.is_open:
+        return
     try:
         for tag in held:
             channel.basic_reject(tag, requeue=True)
