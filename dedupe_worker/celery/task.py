@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 
 import celery
 from celery._state import _task_stack
+from celery.exceptions import Reject
 
 from ..backoff import backoff
 from ..claim import Claim
@@ -226,8 +227,7 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
         else:
             log.error("failing without retry task=%s id=%s key=%s token=%s reason=%s: %s", self.name,
                       self.request.id, key, token, decision.reason.value, decision.detail)
-        assert decision.error is not None
-        raise decision.error
+        raise decision.error or DedupeError(f"{key!r}: {decision.reason.value}")
 
     def defer(self, decision: Decision, key: str) -> NoReturn:
         """Re-send this task to run later, without spending ``max_retries`` (see class doc)."""
@@ -237,16 +237,20 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
         claim: Claim | None = decision.claim
         log.info("deferring task=%s id=%s key=%s token=%s reason=%s by %.3fs (deferral %d)", self.name,
                  request.id, key, claim.token if claim else None, decision.reason.value, countdown, deferrals)
-        self.on_defer(decision, countdown)
         if request.is_eager or request.called_directly:
             error = decision.error
             if error is None and claim is not None:
                 error = InProgress(key, decision.retry_after, claim.token)
             raise error or DedupeError(f"{key!r} deferred ({decision.reason.value})")
-        headers = {DEFERRALS_HEADER: deferrals}
+        self.on_defer(decision, countdown)
         request.retries -= 1  # retry() sends retries + 1: the re-sent message keeps our count
         try:
-            raise self.retry(countdown=countdown, headers=headers)
+            raise self.retry(countdown=countdown, headers={DEFERRALS_HEADER: deferrals})
+        except Reject as exc:
+            # retry() could not publish the copy and would drop the message: requeue it instead.
+            log.warning("re-send failed, requeueing task=%s id=%s key=%s: %s", self.name, request.id, key,
+                        exc.reason)
+            raise Reject(exc.reason, requeue=True) from exc
         finally:
             request.retries += 1
 
