@@ -133,7 +133,7 @@ def main() -> None:
                                                         "amqp://guest:guest@127.0.0.1:5672//"))
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--messages", type=int, default=10000, help="messages per measurement at prefetch 100")
-    parser.add_argument("--rounds", type=int, default=3, help="measurements per case (median shown)")
+    parser.add_argument("--rounds", type=int, default=5, help="measurements per case (median shown)")
     parser.add_argument("--label", default=f"pid {os.getpid()}, cpus {sorted(os.sched_getaffinity(0))}")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
