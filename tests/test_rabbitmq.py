@@ -339,3 +339,27 @@ def test_republished_copy_keeps_properties_and_moves_a_foreign_user_id_to_a_head
     assert (first.properties["message_id"], first.properties["priority"]) == ("m-9", 4)
     assert first.properties["content_type"] == "application/json"
     assert second.properties["user_id"] == "guest" or second.properties["user_id"] == amqp.userid
+
+
+@pytest.mark.parametrize("prefetch", [1, 10])
+def test_a_handler_that_acks_by_itself_does_not_break_the_loop(
+    amqp: Connection, queue_name: str, dedupe: Deduplicator, prefetch: int
+) -> None:
+    recorder = Recorder()
+
+    def handler(body: Any, message: Any) -> str:
+        if body["id"].startswith("self-acking"):
+            message.ack()
+        return recorder(body, message)
+
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], handler, dedupe, prefetch_count=prefetch)
+    for n in range(6):
+        name = f"self-acking-{n}" if n % 2 else f"plain-{n}"
+        publish(amqp, queue_name, orjson.dumps({"id": name}), headers={"idempotency-key": name})
+    with consumer_thread(consumer):
+        wait_for(lambda: recorder.total() == 6 and drained(amqp, queue_name), what="all six handled")
+        publish(amqp, queue_name, b'{"id": "later"}', headers={"idempotency-key": "later"})
+        wait_for(lambda: recorder.applied["later"] == 1, what="the loop to go on")
+    assert consumer.ready.is_set() is False  # stopped cleanly, not crashed
+    assert set(recorder.applied.values()) == {1}
+    assert depth(amqp, queue_name) == 0

@@ -19,7 +19,7 @@ from ..deadletter import ATTEMPTS, dead_letter_headers
 from ..handling import Action, Decision, Reason
 from .republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
-__all__ = ["BrokerActions", "Item", "Stopping"]
+__all__ = ["BrokerActions", "Item", "Stopping", "settled"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ def _int_header(message: Any, name: str) -> int:
 def _short(key: str | None) -> str | None:
     """The key as logged: long keys are cut (the full key is in the dead letter's headers)."""
     return key if key is None or len(key) <= 120 else f"{key[:100]}...({len(key)} chars)"
+
+
+def settled(message: Any) -> bool:
+    """Whether ``message`` was acked or rejected already (by a handler that should not have)."""
+    if message.acknowledged:
+        log.warning("message delivery_tag=%s was settled by its handler; not acking it again",
+                    message.delivery_tag)
+        return True
+    return False
 
 
 def _token(decision: Decision) -> int:
@@ -101,7 +110,7 @@ class BrokerActions:
         assert decision is not None
         action = decision.action
         if action is Action.ACK:
-            if not acked:
+            if not acked and not settled(message):
                 message.ack()
             log.debug("acked key=%s token=%s reason=%s", _short(item.key), _token(decision),
                       decision.reason.value)
@@ -113,7 +122,8 @@ class BrokerActions:
             self._defer(item, decision)
         elif action is Action.RETRY:
             if isinstance(decision.error, Stopping):
-                message.requeue()
+                if not settled(message):
+                    message.requeue()
             else:
                 self._retry(item, decision)
         else:
@@ -167,9 +177,11 @@ class BrokerActions:
                       _token(decision), queue, exc)
             self._pause(backoff(1, base=1.0, floor=0.5))
             self._publisher.declare(item.queue)
-            item.message.requeue()
+            if not settled(item.message):
+                item.message.requeue()
             return False
-        item.message.ack()
+        if not settled(item.message):
+            item.message.ack()
         return True
 
     def _requeue_later(self, items: Sequence[Item]) -> None:
@@ -182,7 +194,8 @@ class BrokerActions:
                     len(items), delay)
         self._pause(delay)
         for item in items:
-            item.message.requeue()
+            if not settled(item.message):
+                item.message.requeue()
             assert item.decision is not None
             log.info("requeued key=%s token=%s reason=store_unavailable", _short(item.key),
                      _token(item.decision))

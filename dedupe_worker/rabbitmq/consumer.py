@@ -181,7 +181,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             item.decision = decision
         unavailable = [i for i in items if i.decision and i.decision.reason is Reason.STORE_UNAVAILABLE]
         self._outages = self._outages + 1 if unavailable else 0
-        acked = len(items) > 1 and all(i.decision and i.decision.action is Action.ACK for i in items)
+        acked = len(items) > 1 and all(i.decision and i.decision.action is Action.ACK
+                                       and not i.message.acknowledged for i in items)
         if acked:
             # One basic.ack(multiple) for the batch: every message delivered on this channel and
             # not settled yet is in it (those delivered meanwhile have higher delivery tags).
