@@ -49,6 +49,13 @@ def test_public_names() -> None:
         assert hasattr(rabbitmq, name)
 
 
+def test_options_are_checked(dedupe: Deduplicator) -> None:
+    consumer = DedupeConsumer(Connection("amqp://"), ["q"], Recorder(), dedupe, prefetch_count=7, max_attempts=2)
+    assert (consumer.prefetch_count, consumer.max_attempts, consumer.batch) == (7, 2, True)
+    with pytest.raises(TypeError, match="unknown option 'handle'"):
+        DedupeConsumer(Connection("amqp://"), ["q"], Recorder(), dedupe, handle=print)
+
+
 @pytest.mark.parametrize("prefetch", [1, 10])
 def test_duplicates_applied_once_and_queue_drained(
     amqp: Connection, queue_name: str, dedupe: Deduplicator, prefetch: int

@@ -53,6 +53,10 @@ __all__ = ["DedupeConsumer", "Handler"]
 
 log = logging.getLogger(__name__)
 
+#: Keyword options of :class:`DedupeConsumer` (class attributes, so a subclass may set them too).
+OPTIONS = ("prefetch_count", "batch", "accept", "max_attempts", "retry_base", "retry_cap", "defer_base",
+           "defer_cap", "outage_cap")
+
 #: ``handler(body, message)``: the decoded body and the kombu message, as kombu callbacks get them.
 Handler = Callable[[Any, Any], Any]
 
@@ -97,8 +101,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         self.key_strategy = key_strategy
         self.fingerprint = fingerprint
         for name, value in options.items():
-            if not hasattr(type(self), name) or name.startswith("_"):
-                raise TypeError(f"unknown option {name!r}")
+            if name not in OPTIONS:
+                raise TypeError(f"unknown option {name!r}; the options are {', '.join(OPTIONS)}")
             setattr(self, name, value)
         self.should_stop = False
         #: Set while connected with the queues (and their .delay and .dlq) declared and consumed.
