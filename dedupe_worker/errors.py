@@ -62,11 +62,19 @@ class ResultNotSerializable(DedupeError, TypeError):
 
 
 class ClaimError(DedupeError):
-    """The claim protocol refused: base of the outcomes that are not "go ahead"."""
+    """The claim protocol refused: base of the outcomes that are not "go ahead".
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
+    ``args`` holds the constructor's arguments (not the message), so these exceptions survive
+    pickling and Celery's JSON result backend, which rebuild them as ``type(*args)``.
+    """
+
+    def __init__(self, key: str, message: str, *args: object) -> None:
+        super().__init__(key, *args)
         self.key = key
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class InProgress(ClaimError):
@@ -76,7 +84,8 @@ class InProgress(ClaimError):
     """
 
     def __init__(self, key: str, retry_after: float, owner_token: int = 0) -> None:
-        super().__init__(key, f"{key!r} is in progress elsewhere; retry in {retry_after:.3f}s")
+        super().__init__(key, f"{key!r} is in progress elsewhere; retry in {retry_after:.3f}s",
+                         retry_after, owner_token)
         self.retry_after = retry_after
         self.owner_token = owner_token
 
@@ -96,7 +105,7 @@ class LeaseLost(ClaimError):
     """
 
     def __init__(self, key: str, token: int) -> None:
-        super().__init__(key, f"lease on {key!r} lost (fencing token {token})")
+        super().__init__(key, f"lease on {key!r} lost (fencing token {token})", token)
         self.token = token
 
 
@@ -104,5 +113,5 @@ class PreviouslyFailed(ClaimError):
     """A permanent failure is stored as the outcome of ``key``; the work is not attempted again."""
 
     def __init__(self, key: str, error: object) -> None:
-        super().__init__(key, f"{key!r} failed permanently before: {error}")
+        super().__init__(key, f"{key!r} failed permanently before: {error}", error)
         self.error = error

@@ -85,3 +85,16 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     d = dedupe_worker.Deduplicator.from_settings()
     assert d.lease == 2.5 and d.layout.namespace == "billing"
     assert d.store.client.connection_pool.connection_kwargs["db"] == 3
+
+
+def test_claim_errors_rebuild_from_their_args() -> None:
+    import pickle
+
+    from dedupe_worker import InProgress, KeyConflict, LeaseLost, PreviouslyFailed
+
+    for exc in (InProgress("k", 1.5, 3), KeyConflict("k"), LeaseLost("k", 7),
+                PreviouslyFailed("k", {"type": "ValueError", "message": "no"})):
+        rebuilt = type(exc)(*exc.args)  # what Celery's JSON result backend does
+        assert str(rebuilt) == str(exc) and rebuilt.key == "k"
+        assert str(pickle.loads(pickle.dumps(exc))) == str(exc)
+    assert "retry in 1.500s" in str(InProgress("k", 1.5))
