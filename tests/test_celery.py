@@ -13,7 +13,7 @@ import redis
 from celery import Celery, chain
 from celery.result import AsyncResult
 
-from dedupe_worker import DedupeError, Deduplicator, KeyConflict
+from dedupe_worker import Deduplicator, KeyConflict, PreviouslyFailed
 
 from . import celery_fixtures
 from .celery_fixtures import PermanentError, WorkerProcess, delete_queue, effects, make_app
@@ -155,10 +155,10 @@ def test_permanent_failure_is_stored_and_not_retried(celery_app: Celery,
     with pytest.raises(PermanentError):
         doomed.delay("j4").get(timeout=TIMEOUT)
     second = doomed.delay("j4")
-    # PreviouslyFailed cannot be rebuilt from its message by the JSON result backend, which
-    # then gives its nearest rebuildable base, DedupeError, with the same message.
-    with pytest.raises(DedupeError, match=r"failed permanently before.*j4 can never work"):
+    # the JSON result backend rebuilds it from its args: the real class, key and stored error
+    with pytest.raises(PreviouslyFailed, match=r"failed permanently before.*j4 can never work") as info:
         second.get(timeout=TIMEOUT)
+    assert info.value.key and "j4 can never work" in info.value.error["message"]
 
     assert second.state == "FAILURE"
     assert count(celery_app, "doomed", "j4") == 1
