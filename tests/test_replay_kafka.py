@@ -204,6 +204,8 @@ def test_missing_origin_is_a_failure_that_stops_the_partition(
         kafka_bootstrap: str, topic: str, redis_url: str, namespace: str) -> None:
     dead_letter(kafka_bootstrap, topic, [0, 2], **{"x-dedupe-original-topic": ""})
     dead_letter(kafka_bootstrap, topic, [1])
+    status, out = cli(replay_args(kafka_bootstrap, topic, redis_url, namespace, "--json", "--dry-run"))
+    assert status == 1 and (json.loads(out)["failed"], json.loads(out)["replayed"]) == (1, 1)
 
     status, out = cli(replay_args(kafka_bootstrap, topic, redis_url, namespace, "--json"))
 

@@ -210,16 +210,19 @@ def test_dry_run_changes_nothing_then_the_real_run_follows_the_plan(
     assert redis_snapshot(redis_client, namespace) == before
 
 
-def test_unroutable_destination_is_counted_failed_and_kept(
+def test_unroutable_or_unknown_destination_is_counted_failed_and_kept(
         amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str) -> None:
     dead_letter(amqp, queue, 0, **{"x-dedupe-original-queue": queue + "-gone"})
     dead_letter(amqp, queue, 1)
+    dead_letter(amqp, queue, 2, **{"x-dedupe-original-queue": ""})
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--dry-run"))
+    assert status == 1 and "no destination" in json.loads(out)["plan"][2]["note"]
 
     status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
 
     assert status == 1
-    assert json.loads(out)["failed"] == 1 and json.loads(out)["replayed"] == 1
-    assert [raw_body(m) for m in take_all(amqp, queue + ".dlq")] == [body_of(0)]
+    assert json.loads(out)["failed"] == 2 and json.loads(out)["replayed"] == 1
+    assert sorted(raw_body(m) for m in take_all(amqp, queue + ".dlq")) == [body_of(0), body_of(2)]
 
 
 def test_a_missing_dead_letter_queue_exits_2(rabbitmq_url: str, redis_url: str, namespace: str,

@@ -47,6 +47,8 @@ __all__ = ["lookup_envelope", "replay_kafka"]
 
 log = logging.getLogger(__name__)
 
+NO_DESTINATION = "no destination: no x-dedupe-original-topic header, use --to"
+
 #: Seconds to wait for every partition's first answer before the idle clock starts anyway.
 STARTUP_TIMEOUT = 30.0
 
@@ -140,13 +142,16 @@ class _KafkaReplay:
         return self.options.limit is not None and self.summary.examined >= self.options.limit
 
     def _skip(self, record: Any) -> bool:
-        """True for errors the consumer reports inline and for records past a partition's end."""
+        """True for events that are not records (end of partition, errors librdkafka recovers from
+        by itself) and for records past a partition's end. Raises for fatal errors."""
         error = record.error()
         self.answered.add(record.partition())
         if error is not None:
-            if error.code() == self.ck.KafkaError._PARTITION_EOF:
-                return True
-            raise self.ck.KafkaException(error)
+            if error.fatal():
+                raise self.ck.KafkaException(error)
+            if error.code() != self.ck.KafkaError._PARTITION_EOF:
+                log.warning("consumer error on %s (retried by the client): %s", self.topic, error)
+            return True
         if record.partition() in self.ended:
             return True
         kind, timestamp = record.timestamp()
@@ -170,7 +175,11 @@ class _KafkaReplay:
             reason = from_kafka(record).header(REASON) or ""
             item = _Pending(record, self.planner.judge(lookup_envelope(record), reason))
             pending.append(item)
-            if not self.dry_run and not self._start(item):
+            if item.entry.step is Step.REPLAY and self._target(record)[0] is None:
+                item.entry = dataclasses.replace(item.entry, note=NO_DESTINATION)
+                item.ok, item.error = False, NO_DESTINATION
+                stopped.add(record.partition())
+            elif not self.dry_run and not self._start(item):
                 stopped.add(record.partition())
         if not self.dry_run:
             remaining = self.producer.flush(self.delivery_timeout)
@@ -187,21 +196,22 @@ class _KafkaReplay:
         if entry.step is Step.DROP:
             item.ok = True
             return True
-
         if entry.step is Step.LEAVE:
             return self._produce(item, self.topic, record.headers() or [], partition=record.partition())
+        target, extra = self._target(record)
+        assert target is not None  # checked by _handle
+        self.pacer.wait()
+        return self._produce(item, target, replay_headers(record.headers() or []), **extra)
+
+    def _target(self, record: Any) -> tuple[str | None, dict[str, Any]]:
+        """Where a replayed record goes, and ``partition=`` when it returns to its original topic."""
         seen = from_kafka(record)
         original_topic = seen.header(ORIGINAL_TOPIC)
         target = self.destination or original_topic
-        if target is None:
-            item.ok, item.error = False, "no destination: no x-dedupe-original-topic header, use --to"
-            return False
-        extra: dict[str, Any] = {}
         partition = seen.header(ORIGINAL_PARTITION)
         if target == original_topic and partition is not None and partition.isdigit():
-            extra["partition"] = int(partition)
-        self.pacer.wait()
-        return self._produce(item, target, replay_headers(record.headers() or []), **extra)
+            return target, {"partition": int(partition)}
+        return target, {}
 
     def _produce(self, item: _Pending, topic: str, headers: list[tuple[str, Any]], **extra: Any) -> bool:
         """Queue a copy of ``item``'s record; its delivery report settles ``item.ok``."""
@@ -225,7 +235,7 @@ class _KafkaReplay:
         for item in pending:
             partition, offset = item.record.partition(), item.record.offset()
             if self.dry_run:
-                self.summary.record(item.entry)
+                self.summary.record(item.entry, ok=item.ok is not False)
                 continue
             if partition in failed:
                 continue  # left for the next run, not counted in this one

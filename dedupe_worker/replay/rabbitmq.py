@@ -20,6 +20,7 @@ consumer's deduplication answers the second copy as a duplicate.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from .summary import ReplayOptions, Summary
 __all__ = ["Destination", "original_destination", "replay_rabbitmq"]
 
 log = logging.getLogger(__name__)
+
+NO_DESTINATION = "no destination: no x-dedupe-original-queue or x-death header, use --to"
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,11 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
             entry = planner.judge(from_kombu(message, origin.routing_key if origin else ""),
                                   dead_letter_reason(headers))
             tag = raw.delivery_tag
-            if publisher is None or entry.step is Step.LEAVE:
+            if entry.step is Step.REPLAY and target is None:
+                held.append(tag)
+                log.error("replay key=%s token=%s left in %s: %s", entry.key, entry.token, queue, NO_DESTINATION)
+                summary.record(dataclasses.replace(entry, note=NO_DESTINATION), ok=False)
+            elif publisher is None or entry.step is Step.LEAVE:
                 held.append(tag)
                 summary.record(entry)
             elif entry.step is Step.DROP:
@@ -148,10 +155,9 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                          queue)
                 summary.record(entry)
             else:
-                problem = "no destination: no x-dedupe-original-queue or x-death header, use --to"
-                if target is not None:
-                    pacer.wait()
-                    problem = publisher.publish(raw, target) or ""
+                assert target is not None
+                pacer.wait()
+                problem = publisher.publish(raw, target)
                 if problem:
                     held.append(tag)
                     log.error("replay key=%s token=%s failed, left in %s: %s", entry.key, entry.token, queue,
