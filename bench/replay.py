@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -64,20 +63,6 @@ def rabbit_round(url: str, dedupe: Deduplicator, count: int, replay: bool) -> fl
         finally:
             for q in (name, name + ".dlq"):
                 channel.queue_delete(queue=q)
-
-
-@contextmanager
-def kafka_broker(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    from tests.services import TansuBroker
-
-    server = TansuBroker().start()
-    try:
-        yield server.bootstrap
-    finally:
-        server.stop()
 
 
 def kafka_round(bootstrap: str, dedupe: Deduplicator, count: int, replay: bool) -> float:
@@ -126,10 +111,6 @@ def kafka_round(bootstrap: str, dedupe: Deduplicator, count: int, replay: bool) 
                 pass
 
 
-def best(rounds: int, fn: Callable[[], float]) -> float:
-    return max(fn() for _ in range(rounds))
-
-
 def report(broker: str, rounds: int, run: Callable[[bool], float]) -> None:
     plain: list[float] = []
     ours: list[float] = []
@@ -158,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_rabbitmq:
             report("rabbitmq", args.rounds, lambda replay: rabbit_round(args.amqp, dedupe, args.messages, replay))
         if not args.skip_kafka:
+            from bench.kafka_consumer import broker as kafka_broker
+
             with kafka_broker(args.bootstrap) as bootstrap:
                 report("kafka", args.rounds,
                        lambda replay: kafka_round(bootstrap, dedupe, args.messages, replay))
