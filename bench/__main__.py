@@ -14,7 +14,7 @@ import sys
 
 import redis
 
-BENCHES = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer")
+BENCHES = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.replay")
 
 
 def redis_pid(url: str) -> int | None:

@@ -16,6 +16,7 @@ from redis.retry import Retry
 from .claim import OMITTED, Claim, Outcome
 from .context import _current, bind_claim
 from .errors import (
+    ClaimError,
     InProgress,
     InvalidKey,
     KeyConflict,
@@ -248,12 +249,22 @@ class Deduplicator:
 
         Values that cannot be serialised are stored as omitted (and logged), as in :meth:`complete`.
         """
-        rows = []
+        return [not isinstance(problem, LeaseLost) for problem in self.complete_each(items)]
+
+    def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable | None]:
+        """:meth:`complete_many`, telling per item what :meth:`complete` would have raised: ``None``
+        when stored, :class:`LeaseLost` when nothing was written, :class:`ResultNotSerializable`
+        when the outcome was stored as omitted."""
+        rows, problems = [], []
         for claim, value in items:
-            status, data, _ = self._encode(claim, value)
+            status, data, problem = self._encode(claim, value)
             rows.append((claim.stem, claim.token, status, data))
+            problems.append(problem)
         stored = self.store.complete(rows, self._result_ttl_ms)
-        return [ok and not self.renewer.is_lost(c.stem, c.token) for (c, _), ok in zip(items, stored, strict=True)]
+        return [
+            problem if ok and not self.renewer.is_lost(c.stem, c.token) else LeaseLost(c.key, c.token)
+            for (c, _), ok, problem in zip(items, stored, problems, strict=True)
+        ]
 
     def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome: later deliveries answer DUPLICATE with

@@ -58,14 +58,38 @@ def from_kombu(message: Any, queue: str = "") -> Envelope:
 
 
 def from_kafka(message: Any) -> Envelope:
-    """The envelope of a confluent-kafka ``Message``; repeated headers keep their last value."""
+    """The envelope of a confluent-kafka ``Message``; repeated headers keep their last value.
+
+    A record that the replay republished (header ``x-dedupe-replayed``) keeps the position it had
+    before it was dead-lettered (the ``x-dedupe-original-*`` headers), so a position-based key
+    names the same record before and after the replay.
+    """
     headers: dict[str, Any] = {}
     for name, value in message.headers() or ():
         headers[name] = value
+    source, position = message.topic() or "", (message.partition(), message.offset())
+    original = _original_position(headers) if "x-dedupe-replayed" in headers else None
+    if original is not None:
+        source, position = original
     return Envelope(
         body=message.value() or b"",
         headers=headers,
         partition_key=message.key(),
-        source=message.topic() or "",
-        position=(message.partition(), message.offset()),
+        source=source,
+        position=position,
     )
+
+
+def _original_position(headers: dict[str, Any]) -> tuple[str, tuple[int, int]] | None:
+    def text(name: str) -> str | None:
+        value = headers.get(name)
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+    topic = text("x-dedupe-original-topic")
+    partition, offset = text("x-dedupe-original-partition"), text("x-dedupe-original-offset")
+    if not topic or partition is None or offset is None:
+        return None
+    try:
+        return topic, (int(partition), int(offset))
+    except ValueError:
+        return None

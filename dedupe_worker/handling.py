@@ -208,7 +208,7 @@ def decide_many(
     with dedupe.keep_leases(acquired):
         ran = None if run_batch is None else _run_batch(
             dedupe, [(i, c) for i, c in zip(valid, claims, strict=True) if c.acquired], run_batch)
-        for i, claim in zip(valid, claims):
+        for i, claim in zip(valid, claims, strict=True):
             if claim.acquired:
                 first_copy[claim.stem] = i
                 decisions[i] = ran[i] if ran is not None else _run_handler(dedupe, claim, items[i][2])
@@ -217,17 +217,17 @@ def decide_many(
             elif not (claim.outcome is Outcome.IN_PROGRESS and claim.stem in first_copy):
                 decisions[i] = settle(claim) or Decision(Reason.IN_PROGRESS, claim)
         try:
-            stored = dedupe.complete_many([(claim, value) for _, claim, value in applied])
+            problems = dedupe.complete_each([(claim, value) for _, claim, value in applied])
         except StoreUnavailable as exc:
-            stored = [False] * len(applied)
             for i, claim, _ in applied:
                 decisions[i] = Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
         else:
-            for (i, claim, _), ok in zip(applied, stored):
-                if not ok:
-                    decisions[i] = Decision(Reason.LEASE_LOST, claim, error=LeaseLost(claim.key, claim.token),
-                                            retry_after=dedupe.lease)
-    for i, claim in zip(valid, claims):
+            for (i, claim, _), problem in zip(applied, problems, strict=True):
+                if isinstance(problem, LeaseLost):
+                    decisions[i] = Decision(Reason.LEASE_LOST, claim, error=problem, retry_after=dedupe.lease)
+                elif problem is not None:
+                    decisions[i] = Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem)
+    for i, claim in zip(valid, claims, strict=True):
         if i not in decisions:  # a later copy of a key acquired earlier in this batch
             first = decisions[first_copy[claim.stem]]
             if first.reason is Reason.APPLIED:

@@ -71,6 +71,13 @@ def test_batch_claims_and_completes_in_order(dedupe: Deduplicator) -> None:
     assert dedupe.begin("y").result == "Y"
 
 
+def test_batch_reports_unserialisable_results_like_decide(dedupe: Deduplicator) -> None:
+    decisions = decide_many(dedupe, [("a", None, lambda: object()), ("b", None, lambda: "fine")])
+    assert [x.reason for x in decisions] == [Reason.UNSERIALIZABLE_RESULT, Reason.APPLIED]
+    assert decisions[0].action is Action.DEAD_LETTER
+    assert dedupe.begin("a").omitted  # the handler ran: recorded done, never re-applied
+
+
 def test_batch_conflict_and_in_progress(dedupe: Deduplicator) -> None:
     dedupe.begin("held", fingerprint="a")
     decisions = decide_many(dedupe, [("held", "a", lambda: 1), ("held", "b", lambda: 1)])

@@ -97,3 +97,39 @@ def test_first_of_reports_every_missing_strategy() -> None:
     strategy = k.first_of(k.header_key("x-id"), k.message_id_key())
     with pytest.raises(MissingKey, match=r"x-id.*message_id"):
         strategy(Envelope(b"body"))
+
+
+class _Record:
+    """The accessors of a confluent-kafka Message that from_kafka reads."""
+
+    def __init__(self, headers: list[tuple[str, bytes]], offset: int) -> None:
+        self._headers, self._offset = headers, offset
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+    def value(self) -> bytes:
+        return b"body"
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def topic(self) -> str:
+        return "payments"
+
+    def partition(self) -> int:
+        return 1
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def test_a_replayed_record_keeps_its_original_position() -> None:
+    from dedupe_worker.envelope import from_kafka
+
+    assert k.position_key()(from_kafka(_Record([], 9))) == "payments/1/9"
+    origin = [("x-dedupe-original-topic", b"payments"), ("x-dedupe-original-partition", b"0"),
+              ("x-dedupe-original-offset", b"4")]
+    assert k.position_key()(from_kafka(_Record(origin, 9))) == "payments/1/9"  # a DLQ record as such
+    replayed = [*origin, ("x-dedupe-replayed", b"1")]
+    assert k.position_key()(from_kafka(_Record(replayed, 57))) == "payments/0/4"

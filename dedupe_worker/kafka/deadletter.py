@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..deadletter import dead_letter_headers
+from ..envelope import from_kafka
 from ..handling import Decision
 
 __all__ = ["DeadLetter", "DeadLetterProducer", "producer_config"]
@@ -62,10 +63,13 @@ class DeadLetterProducer:
         """Original headers first, then the ``x-dedupe-*`` ones (a reader keeping the last value
         of a repeated header sees ours)."""
         msg = letter.message
+        # from_kafka gives a replayed record the position it had before its first dead-lettering,
+        # so a record that fails again keeps naming the position its key was derived from
+        seen = from_kafka(msg)
+        partition, offset = seen.position or (msg.partition(), msg.offset())
         extra = dead_letter_headers(
             letter.decision, key=letter.key, attempts=letter.attempts,
-            original_topic=msg.topic(), original_partition=str(msg.partition()),
-            original_offset=str(msg.offset()),
+            original_topic=seen.source, original_partition=str(partition), original_offset=str(offset),
         )
         return [*(msg.headers() or ()), *extra.items()]
 
