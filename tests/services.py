@@ -248,7 +248,7 @@ class TansuBroker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(5)
+                self.proc.wait(1.5)  # tansu often ignores SIGTERM while clients linger
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
