@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +30,7 @@ import redis
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.ratios import print_ratios
 from dedupe_worker import Deduplicator
 from dedupe_worker.handling import Decision, Reason
 from dedupe_worker.kafka import DedupeKafkaConsumer
@@ -142,11 +142,7 @@ def main() -> None:
                     again = measure(Timed, bootstrap, topic, count, batch, dedupe, work)
                     rates.setdefault("redelivered", []).append(again)
                 dedupe.close()
-            base = statistics.median(rates["plain"])
-            for name, values in rates.items():
-                rate = statistics.median(values)
-                print(f"  batch {batch:>3} {name:<12} {rate:>9,.0f} msg/s  ratio {rate / base:.2f}"
-                      f"  ({count} messages, median of {len(values)})", flush=True)
+            print_ratios(f"batch {batch:>3}", rates, "plain", count)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ import redis
 from kombu import Connection, Queue
 from kombu.mixins import ConsumerMixin
 
+from bench.ratios import print_ratios
 from dedupe_worker import Deduplicator
 from dedupe_worker.handling import Decision, Reason
 from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
@@ -158,11 +158,7 @@ def main() -> None:
                 rates["dedupe"].append(measure(ours(Dedupe), conn, count, run))
                 rates["duplicates"].append(measure(ours(Dedupe), conn, count, run))
                 dedupe.close()
-            base = statistics.median(rates["kombu"])
-            for name, values in rates.items():
-                rate = statistics.median(values)
-                print(f"  prefetch {prefetch:>3} {name:<11} {rate:>9,.0f} msg/s  ratio {rate / base:.2f}"
-                      f"  ({count} messages, median of {len(values)})", flush=True)
+            print_ratios(f"prefetch {prefetch:>3}", rates, "kombu", count)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
+    built = subprocess.run(  # --no-isolation: hatchling comes from the test extra, no download
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        capture_output=True, text=True, timeout=300,
     )
+    assert built.returncode == 0, built.stdout + built.stderr
     (found,) = out.glob("dedupe_worker-*.whl")
     return found
 
