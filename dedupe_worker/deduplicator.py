@@ -6,14 +6,12 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
-from redis.retry import Retry
 
 from .claim import OMITTED, Claim, Outcome
+from .connection import redis_from_url
 from .context import _current, bind_claim
 from .errors import (
     ClaimError,
@@ -39,12 +37,6 @@ T = TypeVar("T")
 
 #: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
-
-
-def _retry() -> Retry:
-    """Two quick retries: a blip is absorbed, an outage surfaces as StoreUnavailable in well under
-    a second instead of redis-py's default of several seconds of backoff per command."""
-    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2)
 
 
 class Deduplicator:
@@ -111,14 +103,7 @@ class Deduplicator:
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Deduplicator:
         """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster."""
-        parts = urlsplit(url)
-        cluster = parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]
-        if cluster:
-            plain = parts._replace(scheme="redis", query="").geturl()
-            client: redis.Redis | RedisCluster = RedisCluster.from_url(plain, retry=_retry())
-        else:
-            client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=_retry())
-        return cls(client, **options)
+        return cls(redis_from_url(url), **options)
 
     @classmethod
     def from_settings(cls, settings: DedupeSettings | None = None, **options: Any) -> Deduplicator:
