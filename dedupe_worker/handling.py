@@ -146,11 +146,16 @@ def execute(dedupe: Deduplicator, claim: Claim, handler: Callable[[], Any]) -> D
     return Decision(Reason.APPLIED, claim, value)
 
 
-def _unavailable(dedupe: Deduplicator, exc: StoreUnavailable, handler: Callable[[], Any]) -> Decision:
+def _unavailable(dedupe: Deduplicator, exc: StoreUnavailable, handler: Callable[[], Any],
+                 count: int = 1) -> Decision:
+    """The decision when the claim could not be made; logged once per call of decide/decide_many
+    (``count`` messages), not once per message."""
     if not dedupe.fail_open:
-        log.warning("Redis unavailable, deferring: %s", exc)
+        if count:
+            log.warning("Redis unavailable, deferring %d message(s): %s", count, exc)
         return Decision(Reason.STORE_UNAVAILABLE, error=exc, retry_after=1.0)
-    log.error("Redis unavailable; fail_open runs the handler WITHOUT deduplication: %s", exc)
+    if count:
+        log.error("Redis unavailable; fail_open runs %d handler(s) WITHOUT deduplication: %s", count, exc)
     try:
         return Decision(Reason.APPLIED, value=handler())
     except Exception as err:
@@ -199,8 +204,8 @@ def decide_many(
     try:
         claims = dedupe.begin_many([items[i][0] for i in valid], fingerprints=[items[i][1] for i in valid])
     except StoreUnavailable as exc:
-        for i in valid:
-            decisions[i] = _unavailable(dedupe, exc, items[i][2])
+        for n, i in enumerate(valid):
+            decisions[i] = _unavailable(dedupe, exc, items[i][2], count=0 if n else len(valid))
         return [decisions[i] for i in range(len(items))]
     acquired = [c for c in claims if c.acquired]
     applied: list[tuple[int, Claim, Any]] = []
