@@ -6,7 +6,10 @@ from; keep the names stable. Values are text.
 
 from __future__ import annotations
 
-from .handling import Decision
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a runtime import would tie envelope.py (which reads these names) to handling
+    from .handling import Decision
 
 __all__ = [
     "ATTEMPTS",
@@ -19,6 +22,7 @@ __all__ = [
     "ORIGINAL_ROUTING_KEY",
     "ORIGINAL_TOPIC",
     "REASON",
+    "REPLAYED",
     "dead_letter_headers",
 ]
 
@@ -38,6 +42,8 @@ ORIGINAL_OFFSET = "x-dedupe-original-offset"
 ORIGINAL_QUEUE = "x-dedupe-original-queue"
 ORIGINAL_EXCHANGE = "x-dedupe-original-exchange"
 ORIGINAL_ROUTING_KEY = "x-dedupe-original-routing-key"
+#: Set by the replay on a message it moved back to work: how many times it was replayed.
+REPLAYED = "x-dedupe-replayed"
 
 MAX_ERROR_LENGTH = 1000
 

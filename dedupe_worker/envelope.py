@@ -7,11 +7,14 @@ what lets the replay find exactly the records the consumer wrote.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Envelope", "from_kafka", "from_kombu"]
+from .deadletter import ORIGINAL_OFFSET, ORIGINAL_PARTITION, ORIGINAL_TOPIC, REPLAYED
+
+__all__ = ["Envelope", "from_kafka", "from_kombu", "original_position"]
 
 
 @dataclass(frozen=True)
@@ -61,35 +64,32 @@ def from_kafka(message: Any) -> Envelope:
     """The envelope of a confluent-kafka ``Message``; repeated headers keep their last value.
 
     A record that the replay republished (header ``x-dedupe-replayed``) keeps the position it had
-    before it was dead-lettered (the ``x-dedupe-original-*`` headers), so a position-based key
-    names the same record before and after the replay.
+    before it was dead-lettered (see :func:`original_position`), so a position-based key names
+    the same record before and after the replay.
     """
     headers: dict[str, Any] = {}
     for name, value in message.headers() or ():
         headers[name] = value
-    source, position = message.topic() or "", (message.partition(), message.offset())
-    original = _original_position(headers) if "x-dedupe-replayed" in headers else None
-    if original is not None:
-        source, position = original
-    return Envelope(
+    envelope = Envelope(
         body=message.value() or b"",
         headers=headers,
         partition_key=message.key(),
-        source=source,
-        position=position,
+        source=message.topic() or "",
+        position=(message.partition(), message.offset()),
     )
+    original = original_position(envelope) if REPLAYED in headers else None
+    if original is None:
+        return envelope
+    return dataclasses.replace(envelope, source=original[0], position=original[1])
 
 
-def _original_position(headers: dict[str, Any]) -> tuple[str, tuple[int, int]] | None:
-    def text(name: str) -> str | None:
-        value = headers.get(name)
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-    topic = text("x-dedupe-original-topic")
-    partition, offset = text("x-dedupe-original-partition"), text("x-dedupe-original-offset")
-    if not topic or partition is None or offset is None:
+def original_position(envelope: Envelope) -> tuple[str, tuple[int, int]] | None:
+    """``(topic, (partition, offset))`` a dead-lettered record came from, from its
+    ``x-dedupe-original-*`` headers; ``None`` when they are missing or not numbers."""
+    topic = envelope.header(ORIGINAL_TOPIC)
+    partition, offset = envelope.header(ORIGINAL_PARTITION), envelope.header(ORIGINAL_OFFSET)
+    if topic is None or partition is None or offset is None:
         return None
-    try:
-        return topic, (int(partition), int(offset))
-    except ValueError:
+    if not (partition.isdigit() and offset.isdigit()):
         return None
+    return topic, (int(partition), int(offset))

@@ -37,8 +37,8 @@ import logging
 import time
 from typing import Any
 
-from ..deadletter import ORIGINAL_OFFSET, ORIGINAL_PARTITION, ORIGINAL_TOPIC, REASON
-from ..envelope import Envelope, from_kafka
+from ..deadletter import ORIGINAL_PARTITION, ORIGINAL_TOPIC, REASON
+from ..envelope import Envelope, from_kafka, original_position
 from ..extras import require
 from .plan import Entry, Pacer, Planner, Step, replay_headers
 from .summary import ReplayOptions, Summary
@@ -57,14 +57,11 @@ def lookup_envelope(record: Any) -> Envelope:
     """The envelope the consumer saw: the dead-lettered record with the original topic, partition
     and offset (from ``x-dedupe-original-*``) as its position, so position-based keys match."""
     envelope = from_kafka(record)
+    original = original_position(envelope)
+    if original is not None:
+        return dataclasses.replace(envelope, source=original[0], position=original[1])
     topic = envelope.header(ORIGINAL_TOPIC)
-    partition, offset = envelope.header(ORIGINAL_PARTITION), envelope.header(ORIGINAL_OFFSET)
-    if topic is None:
-        return envelope
-    position = envelope.position
-    if partition is not None and offset is not None and partition.isdigit() and offset.isdigit():
-        position = (int(partition), int(offset))
-    return dataclasses.replace(envelope, source=topic, position=position)
+    return envelope if topic is None else dataclasses.replace(envelope, source=topic)
 
 
 @dataclasses.dataclass

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..deadletter import ATTEMPTS, KEY
+from ..deadletter import ATTEMPTS, KEY, REPLAYED
 from ..deduplicator import Deduplicator
 from ..envelope import Envelope
 from ..errors import InvalidKey, StoreUnavailable, UndecodableMessage
@@ -43,7 +43,6 @@ __all__ = ["REPLAYED", "Entry", "Pacer", "Planner", "Step", "replay_headers"]
 log = logging.getLogger(__name__)
 
 #: Header added to a republished message: how many times it has been replayed.
-REPLAYED = "x-dedupe-replayed"
 
 
 class Step(str, enum.Enum):
