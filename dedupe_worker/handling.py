@@ -140,10 +140,14 @@ def execute(dedupe: Deduplicator, claim: Claim, handler: Callable[[], Any]) -> D
         # lease runs out, then a redelivery may run the handler again (fence side effects).
         return Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
     except Exception as exc:
-        if isinstance(exc, dedupe.permanent_errors):
-            return Decision(Reason.PERMANENT_FAILURE, claim, error=exc)
-        return Decision(Reason.HANDLER_ERROR, claim, error=exc)
+        return _handler_failed(dedupe, claim, exc)
     return Decision(Reason.APPLIED, claim, value)
+
+
+def _handler_failed(dedupe: Deduplicator, claim: Claim, exc: Exception) -> Decision:
+    """The decision after the handler raised ``exc`` (the claim already settled)."""
+    reason = Reason.PERMANENT_FAILURE if isinstance(exc, dedupe.permanent_errors) else Reason.HANDLER_ERROR
+    return Decision(reason, claim, error=exc)
 
 
 def _unavailable(dedupe: Deduplicator, exc: StoreUnavailable, handler: Callable[[], Any],
@@ -249,9 +253,7 @@ def _run_handler(dedupe: Deduplicator, claim: Claim, handler: Callable[[], Any])
             return Decision(Reason.APPLIED, claim, handler())
         except Exception as exc:
             dedupe.settle_failure(claim, exc)
-            if isinstance(exc, dedupe.permanent_errors):
-                return Decision(Reason.PERMANENT_FAILURE, claim, error=exc)
-            return Decision(Reason.HANDLER_ERROR, claim, error=exc)
+            return _handler_failed(dedupe, claim, exc)
 
 
 def _run_batch(dedupe: Deduplicator, acquired: list[tuple[int, Claim]],
@@ -267,11 +269,11 @@ def _run_batch(dedupe: Deduplicator, acquired: list[tuple[int, Claim]],
         if isinstance(exc, dedupe.permanent_errors):
             for _, claim in acquired:
                 dedupe.settle_failure(claim, exc)
-            return {i: Decision(Reason.PERMANENT_FAILURE, claim, error=exc) for i, claim in acquired}
-        try:
-            dedupe.release_many([claim for _, claim in acquired])
-        except Exception as inner:  # Redis down: the leases run out by themselves
-            log.warning("could not release %d claims after a batch error: %s", len(acquired), inner)
-        return {i: Decision(Reason.HANDLER_ERROR, claim, error=exc) for i, claim in acquired}
+        else:
+            try:  # one round trip for the whole batch, not settle_failure per claim
+                dedupe.release_many([claim for _, claim in acquired])
+            except Exception as inner:  # Redis down: the leases run out by themselves
+                log.warning("could not release %d claims after a batch error: %s", len(acquired), inner)
+        return {i: _handler_failed(dedupe, claim, exc) for i, claim in acquired}
     return {i: Decision(Reason.APPLIED, claim, value)
             for (i, claim), value in zip(acquired, values, strict=True)}
