@@ -108,13 +108,13 @@ class RedisStore:
     def claim_one(self, stem: str, fingerprint: str, original: str, lease_ms: int, retention_ms: int) -> ClaimReply:
         """:meth:`claim` for one key, without the batch bookkeeping (the per-message hot path)."""
         return _claim_reply(*self.scripts.call(
-            "claim", (stem + ":started", stem + ":result"), (lease_ms, retention_ms, fingerprint, original)
+            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
         ))
 
     def complete_one(self, stem: str, token: int, status: str, value: bytes, result_ttl_ms: int) -> bool:
         """:meth:`complete` for one key (the per-message hot path)."""
         reply = self.scripts.call(
-            "complete", (stem + ":started", stem + ":result"), (result_ttl_ms, token, status, value)
+            "complete", (KeyLayout.started(stem), KeyLayout.result(stem)), (result_ttl_ms, token, status, value)
         )
         return bool(reply[0])
 
