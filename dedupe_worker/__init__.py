@@ -2,15 +2,25 @@
 
 Claim an idempotency key in Redis (one Lua script, fencing token included), run the handler,
 store its outcome only if our token still owns the claim, then ack, defer or dead-letter.
+
+The layers, from the bottom up:
+
+- :mod:`.protocol`: the Lua scripts, the store, the key layout, claims, lease renewal, and
+  :class:`ClaimClient`, which speaks the protocol;
+- :mod:`.messages`: the broker-neutral :class:`Envelope`, key strategies, dead-letter headers;
+- :mod:`.engine`: the one place that runs work (claim, run, store, verdict) for every path;
+- the integrations: :mod:`.celery`, :mod:`.rabbitmq`, :mod:`.kafka`, :mod:`.replay`, :mod:`.cli`.
+
+:class:`Deduplicator` is the protocol client with the engine's ``run()`` on top. The modules
+``handling``, ``keys``, ``envelope`` and ``context`` at this level are the import paths of earlier
+releases, kept working.
 """
 
 from __future__ import annotations
 
-from .claim import OMITTED, Claim, Omitted, Outcome
-from .context import current_claim
 from .decorators import idempotent
 from .deduplicator import Deduplicator
-from .envelope import Envelope
+from .engine import Action, Decision, Hooks, Reason, current_claim, decide, decide_many
 from .errors import (
     ClaimError,
     DedupeError,
@@ -24,20 +34,22 @@ from .errors import (
     StoreUnavailable,
     UndecodableMessage,
 )
-from .handling import Action, Decision, Reason, decide, decide_many
+from .messages.envelope import Envelope
+from .protocol import OMITTED, Claim, ClaimClient, KeyState, Omitted, Outcome, State, Stored
 from .settings import DedupeSettings
-from .store import KeyState
 
 __all__ = [
     "OMITTED",
     "Action",
     "Claim",
+    "ClaimClient",
     "ClaimError",
     "Decision",
     "DedupeError",
     "DedupeSettings",
     "Deduplicator",
     "Envelope",
+    "Hooks",
     "InProgress",
     "InvalidKey",
     "KeyConflict",
@@ -49,7 +61,9 @@ __all__ = [
     "PreviouslyFailed",
     "Reason",
     "ResultNotSerializable",
+    "State",
     "StoreUnavailable",
+    "Stored",
     "UndecodableMessage",
     "current_claim",
     "decide",

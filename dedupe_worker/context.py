@@ -1,37 +1,7 @@
-"""The claim of the message being handled, for handlers that fence their own writes.
-
-A handler can pass the fencing token to its database so that a worker whose lease ran out cannot
-overwrite the work of its successor, even outside Redis::
-
-    claim = current_claim()
-    cur.execute("UPDATE accounts SET balance = %s, fence = %s WHERE id = %s AND fence < %s",
-                (balance, claim.token, account_id, claim.token))
-    if cur.rowcount == 0: raise LeaseLost(claim.key, claim.token)   # a newer owner wrote first
-"""
+"""Compatibility path: ``current_claim`` lives in :mod:`dedupe_worker.engine.context`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
-from .claim import Claim
+from .engine.context import bind_claim, current_claim
 
 __all__ = ["bind_claim", "current_claim"]
-
-_current: ContextVar[Claim | None] = ContextVar("dedupe_worker_current_claim", default=None)
-
-
-def current_claim() -> Claim | None:
-    """Return the claim (key and fencing token) of the message being handled, else ``None``."""
-    return _current.get()
-
-
-@contextmanager
-def bind_claim(claim: Claim) -> Iterator[Claim]:
-    """Make ``claim`` what :func:`current_claim` returns while inside."""
-    reset = _current.set(claim)
-    try:
-        yield claim
-    finally:
-        _current.reset(reset)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .deduplicator import Deduplicator
-from .keys import fingerprint_of
+from .protocol.fingerprint import fingerprint_of
 
 __all__ = ["idempotent"]
 

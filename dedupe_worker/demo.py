@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .deduplicator import Deduplicator
-from .handling import Action, decide
+from .engine import Action, decide
 
 __all__ = ["DemoReport", "run_demo"]
 

@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from dedupe_worker import Action, Deduplicator, MissingKey, Reason, current_claim, decide, decide_many
-from dedupe_worker.deadletter import dead_letter_headers
 from dedupe_worker.handling import poison
+from dedupe_worker.messages.deadletter import dead_letter_headers
 
 
 def test_each_outcome_maps_to_one_action(redis_client: redis.Redis, namespace: str) -> None:

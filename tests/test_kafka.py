@@ -15,7 +15,10 @@ import redis
 from confluent_kafka import Message
 
 from dedupe_worker import Deduplicator, Reason
-from dedupe_worker.deadletter import (
+from dedupe_worker.handling import Decision
+from dedupe_worker.kafka import DedupeKafkaConsumer
+from dedupe_worker.keys import field_key, first_of, header_key
+from dedupe_worker.messages.deadletter import (
     ATTEMPTS,
     ERROR,
     KEY,
@@ -24,9 +27,6 @@ from dedupe_worker.deadletter import (
     ORIGINAL_TOPIC,
     REASON,
 )
-from dedupe_worker.handling import Decision
-from dedupe_worker.kafka import DedupeKafkaConsumer
-from dedupe_worker.keys import field_key, first_of, header_key
 
 from .kafka_fixtures import (
     FAST_GROUP,

@@ -11,7 +11,7 @@ import redis
 from dedupe_worker import Deduplicator, Envelope, InvalidKey, MissingKey, Outcome, UndecodableMessage
 from dedupe_worker import keys as k
 from dedupe_worker.deduplicator import KEY_HARD_LIMIT
-from dedupe_worker.layout import KeyLayout
+from dedupe_worker.protocol.layout import KeyLayout
 
 
 def test_layout_shares_one_hash_slot() -> None:

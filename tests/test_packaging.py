@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import dedupe_worker
-from dedupe_worker.scripts import SCRIPT_NAMES
+from dedupe_worker.protocol.scripts import SCRIPT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "test-deps.pth").write_text(deps + "\n")
     code = (
-        "import dedupe_worker, pathlib; from dedupe_worker.scripts import load_script, SCRIPT_NAMES;"
+        "import dedupe_worker, pathlib; from dedupe_worker.protocol.scripts import load_script, SCRIPT_NAMES;"
         "from importlib import resources;"
         "print(dedupe_worker.__file__);"
         "print(all(resources.files('dedupe_worker').joinpath('lua', n + '.lua').is_file() for n in SCRIPT_NAMES));"
@@ -62,7 +62,8 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
 
 def test_public_names() -> None:
     expected = {
-        "OMITTED", "Action", "Claim", "ClaimError", "DedupeError", "DedupeSettings", "Decision",
+        "OMITTED", "Action", "Claim", "ClaimClient", "ClaimError", "DedupeError", "DedupeSettings", "Decision",
+        "Hooks", "State", "Stored",
         "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
         "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",
         "StoreUnavailable", "UndecodableMessage", "current_claim", "decide", "decide_many", "idempotent",

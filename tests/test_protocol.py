@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome
-from dedupe_worker.layout import KeyLayout
+from dedupe_worker.protocol.layout import KeyLayout
 
 
 def keys_of(d: Deduplicator, key: str) -> tuple[str, str]:

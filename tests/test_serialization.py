@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from dedupe_worker import OMITTED, Deduplicator, Outcome, ResultNotSerializable
-from dedupe_worker.layout import KeyLayout
-from dedupe_worker.serialization import JsonSerializer
+from dedupe_worker.protocol.layout import KeyLayout
+from dedupe_worker.protocol.serialization import JsonSerializer
 
 
 class Receipt(pydantic.BaseModel):

@@ -9,7 +9,7 @@ from ..extras import require
 
 require("celery", "celery")
 
-from ..context import current_claim  # noqa: E402
+from ..engine.context import current_claim  # noqa: E402
 from .task import DEFERRALS_HEADER, IdempotentTask  # noqa: E402
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask", "current_claim"]

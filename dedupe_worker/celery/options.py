@@ -20,7 +20,7 @@ from kombu.utils.imports import symbol_by_name
 
 from ..deduplicator import Deduplicator
 from ..errors import InvalidKey
-from ..keys import fingerprint_of
+from ..messages.keys import fingerprint_of
 from ..settings import DedupeSettings
 
 __all__ = ["SETTINGS", "bind_arguments", "deduplicator_for", "derive_fingerprint", "derive_key"]

@@ -41,11 +41,11 @@ from celery._state import _task_stack
 from celery.exceptions import Reject
 
 from ..backoff import backoff
-from ..claim import Claim
-from ..context import current_claim
 from ..deduplicator import Deduplicator
+from ..engine import Action, Decision, Reason, decide, poison
+from ..engine.context import current_claim
 from ..errors import DedupeError, InProgress, InvalidKey, PreviouslyFailed
-from ..handling import Action, Decision, Reason, decide, poison
+from ..protocol.claim import Claim
 from .options import bind_arguments, deduplicator_for, derive_fingerprint, derive_key
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask"]

@@ -6,8 +6,8 @@ import argparse
 import logging
 from typing import Any
 
-from ..keys import KAFKA_DEFAULT, first_of, position_key
 from ..loading import load_callable
+from ..messages.keys import KAFKA_DEFAULT, first_of, position_key
 from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
 
 __all__ = ["register"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..deduplicator import Deduplicator
-from ..keys import KeyStrategy, field_key, first_of, header_key
+from ..messages.keys import KeyStrategy, field_key, first_of, header_key
 from ..settings import DedupeSettings
 
 __all__ = ["add_dedupe_options", "add_key_options", "deduplicator_from", "key_strategy_from"]

@@ -18,8 +18,8 @@ import threading
 from types import FrameType
 
 from ..extras import require
-from ..keys import RABBITMQ_DEFAULT
 from ..loading import load_callable
+from ..messages.keys import RABBITMQ_DEFAULT
 from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
 
 __all__ = ["register", "run"]

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy, first_of, position_key
+from ..messages.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy, first_of, position_key
 from ..replay.plan import Planner
 from ..replay.summary import Progress, ReplayOptions, Summary, format_table
 from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from

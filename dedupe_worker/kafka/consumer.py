@@ -27,9 +27,9 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from ..backoff import backoff
 from ..deduplicator import Deduplicator
-from ..envelope import Envelope, from_kafka
-from ..handling import Action, Decision, Reason, decide_many, poison
-from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
+from ..engine import Action, Decision, Reason, decide_many, poison
+from ..messages.envelope import Envelope, from_kafka
+from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
 from .flow import TP, PartitionFlow, tp_of
 from .hooks import ConsumerHooks

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..deadletter import dead_letter_headers
-from ..envelope import from_kafka
-from ..handling import Decision
+from ..engine import Decision
+from ..messages.deadletter import dead_letter_headers
+from ..messages.envelope import from_kafka
 
 __all__ = ["DeadLetter", "DeadLetterProducer", "producer_config"]
 

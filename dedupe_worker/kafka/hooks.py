@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..handling import Decision
+from ..engine import Decision
 
 __all__ = ["ConsumerHooks"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..handling import Decision
+from ..engine import Decision
 from .deadletter import DeadLetter
 
 __all__ = ["DONE", "Hold", "PartitionPlan", "PartitionState", "plan_partition"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backoff import backoff
-from ..deadletter import ATTEMPTS, dead_letter_headers
-from ..handling import Action, Decision, Reason
+from ..engine import Action, Decision, Reason
+from ..messages.deadletter import ATTEMPTS, dead_letter_headers
 from .republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
 __all__ = ["BrokerActions", "Item", "Stopping", "settled"]

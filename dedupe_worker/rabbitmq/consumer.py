@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..deduplicator import Deduplicator
-from ..envelope import Envelope, from_kombu
+from ..engine import Action, Reason, decide, decide_many, poison
 from ..errors import UndecodableMessage
 from ..extras import require
-from ..handling import Action, Reason, decide, decide_many, poison
-from ..keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
+from ..messages.envelope import Envelope, from_kombu
+from ..messages.keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
 from .actions import BrokerActions, Item, Stopping
 from .republish import Republisher
 

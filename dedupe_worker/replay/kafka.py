@@ -37,9 +37,9 @@ import logging
 import time
 from typing import Any
 
-from ..deadletter import ORIGINAL_PARTITION, ORIGINAL_TOPIC, REASON
-from ..envelope import Envelope, from_kafka, original_position
 from ..extras import require
+from ..messages.deadletter import ORIGINAL_PARTITION, ORIGINAL_TOPIC, REASON
+from ..messages.envelope import Envelope, from_kafka, original_position
 from .plan import Entry, Pacer, Planner, Step, replay_headers
 from .summary import ReplayOptions, Summary
 

@@ -32,11 +32,11 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..deadletter import ATTEMPTS, KEY, REPLAYED
 from ..deduplicator import Deduplicator
-from ..envelope import Envelope
 from ..errors import InvalidKey, StoreUnavailable, UndecodableMessage
-from ..keys import KeyStrategy
+from ..messages.deadletter import ATTEMPTS, KEY, REPLAYED
+from ..messages.envelope import Envelope
+from ..messages.keys import KeyStrategy
 
 __all__ = ["REPLAYED", "Entry", "Pacer", "Planner", "Step", "replay_headers"]
 

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..deadletter import ORIGINAL_QUEUE, REASON
-from ..envelope import from_kombu
 from ..extras import require
+from ..messages.deadletter import ORIGINAL_QUEUE, REASON
+from ..messages.envelope import from_kombu
 from .plan import Pacer, Planner, Step, replay_headers
 from .summary import ReplayOptions, Summary
 

@@ -6,10 +6,10 @@ from; keep the names stable. Values are text.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import enum
+from typing import Protocol
 
-if TYPE_CHECKING:  # a runtime import would tie envelope.py (which reads these names) to handling
-    from .handling import Decision
+from ..protocol.claim import Claim
 
 __all__ = [
     "ATTEMPTS",
@@ -23,6 +23,7 @@ __all__ = [
     "ORIGINAL_TOPIC",
     "REASON",
     "REPLAYED",
+    "Verdict",
     "dead_letter_headers",
 ]
 
@@ -48,7 +49,21 @@ REPLAYED = "x-dedupe-replayed"
 MAX_ERROR_LENGTH = 1000
 
 
-def dead_letter_headers(decision: Decision, *, key: str | None = None, attempts: int = 0,
+class Verdict(Protocol):
+    """What the headers are written from: an engine :class:`~dedupe_worker.Decision` (named by
+    its shape, so this layer does not depend on the engine)."""
+
+    @property
+    def reason(self) -> enum.Enum: ...
+
+    @property
+    def claim(self) -> Claim | None: ...
+
+    @property
+    def detail(self) -> str: ...
+
+
+def dead_letter_headers(decision: Verdict, *, key: str | None = None, attempts: int = 0,
                         **origin: str) -> dict[str, str]:
     """Headers for a dead-lettered message: reason, error, key, attempts, plus ``origin``
     (pass the ``ORIGINAL_*`` names as keyword arguments without the ``x-dedupe-`` prefix,

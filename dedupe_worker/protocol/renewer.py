@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from .errors import StoreUnavailable
+from ..errors import StoreUnavailable
 from .store import RedisStore
 
 __all__ = ["LeaseRenewer"]

@@ -18,11 +18,14 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
-from .errors import StoreUnavailable
+from ..errors import StoreUnavailable
 
-__all__ = ["SCRIPT_NAMES", "ScriptRunner", "load_script"]
+__all__ = ["SCRIPT_NAMES", "Call", "ScriptRunner", "load_script"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect")
+
+#: One script call: ``(script name, KEYS, ARGV)``.
+Call = tuple[str, Sequence[str], Sequence[Any]]
 
 
 def load_script(name: str) -> str:
@@ -30,7 +33,7 @@ def load_script(name: str) -> str:
     packaged = resources.files("dedupe_worker").joinpath("lua", f"{name}.lua")
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).resolve().parent.parent / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[2] / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
 class ScriptRunner:
@@ -60,28 +63,30 @@ class ScriptRunner:
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
 
-    def call_each(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Many EVALSHAs of script ``name`` in one pipelined round trip (one per slot on a cluster).
+    def call_all(self, calls: Sequence[Call]) -> list[Any]:
+        """Several EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
+        the order of ``calls``. Redis runs them one after the other, each atomically.
 
-        Only the calls that failed with ``NOSCRIPT`` are sent again, so no transition runs twice.
+        Only the calls that failed with ``NOSCRIPT`` (which ran nothing) are sent again, so no
+        transition runs twice.
         """
+        if len(calls) == 1:
+            return [self.call(*calls[0])]
         if not calls:
             return []
-        sha = self.sha[name]
         try:
             pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            for name, keys, args in calls:
+                pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)
             replies: list[Any] = pipe.execute(raise_on_error=False)
-            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-            if missing:
-                self._load(name)
-                for i in missing:
-                    keys, args = calls[i]
-                    replies[i] = self.client.evalsha(sha, len(keys), *keys, *args)
+            for i, reply in enumerate(replies):
+                if isinstance(reply, NoScriptError):
+                    name, keys, args = calls[i]
+                    self._load(name)
+                    replies[i] = self.client.evalsha(self.sha[name], len(keys), *keys, *args)
         except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
-        for reply in replies:
+            raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
+        for (name, _, _), reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
         return replies

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OMITTED", "Claim", "Omitted", "Outcome"]
+__all__ = ["OMITTED", "Claim", "Omitted", "Outcome", "State", "Stored"]
 
 
 class Outcome(enum.Enum):
@@ -20,6 +20,28 @@ class Outcome(enum.Enum):
     IN_PROGRESS = 3
     #: The key was used before with a different payload fingerprint.
     CONFLICT = 4
+
+
+class Stored(str, enum.Enum):
+    """How an outcome is stored in the result record (its ``s`` field)."""
+
+    #: Completed; the value is the handler's result as JSON.
+    COMPLETED = "c"
+    #: Completed; the value was too large (or not JSON) and is not kept.
+    OMITTED = "o"
+    #: Failed permanently; the value is the error as JSON.
+    FAILED = "f"
+
+
+class State(str, enum.Enum):
+    """What a key's records say, read without changing them (:meth:`Deduplicator.status`)."""
+
+    #: An outcome is stored.
+    DONE = "done"
+    #: A live lease is held.
+    IN_PROGRESS = "in_progress"
+    #: Never claimed, released, or its lease ran out.
+    FREE = "free"
 
 
 class Omitted(str):

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from .errors import ResultNotSerializable
+from ..errors import ResultNotSerializable
 
 __all__ = ["JsonSerializer", "Serializer"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .errors import InvalidKey
+from ..errors import InvalidKey
 
 __all__ = ["KeyLayout"]
 

@@ -1,0 +1,302 @@
+"""The engine for a batch: claim a chunk just before running it, store each outcome as soon as
+its work is done.
+
+How a batch goes. Keys are checked, and a key repeated inside the batch is set aside behind its
+first copy. Then, over and over, one round trip stores the outcomes of the handlers that ran since
+the last one, releases the claims of those that failed, and claims the next *chunk*; the chunk's
+handlers run one after the other, their leases renewed meanwhile. The chunk is sized from the
+handler times seen so far so that it should take about ``flush_after`` (default 5 ms): one
+message at a time for slow handlers, the whole batch for fast ones (:class:`Pacing`). A handler's
+outcome waits for the next round trip only while the handlers that finished since the last one
+took less than ``flush_after`` together; once they reach it, the outcomes are stored before the
+next handler starts.
+
+Crash story: a crash can lose the stored outcome of at most the handlers that finished within the
+last ``flush_after`` (their total run time), plus the handler that was running; on redelivery
+those run again, under larger fencing tokens, once their leases (renewed until the crash) run
+out. Every other handler's outcome is in Redis, so its redelivery answers DUPLICATE. Claims are
+held only for the chunk being run, so a crash strands at most that chunk for a lease, and other
+consumers are never deferred by claims of messages nobody has started.
+
+Copies: a later copy of a key in the batch is claimed once its first copy is decided, in the
+next round trip, so it gets the store's answer (DUPLICATE from the outcome just stored, or the
+other worker's IN_PROGRESS or CONFLICT); a copy of one whose handler failed or whose outcome could
+not be stored is deferred as IN_PROGRESS without a claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidKey, LeaseLost, StoreUnavailable
+from ..protocol.claim import Claim, Stored
+from ..protocol.client import ClaimClient, Request
+from .context import bind_claim
+from .decision import Decision, Reason, in_progress, poison, settle
+from .single import failure_reason, unavailable
+
+__all__ = ["FLUSH_AFTER", "Item", "Pacing", "decide_many"]
+
+log = logging.getLogger(__name__)
+
+#: Default bound, in seconds of handler time, on finished work whose outcome is not stored yet.
+FLUSH_AFTER = 0.005
+
+#: ``(key, fingerprint, handler)``
+Item = tuple[str | bytes, Any, Callable[[], Any]]
+
+#: Verdicts of a first copy after which its later copies are claimed: the key has a stored outcome,
+#: or is held by another worker, so the store's answer is right for the copies too. After the
+#: others (our handler failed, our lease was lost, Redis failed) a copy is deferred unclaimed,
+#: so one batch never runs a key twice.
+_ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED, Reason.PERMANENT_FAILURE,
+                        Reason.UNSERIALIZABLE_RESULT, Reason.CONFLICT, Reason.IN_PROGRESS})
+
+
+class Pacing:
+    """Remembers how long handlers take and sizes the next chunk to about ``flush_after``.
+
+    A consumer keeps one across batches, so a steady stream of fast handlers claims each whole
+    batch in one round trip. With nothing seen yet, a chunk is one message.
+    """
+
+    def __init__(self, flush_after: float = FLUSH_AFTER) -> None:
+        if flush_after < 0:
+            raise ValueError("flush_after must not be negative")
+        self.flush_after = flush_after
+        #: Moving average of one handler's run time, in seconds (``None``: none seen yet).
+        self.mean: float | None = None
+
+    def observe(self, seconds: float) -> None:
+        self.mean = seconds if self.mean is None else (self.mean + seconds) / 2
+
+    def chunk(self, remaining: int) -> int:
+        """How many of ``remaining`` messages to claim next (at least one)."""
+        if self.mean is None or remaining <= 1:
+            return remaining if remaining <= 1 else 1
+        if self.mean <= 0:
+            return remaining
+        return max(1, min(remaining, int(self.flush_after / self.mean)))
+
+
+@dataclass
+class _Done:
+    """A handler finished; its outcome goes out with the next round trip."""
+
+    index: int
+    claim: Claim
+    decision: Decision
+    #: ``(status, data)`` to store, or ``None`` to release the claim.
+    record: tuple[Stored, bytes] | None
+
+
+class _Batch:
+    def __init__(self, dedupe: ClaimClient, items: Sequence[Item], pacing: Pacing,
+                 run_batch: Callable[[list[int]], Sequence[Any]] | None) -> None:
+        self.dedupe = dedupe
+        self.items = items
+        self.pacing = pacing
+        self.run_batch = run_batch
+        self.decisions: dict[int, Decision] = {}
+        self.requests: dict[int, Request] = {}
+        self.queue: list[int] = []  # first copies not claimed yet, in order
+        self.copies: dict[str, list[int]] = {}  # stem -> later copies waiting for the first
+        self.ready: list[int] = []  # copies whose first copy is decided: claim them next
+        self.done: list[_Done] = []  # finished, outcome not stored yet
+        self.done_seconds = 0.0  # handler time of ``done``
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def decide(self) -> list[Decision]:
+        for i, (key, fingerprint, _) in enumerate(self.items):
+            try:
+                request = self.dedupe.request(key, fingerprint)
+            except InvalidKey as exc:
+                self.decisions[i] = poison(exc)
+                continue
+            self.requests[i] = request
+            if request.stem in self.copies:
+                self.copies[request.stem].append(i)
+            else:
+                self.copies[request.stem] = []
+                self.queue.append(i)
+        self.queue.reverse()  # popped from the end
+        while self.queue or self.ready or self.done:
+            size = len(self.queue) if self.run_batch is not None else self.pacing.chunk(len(self.queue))
+            chunk = [self.queue.pop() for _ in range(size)] + self.ready
+            self.ready = []
+            claims = self.flush(chunk)
+            if claims is None:
+                self.unavailable([*chunk, *reversed(self.queue)])
+                break
+            acquired = []
+            for i, claim in zip(chunk, claims, strict=True):
+                decision = settle(claim)
+                if decision is None:
+                    acquired.append((i, claim))
+                else:
+                    self.decided(i, decision)
+            if acquired:
+                self.run(acquired)
+        for i in self.requests:
+            if i not in self.decisions:  # a copy behind a first copy that was not decided for good
+                self.decisions[i] = in_progress(self.requests[i].key, 0.0)
+        return [self.decisions[i] for i in range(len(self.items))]
+
+    def run(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Run the handlers of a claimed chunk, storing outcomes whenever ``flush_after`` is reached.
+        Each lease is renewed from its claim until its outcome is stored or its claim released."""
+        renewer = self.dedupe.renewer
+        for _, claim in acquired:
+            renewer.track(claim.stem, claim.token)
+        try:
+            if self.run_batch is not None:
+                self.call_batch(acquired)
+                return
+            for n, (i, claim) in enumerate(acquired):
+                self.call_one(i, claim)
+                if self.done_seconds >= self.pacing.flush_after and n + 1 < len(acquired):
+                    self.flush([])
+        except BaseException:
+            # KeyboardInterrupt, SystemExit: store what finished, free what did not
+            finished = {d.index for d in self.done}
+            left = [claim for i, claim in acquired if i not in finished and i not in self.decisions]
+            try:
+                self.flush([], releases=left)
+            except Exception as exc:
+                log.warning("could not store or release %d claims while stopping: %s", len(left), exc)
+            raise
+
+    def call_one(self, i: int, claim: Claim) -> None:
+        began = time.perf_counter()
+        with bind_claim(claim):
+            try:
+                value = self.items[i][2]()
+            except Exception as exc:
+                self.failed(i, claim, exc)
+            else:
+                status, data, problem = self.dedupe.encode(claim, value)
+                decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
+                            else Decision(Reason.APPLIED, claim, value))
+                self.done.append(_Done(i, claim, decision, (status, data)))
+        seconds = time.perf_counter() - began
+        self.pacing.observe(seconds)
+        self.done_seconds += seconds
+
+    def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
+        """One call of the batch handler for every acquired claim; its error is every one's error."""
+        assert self.run_batch is not None
+        try:
+            values = list(self.run_batch([i for i, _ in acquired]))
+            if len(values) != len(acquired):
+                raise ValueError(f"batch handler returned {len(values)} values for {len(acquired)} items")
+        except Exception as exc:
+            for i, claim in acquired:
+                self.failed(i, claim, exc)
+            return
+        for (i, claim), value in zip(acquired, values, strict=True):
+            status, data, problem = self.dedupe.encode(claim, value)
+            decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
+                        else Decision(Reason.APPLIED, claim, value))
+            self.done.append(_Done(i, claim, decision, (status, data)))
+
+    def failed(self, i: int, claim: Claim, exc: Exception) -> None:
+        reason = failure_reason(self.dedupe, exc)
+        record = (Stored.FAILED, self.dedupe.encode_failure(exc)) if reason is Reason.PERMANENT_FAILURE else None
+        self.done.append(_Done(i, claim, Decision(reason, claim, error=exc), record))
+
+    # -- round trips ----------------------------------------------------------------------------
+
+    def flush(self, chunk: list[int], releases: Sequence[Claim] = ()) -> list[Claim] | None:
+        """One round trip: store (or release) what is done, then claim ``chunk``. ``None`` when
+        Redis failed; what was done is then STORE_UNAVAILABLE (stored or not, we cannot tell)."""
+        done, self.done, self.done_seconds = self.done, [], 0.0
+        outcomes = [(d.claim, *d.record) for d in done if d.record is not None]
+        freed = [*(d.claim for d in done if d.record is None), *releases]
+        try:
+            stored, released, claims = self.dedupe.settle_and_claim(
+                outcomes, freed, [self.requests[i] for i in chunk])
+        except StoreUnavailable as exc:
+            self.untrack(done, releases)
+            for d in done:
+                self.decided(d.index, Decision(Reason.STORE_UNAVAILABLE, d.claim, error=exc,
+                                               retry_after=self.dedupe.lease))
+            self.outage = exc
+            return None
+        self.untrack(done, releases)
+        ok = iter(stored)
+        for d in done:
+            if d.record is not None and not next(ok):
+                lost = LeaseLost(d.claim.key, d.claim.token)
+                self.decided(d.index, Decision(Reason.LEASE_LOST, d.claim, error=lost, retry_after=self.dedupe.lease))
+            else:
+                self.decided(d.index, d.decision)
+        for claim, ok_release in zip(freed, released, strict=True):
+            if not ok_release:
+                log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
+        if outcomes and log.isEnabledFor(logging.DEBUG):
+            log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
+        return claims
+
+    def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
+        renewer = self.dedupe.renewer
+        for claim in [*(d.claim for d in done), *releases]:
+            renewer.untrack(claim.stem, claim.token)
+
+    def decided(self, i: int, decision: Decision) -> None:
+        """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""
+        self.decisions[i] = decision
+        waiting = self.copies.pop(self.requests[i].stem, None) if i in self.requests else None
+        if waiting and decision.reason in _ASK_STORE:
+            self.ready.extend(waiting)
+        elif waiting:
+            for copy in waiting:
+                self.decisions[copy] = in_progress(self.requests[copy].key, decision.retry_after)
+
+    def unavailable(self, unclaimed: list[int]) -> None:
+        """Redis failed while claiming ``unclaimed``: defer them (or, ``fail_open``, run them)."""
+        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage,
+                                                      [self.items[i][2] for i in unclaimed]), strict=True):
+            self.decided(i, decision)
+        for waiting in list(self.copies.values()):
+            for copy in waiting:
+                self.decisions.setdefault(copy, Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0))
+        self.copies.clear()
+
+    outage: StoreUnavailable
+
+
+def decide_many(
+    dedupe: ClaimClient,
+    items: Sequence[Item],
+    *,
+    run_batch: Callable[[list[int]], Sequence[Any]] | None = None,
+    flush_after: float | None = None,
+    pacing: Pacing | None = None,
+) -> list[Decision]:
+    """:func:`~dedupe_worker.engine.decide` for a batch of ``(key, fingerprint, handler)``, in
+    order; see the module docstring for when claims are taken and outcomes stored. Never raises
+    for bad input, Redis or the handlers' own exceptions.
+
+    ``flush_after`` bounds, in seconds of handler run time, the finished work whose outcome is not
+    stored yet (default 5 ms); ``pacing`` carries handler timings from batch to batch (a consumer
+    keeps one) and, when given, its ``flush_after`` is used.
+
+    A key repeated inside the batch runs once: its later copies answer DUPLICATE once the first
+    copy's outcome is stored, or IN_PROGRESS (deferred, not dropped) when it was not.
+
+    With ``run_batch`` the per-item handlers are not called: ``run_batch(indices)`` is called with
+    the indices (into ``items``) of the acquired items and returns their values in that order. The
+    whole batch is claimed before it, and every outcome stored right after it. If it raises, every
+    one of them gets that error (HANDLER_ERROR, claims released; or PERMANENT_FAILURE, stored).
+    ``current_claim()`` is not set inside it.
+    """
+    if pacing is None:
+        pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
+    elif flush_after is not None:
+        pacing.flush_after = flush_after
+    return _Batch(dedupe, items, pacing, run_batch).decide()

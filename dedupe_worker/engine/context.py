@@ -1,0 +1,61 @@
+"""The claim of the message being handled, for handlers that fence their own writes.
+
+A handler can pass the fencing token to its database so that a worker whose lease ran out cannot
+overwrite the work of its successor, even outside Redis::
+
+    claim = current_claim()
+    cur.execute("UPDATE accounts SET balance = %s, fence = %s WHERE id = %s AND fence < %s",
+                (balance, claim.token, account_id, claim.token))
+    if cur.rowcount == 0: raise LeaseLost(claim.key, claim.token)   # a newer owner wrote first
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from ..protocol.claim import Claim
+from ..protocol.renewer import LeaseRenewer
+
+__all__ = ["Holding", "bind_claim", "current_claim"]
+
+_current: ContextVar[Claim | None] = ContextVar("dedupe_worker_current_claim", default=None)
+
+
+def current_claim() -> Claim | None:
+    """Return the claim (key and fencing token) of the message being handled, else ``None``."""
+    return _current.get()
+
+
+@contextmanager
+def bind_claim(claim: Claim) -> Iterator[Claim]:
+    """Make ``claim`` what :func:`current_claim` returns while inside."""
+    reset = _current.set(claim)
+    try:
+        yield claim
+    finally:
+        _current.reset(reset)
+
+
+class Holding:
+    """While inside: the lease of ``claim`` is renewed and ``current_claim()`` is ``claim``.
+
+    A plain class rather than ``@contextmanager``: it runs once per message, and generator-based
+    context managers cost several microseconds there.
+    """
+
+    __slots__ = ("claim", "renewer", "reset")
+
+    def __init__(self, renewer: LeaseRenewer, claim: Claim) -> None:
+        self.renewer = renewer
+        self.claim = claim
+
+    def __enter__(self) -> Claim:
+        self.renewer.track(self.claim.stem, self.claim.token)
+        self.reset = _current.set(self.claim)
+        return self.claim
+
+    def __exit__(self, *exc_info: object) -> None:
+        _current.reset(self.reset)
+        self.renewer.untrack(self.claim.stem, self.claim.token)

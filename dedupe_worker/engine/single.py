@@ -1,0 +1,119 @@
+"""The engine for one message: claim, run, store, verdict.
+
+:func:`decide` is what ``run()``, ``@idempotent``, Celery's ``IdempotentTask`` and an unbatched
+consumer call; :func:`~dedupe_worker.engine.batch.decide_many` is its batch form and shares the
+helpers below (how a handler failure is classified and settled, what a Redis outage means).
+
+Crash story, one message: the outcome is stored in the round trip right after the handler
+returns, while its lease is still renewed. A crash inside the handler, or between its return and
+that round trip, leaves the claim held until its lease runs out; the next delivery then runs the
+handler again under a larger fencing token. Nothing else can be lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..errors import InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
+from ..protocol.claim import Claim
+from ..protocol.client import ClaimClient
+from .context import Holding
+from .decision import Decision, Reason, outcome, poison, settle
+
+__all__ = ["decide", "execute", "failure_reason", "run", "settle_failure", "unavailable"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def failure_reason(dedupe: ClaimClient, exc: BaseException) -> Reason:
+    """PERMANENT_FAILURE for the client's ``permanent_errors`` (stored as the outcome), else
+    HANDLER_ERROR (the claim is released so a retry may claim again)."""
+    return Reason.PERMANENT_FAILURE if isinstance(exc, dedupe.permanent_errors) else Reason.HANDLER_ERROR
+
+
+def settle_failure(dedupe: ClaimClient, claim: Claim, exc: BaseException) -> None:
+    """After a handler raised ``exc``: store a permanent failure or release the claim, in one round
+    trip. Never raises: if Redis is down the lease simply runs out."""
+    try:
+        if failure_reason(dedupe, exc) is Reason.PERMANENT_FAILURE:
+            dedupe.fail(claim, exc)
+        elif not dedupe.release(claim):
+            log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
+    except Exception as inner:  # Redis down, or fenced off: the lease runs out by itself
+        log.warning("could not settle key=%s token=%s after %r: %s", claim.key, claim.token, exc, inner)
+
+
+def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[Callable[[], Any]]) -> list[Decision]:
+    """The decisions when the claims for ``handlers`` could not be made (logged once for all).
+
+    Fail closed: STORE_UNAVAILABLE, nothing run. With ``fail_open`` the handlers run without
+    deduplication and their verdicts are APPLIED or HANDLER_ERROR.
+    """
+    if not handlers:
+        return []
+    if not dedupe.fail_open:
+        log.warning("Redis unavailable, deferring %d message(s): %s", len(handlers), exc)
+        return [Decision(Reason.STORE_UNAVAILABLE, error=exc, retry_after=1.0)] * len(handlers)
+    log.error("Redis unavailable; fail_open runs %d handler(s) WITHOUT deduplication: %s", len(handlers), exc)
+    decisions = []
+    for handler in handlers:
+        try:
+            decisions.append(Decision(Reason.APPLIED, value=handler()))
+        except Exception as err:
+            decisions.append(Decision(Reason.HANDLER_ERROR, error=err))
+    return decisions
+
+
+def stored(dedupe: ClaimClient, claim: Claim, value: Any) -> Decision:
+    """Store ``value`` as ``claim``'s outcome (one round trip) and return the verdict."""
+    try:
+        dedupe.complete(claim, value)
+    except LeaseLost as exc:
+        return Decision(Reason.LEASE_LOST, claim, error=exc, retry_after=dedupe.lease)
+    except ResultNotSerializable as exc:  # stored as "completed, body omitted"
+        return Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=exc)
+    except StoreUnavailable as exc:
+        # The handler ran but its outcome may not be stored: the claim stays held until its lease
+        # runs out, then a redelivery may run the handler again (fence side effects).
+        return Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
+    return Decision(Reason.APPLIED, claim, value)
+
+
+def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any]) -> Decision:
+    """Run ``handler`` for an ACQUIRED claim, lease renewed and ``current_claim()`` set, and store
+    its outcome. The handler's exceptions become the verdict's ``error``; a ``BaseException``
+    (``KeyboardInterrupt``, ``SystemExit``) releases the claim and propagates."""
+    with Holding(dedupe.renewer, claim):
+        try:
+            value = handler()
+        except Exception as exc:
+            settle_failure(dedupe, claim, exc)
+            return Decision(failure_reason(dedupe, exc), claim, error=exc)
+        except BaseException as exc:
+            settle_failure(dedupe, claim, exc)
+            raise
+        return stored(dedupe, claim, value)
+
+
+def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *, fingerprint: Any = None) -> Decision:
+    """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict.
+    Never raises for bad input, Redis or the handler's own exceptions."""
+    try:
+        claim = dedupe.begin(key, fingerprint=fingerprint)
+    except InvalidKey as exc:
+        return poison(exc)
+    except StoreUnavailable as exc:
+        return unavailable(dedupe, exc, [handler])[0]
+    return settle(claim) or execute(dedupe, claim, handler)
+
+
+def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,
+        fingerprint: Any = None, **kwargs: Any) -> T:
+    """:func:`decide` for ``fn(*args, **kwargs)``, its verdict turned into the value or the
+    exception by :func:`~dedupe_worker.engine.decision.outcome`."""
+    handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+    return outcome(decide(dedupe, key, handler, fingerprint=fingerprint))  # type: ignore[no-any-return]

@@ -1,0 +1,324 @@
+"""The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
+
+:class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
+It never runs a handler and never decides what a message's fate is: that is the engine's
+(:mod:`dedupe_worker.engine`), and :class:`~dedupe_worker.Deduplicator` is this client with the
+engine's ``run()`` on top.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple, TypeVar
+
+import redis
+from redis.cluster import RedisCluster
+
+from ..errors import ClaimError, InvalidKey, LeaseLost, ResultNotSerializable
+from ..settings import DedupeSettings
+from .claim import OMITTED, Claim, Outcome, Stored
+from .connection import redis_from_url
+from .fingerprint import request_fingerprint
+from .layout import KeyLayout
+from .renewer import LeaseRenewer
+from .serialization import JsonSerializer, Serializer
+from .store import ClaimReply, KeyState, RedisStore
+
+__all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
+
+log = logging.getLogger(__name__)
+C = TypeVar("C", bound="ClaimClient")
+
+#: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
+KEY_HARD_LIMIT = 8192
+
+
+class Request(NamedTuple):
+    """A key made ready for ``claim.lua``: the key as text, its Redis stem, the fingerprint as
+    sent, and the original key when the stem holds its hash (else ``""``)."""
+
+    key: str
+    stem: str
+    fingerprint: str
+    original: str
+
+
+class ClaimClient:
+    """The claim protocol's client, with Redis as the store of claims and outcomes.
+
+    What is guaranteed: while a key's records live (``result_ttl`` after completion), at most one
+    outcome is stored for it; a claimant whose lease ran out can never store an outcome over its
+    successor's (fencing tokens strictly increase per key, and every write checks ownership in
+    the same script).
+
+    What is not: after a Redis failover with asynchronous replication a just-written claim or
+    result can be lost. After ``result_ttl`` a redelivery is treated as new.
+
+    :param redis_client: a ``redis.Redis`` or ``redis.cluster.RedisCluster``.
+    :param namespace: prefix of every key written.
+    :param lease: seconds a claim is held before others may take it; renewed while work runs.
+    :param result_ttl: seconds an outcome is kept.
+    :param retention: seconds the token counter outlives a lease (default ``result_ttl``).
+    :param max_key_length: longer keys are stored as their sha256.
+    :param max_result_bytes: larger results are stored as "completed, body omitted".
+    :param permanent_errors: exception types stored as a failed outcome instead of released.
+    :param fail_open: when Redis is down, run the work anyway (logged as an error).
+    :param renew_interval: seconds between lease renewals (default a third of ``lease``).
+    :param serializer: how results are stored (default JSON; never pickle).
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis | RedisCluster,
+        *,
+        namespace: str = "dedupe",
+        lease: float = 30.0,
+        result_ttl: float = 86400.0,
+        retention: float | None = None,
+        max_key_length: int = 200,
+        max_result_bytes: int = 1_000_000,
+        permanent_errors: tuple[type[BaseException], ...] = (),
+        fail_open: bool = False,
+        renew_interval: float | None = None,
+        serializer: Serializer | None = None,
+    ) -> None:
+        if lease <= 0 or result_ttl <= 0:
+            raise ValueError("lease and result_ttl must be positive")
+        self.layout = KeyLayout(namespace, max_key_length)
+        self.store = RedisStore(redis_client, self.layout)
+        self.lease = lease
+        self.result_ttl = result_ttl
+        self.max_result_bytes = max_result_bytes
+        self.permanent_errors = permanent_errors
+        self.fail_open = fail_open
+        self.serializer: Serializer = serializer or JsonSerializer()
+        self._lease_ms = max(1, int(lease * 1000))
+        self._result_ttl_ms = max(1, int(result_ttl * 1000))
+        self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
+        self.renewer = LeaseRenewer(
+            self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3
+        )
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls: type[C], url: str, **options: Any) -> C:
+        """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster."""
+        return cls(redis_from_url(url), **options)
+
+    @classmethod
+    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
+        s = settings or DedupeSettings()
+        base: dict[str, Any] = dict(
+            namespace=s.namespace,
+            lease=s.lease,
+            result_ttl=s.result_ttl,
+            max_key_length=s.max_key_length,
+            max_result_bytes=s.max_result_bytes,
+            fail_open=s.fail_open,
+        )
+        return cls.from_url(s.redis_url, **{**base, **options})
+
+    def close(self) -> None:
+        """Stop the lease renewer."""
+        self.renewer.close()
+
+    # -- requests and replies -------------------------------------------------------------------
+
+    def check_key(self, key: str | bytes) -> tuple[str, str]:
+        """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
+        for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT``."""
+        if isinstance(key, (str, bytes)) and len(key) > KEY_HARD_LIMIT:
+            raise InvalidKey(f"idempotency key is {len(key)} long; the limit is {KEY_HARD_LIMIT}")
+        return self.layout.stored_key(key)
+
+    def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
+        """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
+        stored, original = self.check_key(key)
+        text = key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")
+        return Request(text, self.layout.stem(stored), request_fingerprint(fingerprint), original)
+
+    def _claim(self, request: Request, reply: ClaimReply) -> Claim:
+        key, stem, fp = request.key, request.stem, request.fingerprint
+        outcome = reply.outcome
+        if outcome is Outcome.DUPLICATE:
+            if reply.status is Stored.FAILED:
+                error = self._stored(key, reply)
+                return Claim(key, outcome, reply.token, failed=True, error=error, stem=stem, fingerprint=fp)
+            result = OMITTED if reply.status is Stored.OMITTED else self._stored(key, reply)
+            return Claim(key, outcome, reply.token, result=result, stem=stem, fingerprint=fp)
+        if outcome is Outcome.IN_PROGRESS:
+            return Claim(key, outcome, reply.token, retry_after=reply.remaining_ms / 1000,
+                         stem=stem, fingerprint=fp)
+        return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp)
+
+    def _stored(self, key: str, reply: ClaimReply) -> Any:
+        """Decode a stored value. One that does not parse (written by something else, or
+        corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
+        executed or unpickled."""
+        try:
+            return self.serializer.loads(reply.value or b"null")
+        except Exception as exc:
+            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
+                      key, reply.token, exc)
+            return OMITTED
+
+    def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
+        """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``; a value JSON
+        cannot hold, or one over ``max_result_bytes``, is stored as omitted."""
+        try:
+            data = self.serializer.dumps(value)
+        except ResultNotSerializable as exc:
+            log.error("result of key=%s token=%s not serialisable, stored as omitted: %s",
+                      claim.key, claim.token, exc)
+            return Stored.OMITTED, b"", exc
+        if len(data) > self.max_result_bytes:
+            log.info("result of key=%s token=%s is %d bytes, stored as omitted",
+                     claim.key, claim.token, len(data))
+            return Stored.OMITTED, b"", None
+        return Stored.COMPLETED, data, None
+
+    def encode_failure(self, error: BaseException | str) -> bytes:
+        """How a permanent failure is stored: its type and message as JSON."""
+        detail = (
+            {"type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)}
+            if isinstance(error, BaseException)
+            else {"type": "error", "message": str(error)}
+        )
+        return self.serializer.dumps(detail)
+
+    def owns(self, claim: Claim, stored: bool) -> bool:
+        """Whether a write for ``claim`` that Redis answered ``stored`` counts: the renewer may
+        already have seen the lease lost (the script would refuse the next write anyway)."""
+        return stored and not self.renewer.is_lost(claim.stem, claim.token)
+
+    # -- transitions ----------------------------------------------------------------------------
+
+    def begin(self, key: str | bytes, *, fingerprint: Any = None) -> Claim:
+        """Try to claim ``key``: one round trip, one :class:`Claim` with one :class:`Outcome`.
+
+        ``fingerprint`` identifies the payload (a short string, or any JSON-like value that is
+        hashed); with it, the same key seen with a different payload answers CONFLICT. Raises
+        :class:`InvalidKey` and :class:`StoreUnavailable`.
+        """
+        request = self.request(key, fingerprint)
+        reply = self.store.claim_one(request.stem, request.fingerprint, request.original,
+                                     self._lease_ms, self._retention_ms)
+        return self._claim(request, reply)
+
+    def begin_many(
+        self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None
+    ) -> list[Claim]:
+        """Claim a batch of keys in one round trip; answers come in the order of ``keys``.
+
+        A key that appears twice in one batch is ACQUIRED once; its later copies answer
+        IN_PROGRESS (held by our own token) until the first is completed or released.
+        """
+        fps = fingerprints if fingerprints is not None else [None] * len(keys)
+        if len(fps) != len(keys):
+            raise ValueError("fingerprints must match keys one to one")
+        return self.claim_requests([self.request(k, f) for k, f in zip(keys, fps, strict=True)])
+
+    def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
+        """:meth:`begin_many` for requests already checked by :meth:`request`."""
+        return self.settle_and_claim((), (), requests)[2]
+
+    def settle_and_claim(
+        self,
+        outcomes: Sequence[tuple[Claim, Stored, bytes]],
+        releases: Sequence[Claim],
+        requests: Sequence[Request],
+    ) -> tuple[list[bool], list[bool], list[Claim]]:
+        """In one round trip: store ``outcomes`` (``(claim, status, data)``), release ``releases``,
+        then claim ``requests``. Returns whether each outcome was stored and each claim released
+        (``False``: the token no longer owned it, nothing written), and the new claims.
+
+        Redis runs the three scripts one after the other, so a request for a key whose outcome is
+        stored in the same call answers DUPLICATE. Raises :class:`StoreUnavailable`; the outcomes
+        may then have been stored or not.
+        """
+        store = self.store
+        stored, released, replies = store.run(
+            store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
+                                 self._result_ttl_ms),
+            store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms),
+            store.claim_calls([(r.stem, r.fingerprint, r.original) for r in requests],
+                              self._lease_ms, self._retention_ms),
+        )
+        claims = [self._claim(r, reply) for r, reply in zip(requests, store.claim_replies(replies), strict=True)]
+        if log.isEnabledFor(logging.DEBUG):
+            for claim in claims:
+                log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
+        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
+                [bool(ok) for ok in released], claims)
+
+    def complete(self, claim: Claim, value: Any) -> None:
+        """Store ``value`` as the outcome, only if ``claim``'s token still owns the key.
+
+        Raises :class:`LeaseLost` (nothing written) when fenced off, and
+        :class:`ResultNotSerializable` after storing "completed, body omitted" for a value JSON
+        cannot hold.
+        """
+        status, data, problem = self.encode(claim, value)
+        if self.renewer.is_lost(claim.stem, claim.token) or not self.store.complete_one(
+            claim.stem, claim.token, status, data, self._result_ttl_ms
+        ):
+            raise LeaseLost(claim.key, claim.token)
+        if problem is not None:
+            raise problem
+
+    def complete_many(self, items: Sequence[tuple[Claim, Any]]) -> list[bool]:
+        """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
+
+        Values that cannot be serialised are stored as omitted (and logged), as in :meth:`complete`.
+        """
+        return [not isinstance(problem, LeaseLost) for problem in self.complete_each(items)]
+
+    def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable | None]:
+        """:meth:`complete_many`, telling per item what :meth:`complete` would have raised: ``None``
+        when stored, :class:`LeaseLost` when nothing was written, :class:`ResultNotSerializable`
+        when the outcome was stored as omitted."""
+        encoded = [self.encode(claim, value) for claim, value in items]
+        stored, _, _ = self.settle_and_claim(
+            [(claim, status, data) for (claim, _), (status, data, _) in zip(items, encoded, strict=True)], (), ())
+        return [problem if ok else LeaseLost(claim.key, claim.token)
+                for (claim, _), ok, (_, _, problem) in zip(items, stored, encoded, strict=True)]
+
+    def fail(self, claim: Claim, error: BaseException | str) -> None:
+        """Store a permanent failure as the outcome: later deliveries answer DUPLICATE with
+        ``failed=True`` instead of running again. Raises :class:`LeaseLost` when fenced off."""
+        data = self.encode_failure(error)
+        if not self.store.complete([(claim.stem, claim.token, Stored.FAILED, data)], self._result_ttl_ms)[0]:
+            raise LeaseLost(claim.key, claim.token)
+        log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
+
+    def release(self, claim: Claim) -> bool:
+        """Give the claim up after a retryable failure so the next delivery may claim again.
+        ``False`` when the token no longer owned it (nothing changed)."""
+        return self.release_many([claim])[0]
+
+    def release_many(self, claims: Sequence[Claim]) -> list[bool]:
+        """:meth:`release` for a batch, in one round trip."""
+        return self.store.release([(c.stem, c.token) for c in claims], self._retention_ms)
+
+    def renew(self, claim: Claim) -> bool:
+        """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""
+        return self.store.renew([(claim.stem, claim.token)], self._lease_ms, self._retention_ms)[0]
+
+    def status(self, key: str | bytes) -> KeyState:
+        """Look at a key's records without changing them (for replay and inspection)."""
+        return self.store.inspect(self.request(key).stem)
+
+    @contextmanager
+    def keep_leases(self, claims: Sequence[Claim]) -> Iterator[None]:
+        """While inside, the shared renewer keeps the leases of ``claims`` from running out."""
+        for claim in claims:
+            self.renewer.track(claim.stem, claim.token)
+        try:
+            yield
+        finally:
+            for claim in claims:
+                self.renewer.untrack(claim.stem, claim.token)

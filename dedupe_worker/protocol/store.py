@@ -1,0 +1,167 @@
+"""The claim protocol on Redis: each transition is one Lua script, called by SHA.
+
+Why fencing tokens? A lease alone cannot stop a paused worker::
+
+    A claims key (token 7) ... GC pause / network stall ...      A wakes, completes (token 7)
+              B claims after A's lease ran out (token 8), completes
+
+Without a token A's late completion would overwrite B's result. Here every write checks that the
+caller's token still owns the claim, so A gets LEASE_LOST and writes nothing; a handler can pass
+the token to its own storage (``UPDATE ... WHERE fence < :token``) to fence its side effects too.
+
+Methods take batches; on a standalone Redis a batch is one EVALSHA over all its keys, on a Redis
+Cluster it is one pipelined EVALSHA per key (each key's two records share a slot).
+:meth:`RedisStore.run` sends the calls of several transitions in one pipelined round trip (store
+one group's outcomes and claim the next chunk together); Redis still runs each script atomically,
+one after the other, in the order given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import redis
+from redis.cluster import RedisCluster
+
+from .claim import Outcome, State, Stored
+from .layout import KeyLayout
+from .scripts import Call, ScriptRunner
+
+__all__ = ["ClaimReply", "KeyState", "RedisStore"]
+
+
+_OUTCOMES = {int(o.value): o for o in Outcome}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
+    outcome = _OUTCOMES[int(code)]
+    if outcome is Outcome.DUPLICATE:
+        return ClaimReply(outcome, int(token), Stored(_text(a)), b)
+    if outcome is Outcome.IN_PROGRESS:
+        return ClaimReply(outcome, int(token), remaining_ms=int(a))
+    return ClaimReply(outcome, int(token))
+
+
+class ClaimReply(NamedTuple):
+    """One key's answer from ``claim.lua``: the raw material of a :class:`~dedupe_worker.Claim`."""
+
+    outcome: Outcome
+    token: int
+    #: How the outcome is stored, for a DUPLICATE.
+    status: Stored | None = None
+    value: bytes | str | None = None
+    remaining_ms: int = 0
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What ``inspect.lua`` saw. ``state`` and ``status`` are ``str`` enums, so they also compare
+    equal to their values (``"done"``, ``"c"``)."""
+
+    state: State
+    token: int
+    status: Stored | None = None
+    value: bytes | str | None = None
+    remaining_ms: int = 0
+
+
+class RedisStore:
+    """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
+
+    The ``*_calls`` methods build the script calls of one transition over a batch; :meth:`run`
+    sends any number of such groups in one round trip and hands back each group's flat reply.
+    """
+
+    def __init__(self, client: redis.Redis | RedisCluster, layout: KeyLayout) -> None:
+        self.client = client
+        self.layout = layout
+        self.scripts = ScriptRunner(client)
+
+    # -- building calls -------------------------------------------------------------------------
+
+    def _calls(self, name: str, keys: Sequence[Sequence[str]], shared: Sequence[Any],
+               per_item: Sequence[Sequence[Any]]) -> list[Call]:
+        """One call over every item (standalone), or one per item (cluster: one slot per call)."""
+        if not keys:
+            return []
+        if not self.scripts.is_cluster:
+            flat_keys = [k for ks in keys for k in ks]
+            return [(name, flat_keys, [*shared, *(a for args in per_item for a in args)])]
+        return [(name, ks, [*shared, *args]) for ks, args in zip(keys, per_item, strict=True)]
+
+    def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
+        """``items`` are ``(stem, fingerprint, original_key)``."""
+        return self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
+                           (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
+
+    def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
+        """``items`` are ``(stem, token, status, value)``."""
+        return self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _, _ in items],
+                           (result_ttl_ms,), [(token, status.value, value) for _, token, status, value in items])
+
+    def release_calls(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[Call]:
+        """``items`` are ``(stem, token)``."""
+        return self._calls("release", [(KeyLayout.started(s),) for s, _ in items], (retention_ms,),
+                           [(token,) for _, token in items])
+
+    def renew_calls(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[Call]:
+        """``items`` are ``(stem, token)``."""
+        return self._calls("renew", [(KeyLayout.started(s),) for s, _ in items], (lease_ms, retention_ms),
+                           [(token,) for _, token in items])
+
+    # -- running them ---------------------------------------------------------------------------
+
+    def run(self, *groups: list[Call]) -> list[list[Any]]:
+        """Send every call of every group in one round trip; return each group's replies flattened
+        (one value per item for complete/release/renew, four per item for claim)."""
+        replies = iter(self.scripts.call_all([call for group in groups for call in group]))
+        return [[v for _ in group for v in next(replies)] for group in groups]
+
+    @staticmethod
+    def claim_replies(flat: Sequence[Any]) -> list[ClaimReply]:
+        return [_claim_reply(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
+
+    def claim(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[ClaimReply]:
+        """Claim every item; ``items`` are ``(stem, fingerprint, original_key)``."""
+        return self.claim_replies(self.run(self.claim_calls(items, lease_ms, retention_ms))[0])
+
+    def claim_one(self, stem: str, fingerprint: str, original: str, lease_ms: int, retention_ms: int) -> ClaimReply:
+        """:meth:`claim` for one key, without the batch bookkeeping (the per-message hot path)."""
+        return _claim_reply(*self.scripts.call(
+            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
+        ))
+
+    def complete_one(self, stem: str, token: int, status: Stored, value: bytes, result_ttl_ms: int) -> bool:
+        """:meth:`complete` for one key (the per-message hot path)."""
+        reply = self.scripts.call(
+            "complete", (KeyLayout.started(stem), KeyLayout.result(stem)), (result_ttl_ms, token, status.value, value)
+        )
+        return bool(reply[0])
+
+    def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
+        """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
+        return [bool(v) for v in self.run(self.complete_calls(items, result_ttl_ms))[0]]
+
+    def release(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[bool]:
+        """``items`` are ``(stem, token)``; True where the claim was released."""
+        return [bool(v) for v in self.run(self.release_calls(items, retention_ms))[0]]
+
+    def renew(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[bool]:
+        """``items`` are ``(stem, token)``; True where the lease was extended."""
+        return [bool(v) for v in self.run(self.renew_calls(items, lease_ms, retention_ms))[0]]
+
+    def inspect(self, stem: str) -> KeyState:
+        code, token, a, b = self.scripts.call(
+            "inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ()
+        )
+        if int(code) == 2:
+            return KeyState(State.DONE, int(token), Stored(_text(a)), b)
+        if int(code) == 3:
+            return KeyState(State.IN_PROGRESS, int(token), remaining_ms=int(a))
+        return KeyState(State.FREE, int(token))
