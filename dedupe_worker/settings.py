@@ -28,3 +28,7 @@ class DedupeSettings(BaseSettings):
     max_result_bytes: int = Field(1_000_000, ge=0)
     #: Run the handler without deduplication when Redis is down (loudly logged). Off: fail closed.
     fail_open: bool = False
+    #: The broker the ``rabbitmq`` and ``replay rabbitmq`` commands connect to.
+    rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
+    #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).
+    kafka_bootstrap: str | None = None

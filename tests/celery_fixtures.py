@@ -21,9 +21,8 @@ import pytest
 import redis
 from celery import Celery
 
-from dedupe_worker import current_claim
+from dedupe_worker import Action, Decision, current_claim
 from dedupe_worker.celery import IdempotentTask
-from dedupe_worker.handling import Decision
 
 from . import services
 
@@ -50,12 +49,14 @@ def fx(app: Celery, *parts: Any) -> str:
 class RecordingTask(IdempotentTask):
     """Counts deferrals and duplicates where the test can see them."""
 
-    def on_defer(self, decision: Decision, countdown: float) -> None:
+    def on_deferred(self, message: Any, decision: Decision, delay: float) -> None:
+        if decision.action is not Action.DEFER:
+            return  # a retry after a failing body, not a deferral
         with effects(self.app) as r:
             r.incr(fx(self.app, "deferrals"))
-            r.rpush(fx(self.app, "countdowns"), countdown)
+            r.rpush(fx(self.app, "countdowns"), delay)
 
-    def on_duplicate(self, decision: Decision) -> None:
+    def on_duplicate(self, message: Any, decision: Decision) -> None:
         with effects(self.app) as r:
             r.incr(fx(self.app, "duplicates"))
 
@@ -102,6 +103,16 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
             attempt = r.incr(fx(app, "flaky", job))
         if attempt <= fail_times:
             raise ValueError(f"attempt {attempt} fails")
+        return {"attempt": attempt, "retries": self.request.retries}
+
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.plain", max_attempts=3, retry_base=0.05,
+              retry_cap=0.1)
+    def plain(self: IdempotentTask, job: str, fail_times: int) -> dict[str, Any]:
+        """Fails with no Celery retry option: IdempotentTask's max_attempts retries it."""
+        with effects(app) as r:
+            attempt = r.incr(fx(app, "plain", job))
+        if attempt <= fail_times:
+            raise ConnectionError(f"attempt {attempt} fails")
         return {"attempt": attempt, "retries": self.request.retries}
 
     @app.task(base=RecordingTask, bind=True, shared=False, name="dt.by_hand", max_retries=2)

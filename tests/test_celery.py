@@ -144,6 +144,15 @@ def test_exhausted_retries_fail_with_the_body_error_and_leave_the_key_free(
         again.get(timeout=TIMEOUT)
 
 
+def test_a_plain_exception_is_retried_until_max_attempts(celery_app: Celery, worker_process: WorkerProcess) -> None:
+    plain = celery_app.tasks["dt.plain"]
+    assert plain.delay("p1", fail_times=2).get(timeout=TIMEOUT) == {"attempt": 3, "retries": 2}
+    with pytest.raises(ConnectionError, match="attempt 3 fails"):
+        plain.delay("p2", fail_times=100).get(timeout=TIMEOUT)
+    assert count(celery_app, "plain", "p2") == 3  # max_attempts=3, then it fails for good
+    assert plain.delay("p1", fail_times=2).get(timeout=TIMEOUT) == {"attempt": 3, "retries": 2}  # duplicate
+
+
 def test_self_retry_in_body_runs_again(celery_app: Celery, worker_process: WorkerProcess) -> None:
     assert celery_app.tasks["dt.by_hand"].delay("j3").get(timeout=TIMEOUT) == 2
     assert count(celery_app, "by_hand", "j3") == 2

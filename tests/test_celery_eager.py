@@ -192,3 +192,52 @@ def test_settings_come_from_task_then_app_then_environment(
 def test_crash_safety_defaults() -> None:
     assert IdempotentTask.acks_late is True
     assert IdempotentTask.reject_on_worker_lost is True
+
+
+def test_hooks_and_retry_options_are_the_shared_ones(eager_app: Celery) -> None:
+    from dedupe_worker.engine import Hooks, RetryPolicy
+    from dedupe_worker.kafka import DedupeKafkaConsumer
+    from dedupe_worker.rabbitmq import DedupeConsumer
+
+    for cls in (IdempotentTask, DedupeConsumer, DedupeKafkaConsumer):
+        assert issubclass(cls, Hooks) and issubclass(cls, RetryPolicy)
+        for name in ("max_attempts", "retry_base", "retry_cap", "defer_base", "defer_cap"):
+            assert getattr(cls, name) == getattr(RetryPolicy, name), (cls, name)
+    seen: list[tuple[str, Any]] = []
+
+    class Hooked(IdempotentTask):
+        def on_applied(self, message: Any, decision: Any) -> None:
+            seen.append(("applied", message.id))
+
+        def on_duplicate(self, message: Any, decision: Any) -> None:
+            seen.append(("duplicate", decision.value))
+
+        def on_dead_letter(self, message: Any, decision: Any) -> None:
+            seen.append(("dead_letter", decision.reason.value))
+
+    @eager_app.task(base=Hooked, name="dt.hooked", idempotency_key=lambda n: f"hooked:{n}")
+    def hooked(n: int) -> int:
+        return n * 2
+
+    first = hooked.apply(args=(3,), task_id="t-1")
+    assert first.get() == 6 and hooked.apply(args=(3,)).get() == 6
+    assert seen == [("applied", "t-1"), ("duplicate", 6)]
+    hooked.idempotency_fingerprint = lambda n: "another payload"  # same key, other payload: conflict
+    with pytest.raises(KeyConflict):
+        hooked.apply(args=(3,)).get()
+    assert seen[-1] == ("dead_letter", "conflict")
+
+
+def test_old_style_hooks_still_work_with_a_deprecation_warning(eager_app: Celery) -> None:
+    calls: list[Any] = []
+    with pytest.warns(DeprecationWarning, match="on_duplicate"):
+        class Old(IdempotentTask):
+            def on_duplicate(self, decision: Any) -> None:
+                calls.append(decision.value)
+
+    @eager_app.task(base=Old, name="dt.old", idempotency_key=lambda n: f"old:{n}")
+    def old(n: int) -> int:
+        return n + 1
+
+    assert old.apply(args=(1,)).get() == 2 and old.apply(args=(1,)).get() == 2
+    assert calls == [2]

@@ -188,7 +188,7 @@ def test_undelivered_dead_letter_holds_the_partition(
     group = unique("g")
     consumer = Recorder(config(kafka_bootstrap, group), [topic],
                         lambda m: applied.append(json.loads(m.value())["id"]), dedupe,
-                        key_strategy=field_key("id"), poll_timeout=0.2, retry_base=0.2, retry_cap=0.5,
+                        key_strategy=field_key("id"), poll_timeout=0.2, defer_base=0.2, defer_cap=0.5,
                         dead_letter_topic="{topic} is not a valid topic name", dead_letter_timeout=2.0)
     with running(consumer):
         wait_until(lambda: committed(kafka_bootstrap, group, topic, [1])[1] == 2, 30, "partition 1 done")
@@ -243,7 +243,7 @@ def test_redis_outage_never_commits_past_undecided(
     group = unique("g")
     consumer = Recorder(config(kafka_bootstrap, group), [topic],
                         lambda m: applied.append(json.loads(m.value())["id"]), dedupe,
-                        poll_timeout=0.2, retry_base=0.2, retry_cap=1.0)
+                        poll_timeout=0.2, defer_base=0.2, defer_cap=1.0)
 
     def batch(prefix: str) -> list[tuple[int, int]]:
         return produce(kafka_bootstrap, topic, [(i % 2, None, body(f"{prefix}{i}"), []) for i in range(6)])

@@ -217,5 +217,5 @@ def test_rate_parsing() -> None:
 
 def test_exports() -> None:
     assert sorted(exported) == sorted([
-        "REPLAYED", "Destination", "Entry", "Pacer", "Planner", "Progress", "ReplayOptions", "Step",
+        "REPLAYED", "Destination", "Entry", "Found", "Pacer", "Planner", "Progress", "ReplayOptions", "Step",
         "Summary", "format_table", "replay_headers", "replay_kafka", "replay_rabbitmq"])

@@ -8,7 +8,8 @@ Usage::
         token = self.request.fencing_token      # or dedupe_worker.current_claim().token
         ...
 
-How each verdict of :func:`dedupe_worker.handling.decide` becomes a Celery outcome:
+How each verdict of the engine (:func:`dedupe_worker.engine.decide`) becomes a Celery outcome
+(the value or exception is :func:`dedupe_worker.engine.outcome`'s, as for ``run()``):
 
 ===================  ======================================================================
 verdict              the task ...
@@ -19,8 +20,10 @@ previously_failed    fails with :class:`~dedupe_worker.PreviouslyFailed`, not re
 in_progress,         is re-sent by ``self.retry(countdown=...)`` with backoff and jitter, at
 lease_lost,          the earliest when the other worker's lease can have ended; a deferral
 store_unavailable    does not count against ``max_retries`` and is repeated until it runs
-handler_error        the claim is released and the body's exception re-raised, so
-                     ``autoretry_for`` / ``self.retry()`` work and the retry claims again
+handler_error        the claim is released; an exception in ``autoretry_for``, or a
+                     ``self.retry()`` in the body, is retried by Celery as usual; any other
+                     exception is retried after ``retry_delay`` until ``max_attempts``
+                     runs, then the task fails with it
 conflict,            fails with the error (:class:`~dedupe_worker.KeyConflict`,
 invalid_key,         :class:`~dedupe_worker.InvalidKey`, the permanent error, ...), never
 permanent_failure,   retried
@@ -33,19 +36,19 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import celery
 from celery._state import _task_stack
-from celery.exceptions import Reject
+from celery.exceptions import Reject, Retry
 
-from ..backoff import backoff
 from ..deduplicator import Deduplicator
-from ..engine import Action, Decision, Reason, decide, poison
+from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, outcome, poison
 from ..engine.context import current_claim
-from ..errors import DedupeError, InProgress, InvalidKey, PreviouslyFailed
-from ..protocol.claim import Claim
+from ..engine.hooks import call_hook
+from ..errors import InvalidKey
 from .options import bind_arguments, deduplicator_for, derive_fingerprint, derive_key
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask"]
@@ -56,7 +59,7 @@ log = logging.getLogger(__name__)
 DEFERRALS_HEADER = "dedupe_deferrals"
 
 
-class IdempotentTask(celery.Task):  # type: ignore[misc]
+class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     """A task whose body runs to completion at most once per idempotency key (see module doc).
 
     **Deferral without spending retries.** Celery's ``retry()`` re-sends the message with
@@ -129,10 +132,9 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
     #: ``app.conf.dedupe_permanent_errors``, else none.
     permanent_errors: tuple[type[BaseException] | str, ...] | None = None
 
-    #: Backoff of deferrals: full jitter over ``defer_base * 2 ** n`` seconds, capped at
-    #: ``defer_cap``, added to the other worker's remaining lease.
-    defer_base: float = 0.5
-    defer_cap: float = 30.0
+    # max_attempts, retry_base, retry_cap, defer_base, defer_cap: see RetryPolicy (the same
+    # options and defaults as the RabbitMQ and Kafka consumers). Set max_attempts = 1 to fail at
+    # once on an exception, as a plain Celery task does.
 
     #: Acknowledge after the body ran, so a crash redelivers (see the class docstring).
     acks_late = True
@@ -148,14 +150,24 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
             value = cls.__dict__.get(name)
             if inspect.isfunction(value):
                 setattr(cls, name, staticmethod(value))
+        # Earlier releases called on_duplicate(decision); keep such overrides working.
+        hook = cls.__dict__.get("on_duplicate")
+        if inspect.isfunction(hook) and len(inspect.signature(hook).parameters) == 2:
+            warnings.warn(f"{cls.__name__}.on_duplicate(self, decision) is deprecated: the hook is "
+                          "on_duplicate(self, message, decision)", DeprecationWarning, stacklevel=2)
+            cls.on_duplicate = functools.wraps(hook)(  # type: ignore[method-assign]
+                lambda self, message, decision, _hook=hook: _hook(self, decision))
+        if "on_defer" in cls.__dict__:
+            warnings.warn(f"{cls.__name__}.on_defer is deprecated: override on_deferred(self, message, "
+                          "decision, delay)", DeprecationWarning, stacklevel=2)
 
     # -- hooks ----------------------------------------------------------------------------------
-
-    def on_duplicate(self, decision: Decision) -> None:
-        """Called when the body did not run because an outcome is stored for the key."""
+    # on_applied, on_duplicate, on_deferred, on_lease_lost, on_dead_letter: the hooks every
+    # integration shares (dedupe_worker.engine.Hooks); ``message`` is ``self.request``.
 
     def on_defer(self, decision: Decision, countdown: float) -> None:
-        """Called before the task is re-sent to run again in ``countdown`` seconds."""
+        """Deprecated: override :meth:`on_deferred` (``(request, decision, delay)``) instead.
+        Still called, after ``on_deferred``, when a subclass defines it."""
 
     # -- machinery ------------------------------------------------------------------------------
 
@@ -208,41 +220,42 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
         return self.run(*args, **kwargs)
 
     def _settle(self, decision: Decision, key: str) -> Any:
-        token = decision.claim.token if decision.claim is not None else None
-        action = decision.action
-        if decision.reason is Reason.APPLIED:
-            return decision.value
-        if action is Action.ACK:
-            log.info("duplicate task=%s id=%s key=%s token=%s reason=%s", self.name, self.request.id, key,
-                     token, decision.reason.value)
-            self.on_duplicate(decision)
-            if decision.reason is Reason.PREVIOUSLY_FAILED:
-                raise PreviouslyFailed(key, decision.claim.error if decision.claim else None)
-            return decision.value
-        if action is Action.DEFER:
-            self.defer(decision, key)
-        if action is Action.RETRY:
+        """Act on the engine's verdict: return the value, re-send the task, or raise."""
+        request = self.request
+        reason, action = decision.reason, decision.action
+        offline = request.is_eager or request.called_directly  # no broker to re-send through
+        if reason is Reason.APPLIED:
+            call_hook(self.on_applied, request, decision)
+        elif action is Action.ACK:
+            log.info("duplicate task=%s id=%s key=%s token=%s reason=%s", self.name, request.id, key,
+                     decision.token, reason.value)
+            call_hook(self.on_duplicate, request, decision)
+        elif action is Action.DEFER:
+            if reason is Reason.LEASE_LOST:
+                call_hook(self.on_lease_lost, request, decision)
+            if not offline:
+                self.defer(decision, key)
+        elif action is Action.RETRY:
             log.info("body failed, claim released task=%s id=%s key=%s token=%s: %s", self.name,
-                     self.request.id, key, token, decision.detail)
+                     request.id, key, decision.token, decision.detail)
+            if not offline and not isinstance(decision.error, (Retry, *getattr(self, "autoretry_for", ()))):
+                self.retry_failed(decision, key)  # Celery's own retries stay in charge of theirs
         else:
             log.error("failing without retry task=%s id=%s key=%s token=%s reason=%s: %s", self.name,
-                      self.request.id, key, token, decision.reason.value, decision.detail)
-        raise decision.error or DedupeError(f"{key!r}: {decision.reason.value}")
+                      request.id, key, decision.token, reason.value, decision.detail)
+            call_hook(self.on_dead_letter, request, decision)
+        return outcome(decision)
 
     def defer(self, decision: Decision, key: str) -> NoReturn:
         """Re-send this task to run later, without spending ``max_retries`` (see class doc)."""
         request = self.request
         deferrals = int(self._header(request, DEFERRALS_HEADER) or 0) + 1
-        countdown = backoff(deferrals, base=self.defer_base, cap=self.defer_cap, floor=decision.retry_after)
-        claim: Claim | None = decision.claim
+        countdown = self.defer_delay(deferrals, floor=decision.retry_after)
         log.info("deferring task=%s id=%s key=%s token=%s reason=%s by %.3fs (deferral %d)", self.name,
-                 request.id, key, claim.token if claim else None, decision.reason.value, countdown, deferrals)
-        if request.is_eager or request.called_directly:
-            error = decision.error
-            if error is None and claim is not None:
-                error = InProgress(key, decision.retry_after, claim.token)
-            raise error or DedupeError(f"{key!r} deferred ({decision.reason.value})")
-        self.on_defer(decision, countdown)
+                 request.id, key, decision.token, decision.reason.value, countdown, deferrals)
+        call_hook(self.on_deferred, request, decision, countdown)
+        if type(self).on_defer is not IdempotentTask.on_defer:
+            call_hook(self.on_defer, decision, countdown)
         request.retries -= 1  # retry() sends retries + 1: the re-sent message keeps our count
         try:
             raise self.retry(countdown=countdown, headers={DEFERRALS_HEADER: deferrals})
@@ -253,6 +266,18 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
             raise Reject(exc.reason, requeue=True) from exc
         finally:
             request.retries += 1
+
+    def retry_failed(self, decision: Decision, key: str) -> None:
+        """Re-send the task after a body that raised, ``retry_delay`` later, while attempts are left
+        (``request.retries + 1`` of ``max_attempts``); return when none are."""
+        request = self.request
+        attempt = request.retries + 1
+        if attempt >= self.max_attempts:
+            return
+        countdown = self.retry_delay(attempt)
+        call_hook(self.on_deferred, request, decision, countdown)
+        assert decision.error is not None
+        raise self.retry(exc=decision.error, countdown=countdown, max_retries=self.max_attempts - 1)
 
     def signature_from_request(self, request: Any = None, args: Any = None, kwargs: Any = None,
                                queue: Any = None, **extra: Any) -> Any:

@@ -8,7 +8,14 @@ from typing import Any
 
 from ..loading import load_callable
 from ..messages.keys import KAFKA_DEFAULT, first_of, position_key
-from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
+from .options import (
+    add_broker_options,
+    add_dedupe_options,
+    add_key_options,
+    deduplicator_from,
+    kafka_config,
+    key_strategy_from,
+)
 
 __all__ = ["register"]
 
@@ -18,19 +25,17 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("kafka", help="consume Kafka topics, applying each idempotency key once")
     p.add_argument("handler", help="module:function called with each confluent_kafka.Message")
-    p.add_argument("--bootstrap", required=True, help="bootstrap.servers, e.g. 127.0.0.1:9092")
     p.add_argument("--topic", action="append", required=True, help="topic to consume (repeatable)")
     p.add_argument("--group", required=True, help="consumer group id")
     p.add_argument("--batch-size", type=int, default=500, help="messages decided together (default 500)")
-    p.add_argument("--max-attempts", type=int, default=3,
-                   help="handler errors before a message is dead-lettered (default 3)")
+    p.add_argument("--max-attempts", type=int,
+                   help="handler attempts before a message is dead-lettered (default 5)")
     p.add_argument("--dead-letter-topic", default="{topic}.dlq",
                    help="dead-letter topic; {topic} is the original topic (default '{topic}.dlq')")
     p.add_argument("--position-fallback", action="store_true",
                    help="when no key is found, key on topic/partition/offset (protects against "
                         "redelivery only, not against a producer sending twice)")
-    p.add_argument("-X", dest="config", action="append", default=[], metavar="NAME=VALUE",
-                   help="extra librdkafka consumer setting (repeatable), e.g. -X session.timeout.ms=10000")
+    add_broker_options(p, "kafka")
     add_key_options(p)
     add_dedupe_options(p)
     p.set_defaults(func=run)
@@ -38,13 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def consumer_config(args: argparse.Namespace) -> dict[str, Any]:
     """The confluent-kafka settings given on the command line."""
-    config: dict[str, Any] = {"bootstrap.servers": args.bootstrap, "group.id": args.group}
-    for item in args.config:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"dedupe-worker kafka: -X expects NAME=VALUE, got {item!r}")
-        config[name.strip()] = value.strip()
-    return config
+    return {**kafka_config(args, "kafka"), "group.id": args.group}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     dedupe = deduplicator_from(args)
     consumer = DedupeKafkaConsumer(
         consumer_config(args), args.topic, handler, dedupe, key_strategy=strategy,
-        batch_size=args.batch_size, max_attempts=args.max_attempts,
+        batch_size=args.batch_size, max_attempts=args.max_attempts,  # None: the shared default
         dead_letter_topic=args.dead_letter_topic,
     )
     log.info("consuming %s as group %s", args.topic, args.group)

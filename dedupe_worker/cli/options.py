@@ -8,7 +8,51 @@ from ..deduplicator import Deduplicator
 from ..messages.keys import KeyStrategy, field_key, first_of, header_key
 from ..settings import DedupeSettings
 
-__all__ = ["add_dedupe_options", "add_key_options", "deduplicator_from", "key_strategy_from"]
+__all__ = [
+    "add_broker_options",
+    "add_dedupe_options",
+    "add_key_options",
+    "config_pair",
+    "deduplicator_from",
+    "kafka_config",
+    "key_strategy_from",
+    "rabbitmq_url",
+]
+
+
+def config_pair(text: str) -> tuple[str, str]:
+    """One ``-X NAME=VALUE`` option (the one parser of them)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def add_broker_options(parser: argparse.ArgumentParser, broker: str) -> None:
+    """The broker's address, the same in the consumer and replay commands: ``--url``
+    (``DEDUPE_RABBITMQ_URL``) for RabbitMQ; ``--bootstrap`` (``DEDUPE_KAFKA_BOOTSTRAP``) and
+    repeatable ``-X NAME=VALUE`` librdkafka settings for Kafka."""
+    if broker == "rabbitmq":
+        parser.add_argument("--url", help="AMQP URL (DEDUPE_RABBITMQ_URL; default "
+                                          f"{DedupeSettings.model_fields['rabbitmq_url'].default})")
+        return
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="bootstrap.servers, e.g. 127.0.0.1:9092 (DEDUPE_KAFKA_BOOTSTRAP)")
+    parser.add_argument("-X", dest="config", action="append", type=config_pair, default=[], metavar="NAME=VALUE",
+                        help="extra librdkafka setting (repeatable), e.g. -X session.timeout.ms=10000")
+
+
+def rabbitmq_url(args: argparse.Namespace) -> str:
+    """``--url``, else ``DEDUPE_RABBITMQ_URL``, else the local broker."""
+    return getattr(args, "url", None) or DedupeSettings().rabbitmq_url
+
+
+def kafka_config(args: argparse.Namespace, command: str) -> dict[str, str]:
+    """``bootstrap.servers`` (``--bootstrap``, else ``DEDUPE_KAFKA_BOOTSTRAP``) and the ``-X`` settings."""
+    bootstrap = getattr(args, "bootstrap", None) or DedupeSettings().kafka_bootstrap
+    if not bootstrap:
+        raise SystemExit(f"dedupe-worker {command}: give --bootstrap or set DEDUPE_KAFKA_BOOTSTRAP")
+    return {"bootstrap.servers": bootstrap, **dict(args.config)}
 
 
 def add_dedupe_options(parser: argparse.ArgumentParser) -> None:

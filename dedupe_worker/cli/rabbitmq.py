@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from types import FrameType
@@ -20,14 +19,18 @@ from types import FrameType
 from ..extras import require
 from ..loading import load_callable
 from ..messages.keys import RABBITMQ_DEFAULT
-from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
+from .options import (
+    add_broker_options,
+    add_dedupe_options,
+    add_key_options,
+    deduplicator_from,
+    key_strategy_from,
+    rabbitmq_url,
+)
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672//"
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -36,14 +39,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "Failed and deferred messages go through <queue>.delay, poison messages to <queue>.dlq.",
     )
     parser.add_argument("handler", help="module:function, called as handler(body, message)")
-    parser.add_argument("--url", default=os.environ.get("DEDUPE_RABBITMQ_URL", DEFAULT_URL),
-                        help=f"broker URL (DEDUPE_RABBITMQ_URL; default {DEFAULT_URL})")
+    add_broker_options(parser, "rabbitmq")
     parser.add_argument("--queue", action="append", required=True, metavar="NAME",
                         help="queue to consume (repeat for several); declared durable if missing")
     parser.add_argument("--prefetch", type=int, default=10, help="un-acked messages per queue (default 10)")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="consumer threads, each with its own connection (default 1)")
-    parser.add_argument("--max-attempts", type=int, default=5,
+    parser.add_argument("--max-attempts", type=int,
                         help="handler attempts before a failing message is dead-lettered (default 5)")
     parser.add_argument("--no-batch", action="store_true",
                         help="claim messages one at a time instead of a prefetched batch per round trip")
@@ -61,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
     handler = load_callable(args.handler)
     dedupe = deduplicator_from(args)
     strategy = key_strategy_from(args, RABBITMQ_DEFAULT)
+    options = {} if args.max_attempts is None else {"max_attempts": args.max_attempts}
+    url = rabbitmq_url(args)
     consumers = [
-        DedupeConsumer(Connection(args.url),  # type: ignore[no-untyped-call]
+        DedupeConsumer(Connection(url),  # type: ignore[no-untyped-call]
                        args.queue, handler, dedupe, key_strategy=strategy,
-                       prefetch_count=args.prefetch, max_attempts=args.max_attempts, batch=not args.no_batch)
+                       prefetch_count=args.prefetch, batch=not args.no_batch, **options)
         for _ in range(max(1, args.concurrency))
     ]
 

@@ -18,7 +18,15 @@ from typing import Any
 from ..messages.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy, first_of, position_key
 from ..replay.plan import Planner
 from ..replay.summary import Progress, ReplayOptions, Summary, format_table
-from .options import add_dedupe_options, add_key_options, deduplicator_from, key_strategy_from
+from .options import (
+    add_broker_options,
+    add_dedupe_options,
+    add_key_options,
+    deduplicator_from,
+    kafka_config,
+    key_strategy_from,
+    rabbitmq_url,
+)
 
 __all__ = ["register"]
 
@@ -34,13 +42,6 @@ def parse_rate(text: str) -> float:
     if per is None or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive rate like 50/s, got {text!r}")
     return value / per
-
-
-def _config_pair(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return name, value
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +66,7 @@ def register(subparsers: Any) -> None:
     brokers = parser.add_subparsers(dest="broker", required=True)
 
     rabbit = brokers.add_parser("rabbitmq", help="replay a RabbitMQ dead-letter queue")
-    rabbit.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672//", help="AMQP URL")
+    add_broker_options(rabbit, "rabbitmq")
     rabbit.add_argument("--from", dest="source", required=True, metavar="QUEUE", help="the dead-letter queue")
     rabbit.add_argument("--to", metavar="EXCHANGE/ROUTING_KEY",
                         help="where to republish (default: the queue each message was dead-lettered from; "
@@ -76,7 +77,7 @@ def register(subparsers: Any) -> None:
     rabbit.set_defaults(func=run_rabbitmq)
 
     kafka = brokers.add_parser("kafka", help="replay a Kafka dead-letter topic")
-    kafka.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="bootstrap servers")
+    add_broker_options(kafka, "kafka")
     kafka.add_argument("--from", dest="source", required=True, metavar="TOPIC", help="the dead-letter topic")
     kafka.add_argument("--to", metavar="TOPIC", help="where to republish (default: x-dedupe-original-topic)")
     kafka.add_argument("--group", default="dedupe-worker-replay",
@@ -87,9 +88,6 @@ def register(subparsers: Any) -> None:
     kafka.add_argument("--position-fallback", action="store_true",
                        help="as the consumer's option: when no key is found, key on the ORIGINAL "
                             "topic/partition/offset (x-dedupe-original-* headers)")
-    kafka.add_argument("-X", dest="config", action="append", type=_config_pair, default=[],
-                       metavar="KEY=VALUE",
-                       help="librdkafka setting for the replay's consumer and producer (repeatable)")
     _common(kafka)
     kafka.set_defaults(func=run_kafka)
 
@@ -138,7 +136,7 @@ def run_rabbitmq(args: argparse.Namespace) -> int:
     destination = Destination.parse(args.to) if args.to else None
 
     def replay(planner: Planner, options: ReplayOptions) -> Summary:
-        with kombu.Connection(args.url) as connection:
+        with kombu.Connection(rabbitmq_url(args)) as connection:
             return replay_rabbitmq(connection, args.source, planner, destination=destination,
                                    options=options, confirm_timeout=args.confirm_timeout)
 
@@ -148,7 +146,7 @@ def run_rabbitmq(args: argparse.Namespace) -> int:
 def run_kafka(args: argparse.Namespace) -> int:
     from ..replay.kafka import replay_kafka
 
-    config = {"bootstrap.servers": args.bootstrap, **dict(args.config)}
+    config = kafka_config(args, "replay kafka")
 
     def replay(planner: Planner, options: ReplayOptions) -> Summary:
         return replay_kafka(config, args.source, args.group, planner, destination=args.to,

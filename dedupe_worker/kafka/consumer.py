@@ -1,16 +1,19 @@
 """The deduplicating Kafka consumer loop (confluent-kafka, classic consumer groups).
 
-One thread consumes a batch, derives each message's key, decides the whole batch with
-:func:`~dedupe_worker.handling.decide_many` (one round trip to claim, the handler per acquired
-message, one round trip to complete), dead-letters what must be, and then commits, per partition,
+One thread consumes a batch, derives each message's key, decides the whole batch with the engine's
+:func:`~dedupe_worker.engine.decide_many` (each chunk claimed just before its handlers run, each
+outcome stored as soon as the handlers that finished since the last store reach ``flush_after``,
+together with the next chunk's claim), dead-letters what must be, and then commits, per partition,
 the offset after the last message before which everything is decided. The first undecided message
 of a partition (in progress elsewhere, Redis down, handler error to retry, dead letter not
 delivered) pauses that partition and rewinds it; the other partitions keep flowing.
 
 Crash story: the consumer commits only after a batch is decided, so a crash redelivers at most the
-uncommitted messages. Those already completed answer DUPLICATE; one whose handler was running
-stays claimed until its lease runs out, and then runs again (fence outside effects with
-:func:`~dedupe_worker.current_claim`).
+uncommitted messages. Those whose outcome was stored answer DUPLICATE: every finished handler's,
+except those that finished within the last ``flush_after`` before the crash. Those, and the one
+whose handler was running, stay claimed until their leases run out and then run again (fence
+outside effects with :func:`~dedupe_worker.current_claim`). Messages of the batch not started yet
+were never claimed, so they run at once after the restart.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from ..backoff import backoff
 from ..deduplicator import Deduplicator
-from ..engine import Action, Decision, Reason, decide_many, poison
+from ..engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, decide_many, poison
+from ..engine.decision import HANDLER_RAN
+from ..engine.hooks import call_hook
 from ..messages.envelope import Envelope, from_kafka
 from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
@@ -41,11 +45,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Any]
 BatchHandler = Callable[[list[Message]], Sequence[Any]]
-#: Reasons for which the handler ran (so they count as an attempt).
-_RAN = frozenset({Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT})
 
 
-class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
+class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     """Consume ``topics`` with ``config`` and apply ``handler(message)`` once per idempotency key.
 
     Guaranteed: ``enable.auto.commit`` is forced off and an offset is committed only when every
@@ -66,9 +68,14 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         dead-lettered). ``current_claim()`` is not set inside it.
     :param key_strategy: ``Envelope -> key`` (default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`).
     :param fingerprint: ``Envelope -> payload fingerprint`` (``None``: no conflict detection).
-    :param batch_size: most messages decided together (one claim and one completion round trip).
-    :param max_attempts: handler errors before a message is dead-lettered.
-    :param retry_base, retry_cap: backoff (full jitter) between handler attempts and deferrals.
+    :param batch_size: most messages consumed and decided together.
+    :param flush_after: seconds of handler time whose finished outcomes may wait to be stored
+        together; also the target run time of each claimed chunk (default 5 ms).
+    :param max_attempts: handler attempts before a message is dead-lettered (default 5).
+    :param retry_base, retry_cap: backoff (full jitter) between handler attempts (1 s, 60 s).
+    :param defer_base, defer_cap: backoff of deferrals, added to the holder's remaining lease
+        (0.5 s, 30 s). ``None`` for any of these five: the shared default of
+        :class:`~dedupe_worker.engine.RetryPolicy`.
     :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
     :param producer_overrides: extra settings for the dead-letter producer.
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
@@ -86,14 +93,21 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
         batch_size: int = 500,
         poll_timeout: float = 1.0,
-        max_attempts: int = 3,
-        retry_base: float = 0.5,
-        retry_cap: float = 30.0,
+        flush_after: float = FLUSH_AFTER,
+        max_attempts: int | None = None,
+        retry_base: float | None = None,
+        retry_cap: float | None = None,
+        defer_base: float | None = None,
+        defer_cap: float | None = None,
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
         dead_letter_timeout: float = 30.0,
     ) -> None:
-        if batch_size < 1 or max_attempts < 1:
+        for name, value in (("max_attempts", max_attempts), ("retry_base", retry_base), ("retry_cap", retry_cap),
+                            ("defer_base", defer_base), ("defer_cap", defer_cap)):
+            if value is not None:
+                setattr(self, name, value)
+        if batch_size < 1 or self.max_attempts < 1:
             raise ValueError("batch_size and max_attempts must be at least 1")
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler and batch_handler")
@@ -106,9 +120,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         self.fingerprint = fingerprint
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
-        self.max_attempts = max_attempts
-        self.retry_base = retry_base
-        self.retry_cap = retry_cap
+        #: Handler timings carried from batch to batch, to size the claimed chunks.
+        self.pacing = Pacing(flush_after)
         self.consumer = Consumer(self.config)
         producer = Producer(producer_config(self.config, producer_overrides, dead_letter_timeout))
         self.dead_letters = DeadLetterProducer(producer, dead_letter_topic, dead_letter_timeout)
@@ -182,7 +195,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         log.info("deferring key=%s token=%s reason=%s %s:%s@%s for %.2fs: %s", hold.key, token,
                  decision.reason.value, msg.topic(), msg.partition(), msg.offset(), hold.delay,
                  decision.detail)
-        self._safely(self.on_deferred, msg, decision, hold.delay)
+        call_hook(self.on_deferred, msg, decision, hold.delay)
 
     def _outcomes(self, live: Sequence[Message]) -> list[Any]:
         """``DONE`` or a :class:`Hold` per message."""
@@ -218,8 +231,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         delivered = self.dead_letters.send([letter for _, letter in letters])
         for (i, letter), ok in zip(letters, delivered, strict=True):
             holds = self._state(letter.message).holds
-            outcomes[i] = DONE if ok else Hold(backoff(holds + 1, base=self.retry_base, cap=self.retry_cap),
-                                               letter)
+            outcomes[i] = DONE if ok else Hold(self.defer_delay(holds + 1), letter)
             self._after_dead_letter(letter, ok)
         return outcomes
 
@@ -231,8 +243,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
             return []
         batch = self.batch_handler
         if batch is None:
-            return decide_many(self.dedupe, items)
-        return decide_many(self.dedupe, items, run_batch=lambda chosen: batch([messages[i] for i in chosen]))
+            return decide_many(self.dedupe, items, pacing=self.pacing)
+        return decide_many(self.dedupe, items, run_batch=lambda chosen: batch([messages[i] for i in chosen]),
+                           pacing=self.pacing)
 
     def _verdict(self, msg: Message, key: str, decision: Decision,
                  letters: list[tuple[int, DeadLetter]], index: int) -> Any:
@@ -245,18 +258,17 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
         if action is Action.ACK:
             log.debug("%s key=%s token=%s offset=%s", decision.reason.value, key, token, offset)
             hook = self.on_duplicate if decision.reason is not Reason.APPLIED else self.on_applied
-            self._safely(hook, msg, decision)
+            call_hook(hook, msg, decision)
             return DONE
         attempts = state.attempts.get(offset, 0)
-        if decision.reason in _RAN:
+        if decision.reason in HANDLER_RAN:
             attempts = state.attempts[offset] = attempts + 1
         if action is Action.RETRY and attempts < self.max_attempts:
-            delay = backoff(attempts, base=self.retry_base, cap=self.retry_cap)
+            delay = self.retry_delay(attempts)
         elif action is Action.DEFER:
             if decision.reason is Reason.LEASE_LOST:
-                self._safely(self.on_lease_lost, msg, decision)
-            delay = backoff(state.holds + 1, base=self.retry_base, cap=self.retry_cap,
-                            floor=decision.retry_after)
+                call_hook(self.on_lease_lost, msg, decision)
+            delay = self.defer_delay(state.holds + 1, floor=decision.retry_after)
         else:
             letters.append((index, DeadLetter(msg, decision, key, attempts)))
             return None
@@ -270,7 +282,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks):
             self.stats["dead_lettered"] += 1
             log.warning("dead-lettered key=%s token=%s reason=%s %s: %s", letter.key, token,
                         decision.reason.value, where, decision.detail)
-            self._safely(self.on_dead_letter, msg, decision)
+            call_hook(self.on_dead_letter, msg, decision)
         else:
             log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
                       letter.key, token, where)

@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from ..engine.hooks import call_hook
 from .positions import PartitionState
 
 __all__ = ["TP", "PartitionFlow", "tp_of"]
@@ -35,7 +36,7 @@ class PartitionFlow:
 
     consumer: Consumer
     poll_timeout: float
-    retry_base: float
+    defer_base: float
     stats: Any
     _partitions: dict[TP, PartitionState]
     on_commit: Callable[[list[Any]], None]
@@ -61,7 +62,7 @@ class PartitionFlow:
             if offset > state.rewound_to:  # the seek did not take: rewind again
                 log.warning("partition %s:%s delivered offset %s after a rewind to %s; rewinding again",
                             tp[0], tp[1], offset, state.rewound_to)
-                self._rewind(tp, state, state.rewound_to, self.retry_base)
+                self._rewind(tp, state, state.rewound_to, self.defer_base)
                 return False
             state.rewound_to = None
         return True
@@ -105,7 +106,7 @@ class PartitionFlow:
             log.warning("commit of %s failed: %s", offsets, exc)
             return
         self.stats["committed"] += 1
-        self._safely(self.on_commit, offsets)
+        call_hook(self.on_commit, offsets)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -115,7 +116,7 @@ class PartitionFlow:
         except KafkaException as exc:
             log.debug("resume on assign: %s", exc)
         log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
-        self._safely(self.on_assign, partitions)
+        call_hook(self.on_assign, partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Batches run in this thread, so the last one is decided and committed already; what was
@@ -123,11 +124,4 @@ class PartitionFlow:
         for tp in partitions:
             self._partitions.pop((tp.topic, tp.partition), None)
         log.info("revoked %s", [(tp.topic, tp.partition) for tp in partitions])
-        self._safely(self.on_revoke, partitions)
-
-    @staticmethod
-    def _safely(hook: Callable[..., None], *args: Any) -> None:
-        try:
-            hook(*args)
-        except Exception:
-            log.exception("hook %s failed", getattr(hook, "__name__", hook))
+        call_hook(self.on_revoke, partitions)

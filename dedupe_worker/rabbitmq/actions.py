@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backoff import backoff
-from ..engine import Action, Decision, Reason
+from ..engine import Action, Decision, Hooks, Reason, RetryPolicy
+from ..engine.hooks import call_hook
 from ..messages.deadletter import ATTEMPTS, dead_letter_headers
 from .republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
@@ -63,44 +64,18 @@ def settled(message: Any) -> bool:
     return False
 
 
-def _token(decision: Decision) -> int:
-    return decision.claim.token if decision.claim is not None else 0
+class BrokerActions(Hooks, RetryPolicy):
+    """Maps a decision to broker actions; mixed into the consumer. The retry and deferral options
+    (``max_attempts``, ``retry_base``, ``retry_cap``, ``defer_base``, ``defer_cap``) and the hooks
+    are the ones every integration shares (:class:`~dedupe_worker.engine.RetryPolicy`,
+    :class:`~dedupe_worker.engine.Hooks`)."""
 
-
-class BrokerActions:
-    """Maps a decision to broker actions; mixed into the consumer."""
-
-    #: Handler attempts (counted in ``x-dedupe-attempts``) before a failing message is dead-lettered.
-    max_attempts: int = 5
-    #: Backoff before a failed handler is retried: ``backoff(attempt, base=..., cap=...)`` seconds.
-    retry_base: float = 1.0
-    retry_cap: float = 60.0
-    #: Backoff added to the other worker's remaining lease when a message is deferred.
-    defer_base: float = 0.5
-    defer_cap: float = 30.0
     #: Longest pause before prefetched messages are requeued while Redis is unreachable.
     outage_cap: float = 5.0
 
     should_stop: bool = False
     _publisher: Republisher | None = None
     _outages: int = 0
-
-    # -- hooks -----------------------------------------------------------------------------------
-
-    def on_applied(self, message: Any, decision: Decision) -> None:
-        """Called after a handler ran, its outcome was stored and the message was acked."""
-
-    def on_duplicate(self, message: Any, decision: Decision) -> None:
-        """Called after a duplicate (or a copy of a permanently failed key) was acked unhandled."""
-
-    def on_deferred(self, message: Any, decision: Decision, delay: float) -> None:
-        """Called after a message was deferred (delayed copy or requeue) for ``delay`` seconds."""
-
-    def on_dead_letter(self, message: Any, decision: Decision) -> None:
-        """Called after a copy of a message was confirmed in the dead-letter queue."""
-
-    def on_lease_lost(self, message: Any, decision: Decision) -> None:
-        """Called when a handler finished but its lease had been taken over (it is deferred)."""
 
     # -- actions ---------------------------------------------------------------------------------
 
@@ -112,12 +87,12 @@ class BrokerActions:
         if action is Action.ACK:
             if not acked and not settled(message):
                 message.ack()
-            log.debug("acked key=%s token=%s reason=%s", _short(item.key), _token(decision),
+            log.debug("acked key=%s token=%s reason=%s", _short(item.key), decision.token,
                       decision.reason.value)
             if decision.reason is Reason.APPLIED:
-                self.on_applied(message, decision)
+                call_hook(self.on_applied, message, decision)
             else:
-                self.on_duplicate(message, decision)
+                call_hook(self.on_duplicate, message, decision)
         elif action is Action.DEFER:
             self._defer(item, decision)
         elif action is Action.RETRY:
@@ -132,26 +107,27 @@ class BrokerActions:
 
     def _defer(self, item: Item, decision: Decision) -> None:
         deferrals = _int_header(item.message, DEFERRALS) + 1
-        delay = backoff(deferrals, base=self.defer_base, cap=self.defer_cap, floor=decision.retry_after)
+        delay = self.defer_delay(deferrals, floor=decision.retry_after)
         headers = {**item.message.headers, DEFERRALS: str(deferrals)}
         if not self._copy(item, decision, delay_queue(item.queue), headers, delay):
             return
-        log.info("deferred key=%s token=%s reason=%s for %.2fs", _short(item.key), _token(decision),
+        log.info("deferred key=%s token=%s reason=%s for %.2fs", _short(item.key), decision.token,
                  decision.reason.value, delay)
         if decision.reason is Reason.LEASE_LOST:
-            self.on_lease_lost(item.message, decision)
-        self.on_deferred(item.message, decision, delay)
+            call_hook(self.on_lease_lost, item.message, decision)
+        call_hook(self.on_deferred, item.message, decision, delay)
 
     def _retry(self, item: Item, decision: Decision) -> None:
         attempts = _int_header(item.message, ATTEMPTS) + 1
         if attempts >= self.max_attempts:
             self._dead_letter(item, decision, attempts)
             return
-        delay = backoff(attempts, base=self.retry_base, cap=self.retry_cap)
+        delay = self.retry_delay(attempts)
         headers = {**item.message.headers, ATTEMPTS: str(attempts)}
         if self._copy(item, decision, delay_queue(item.queue), headers, delay):
             log.warning("handler failed key=%s token=%s attempt %d/%d, retry in %.2fs: %s", _short(item.key),
-                        _token(decision), attempts, self.max_attempts, delay, decision.detail)
+                        decision.token, attempts, self.max_attempts, delay, decision.detail)
+            call_hook(self.on_deferred, item.message, decision, delay)
 
     def _dead_letter(self, item: Item, decision: Decision, attempts: int) -> None:
         info = item.message.delivery_info or {}
@@ -162,8 +138,8 @@ class BrokerActions:
         ))
         if self._copy(item, decision, dlq(item.queue), headers, None):
             log.error("dead-lettered key=%s token=%s reason=%s attempts=%d: %s", _short(item.key),
-                      _token(decision), decision.reason.value, attempts, decision.detail)
-            self.on_dead_letter(item.message, decision)
+                      decision.token, decision.reason.value, attempts, decision.detail)
+            call_hook(self.on_dead_letter, item.message, decision)
 
     def _copy(self, item: Item, decision: Decision, queue: str, headers: dict[str, Any],
               expiration: float | None) -> bool:
@@ -174,7 +150,7 @@ class BrokerActions:
             self._publisher.publish(item.message, queue, headers, expiration)
         except PublishFailed as exc:
             log.error("could not copy key=%s token=%s to %s, requeueing: %s", _short(item.key),
-                      _token(decision), queue, exc)
+                      decision.token, queue, exc)
             self._pause(backoff(1, base=1.0, floor=0.5))
             self._publisher.declare(item.queue)
             if not settled(item.message):
@@ -198,8 +174,8 @@ class BrokerActions:
                 item.message.requeue()
             assert item.decision is not None
             log.info("requeued key=%s token=%s reason=store_unavailable", _short(item.key),
-                     _token(item.decision))
-            self.on_deferred(item.message, item.decision, delay)
+                     item.decision.token)
+            call_hook(self.on_deferred, item.message, item.decision, delay)
 
     def _pause(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -1,9 +1,9 @@
 """The deduplicating kombu consumer: claim, run, then ack, defer, retry or dead-letter.
 
 Per message the consumer derives the key as ``key_strategy(from_kombu(message, queue))`` and the
-fingerprint as ``fingerprint(envelope)``, asks :func:`~dedupe_worker.handling.decide` (or
-:func:`~dedupe_worker.handling.decide_many` for the messages prefetched together, one Redis round
-trip for the batch) and maps the verdict to broker actions:
+fingerprint as ``fingerprint(envelope)``, asks the engine (:func:`~dedupe_worker.engine.decide_many`
+for the messages prefetched together, :func:`~dedupe_worker.engine.decide` with ``batch=False``)
+and maps the verdict to broker actions:
 
 =====================  =========================================================================
 verdict                broker action
@@ -23,9 +23,13 @@ undecodable, ...       dead_letter_headers`, confirm, ack.
 =====================  =========================================================================
 
 Crash story: nothing is acked before its outcome is stored in Redis or its copy confirmed, so a
-consumer killed at any point leaves its un-acked messages to the broker, which redelivers them;
-a claim left behind by the dead consumer answers IN_PROGRESS until its lease runs out, then the
-message is claimed and handled again (the handler's half-done side effects are not undone).
+consumer killed at any point leaves its un-acked messages to the broker, which redelivers them.
+Inside a prefetched batch each handler's outcome is stored as soon as it returns (fast handlers
+are grouped while their total run time stays under ``flush_after``), and a message is claimed only
+when its handler is about to run, so the redeliveries of finished messages answer DUPLICATE. What
+can run again: the handler that was running when the consumer died, and the finished handlers of
+the last ``flush_after``; their claims answer IN_PROGRESS until their leases run out, then they are
+handled again (the handler's half-done side effects are not undone).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..deduplicator import Deduplicator
-from ..engine import Action, Reason, decide, decide_many, poison
+from ..engine import FLUSH_AFTER, Action, Pacing, Reason, decide, decide_many, poison
 from ..errors import UndecodableMessage
 from ..extras import require
 from ..messages.envelope import Envelope, from_kombu
@@ -54,8 +58,8 @@ __all__ = ["DedupeConsumer", "Handler"]
 log = logging.getLogger(__name__)
 
 #: Keyword options of :class:`DedupeConsumer` (class attributes, so a subclass may set them too).
-OPTIONS = ("prefetch_count", "batch", "accept", "max_attempts", "retry_base", "retry_cap", "defer_base",
-           "defer_cap", "outage_cap")
+OPTIONS = ("prefetch_count", "batch", "accept", "flush_after", "max_attempts", "retry_base", "retry_cap",
+           "defer_base", "defer_cap", "outage_cap")
 
 #: ``handler(body, message)``: the decoded body and the kombu message, as kombu callbacks get them.
 Handler = Callable[[Any, Any], Any]
@@ -67,8 +71,11 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     Guaranteed: a message is acked only after its outcome is stored, a copy of it is confirmed
     in ``<queue>.delay`` or ``<queue>.dlq``, or it is known to be a duplicate; a bad message
     never stops the loop and is never dropped. While a key's outcome lives in Redis its handler
-    completes at most once. Not guaranteed: a handler interrupted by a crash, or whose outcome
-    could not be stored (Redis died right after it ran), may run again on redelivery.
+    completes at most once. Each outcome is stored before the next handler starts, except that
+    handlers finishing within ``flush_after`` of each other share one round trip. Not
+    guaranteed: a handler interrupted by a crash, the finished handlers of the last
+    ``flush_after`` before a crash, and a handler whose outcome could not be stored (Redis died
+    right after it ran) may run again on redelivery.
 
     Reconnects to RabbitMQ by itself (kombu's ``ConsumerMixin``); un-acked messages are redelivered
     by the broker. Call :meth:`stop` (e.g. from a SIGTERM handler) to finish the message in hand
@@ -81,6 +88,9 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     batch: bool = True
     #: Content types (or kombu serializer names) the body may be decoded from; others are poison.
     accept: Sequence[str] = ("json", "text/plain", "application/octet-stream")
+    #: Seconds of handler time whose finished outcomes may wait to be stored together (see the
+    #: module doc); also the target run time of each claimed chunk.
+    flush_after: float = FLUSH_AFTER
 
     def __init__(
         self,
@@ -110,6 +120,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         self._pending: list[tuple[str, Any, BaseException | None]] = []
         self._publisher: Republisher | None = None
         self._outages = 0
+        #: Handler timings carried from batch to batch, to size the claimed chunks.
+        self.pacing = Pacing(self.flush_after)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -176,8 +188,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         items = [self._prepare(queue, message, error) for queue, message, error in batch]
         todo = [item for item in items if item.decision is None]
         if len(todo) > 1 and self.batch:
-            decisions = decide_many(self.dedupe,
-                                    [(i.key or "", i.fingerprint, i.call or _noop) for i in todo])
+            decisions = decide_many(self.dedupe, [(i.key or "", i.fingerprint, i.call or _noop) for i in todo],
+                                    pacing=self.pacing)
         else:
             decisions = [decide(self.dedupe, i.key or "", i.call or _noop, fingerprint=i.fingerprint)
                          for i in todo]

@@ -64,16 +64,18 @@ class PublishFailed(DedupeError):
 
 class Republisher:
     """Publishes copies on one channel of its own (kombu's py-amqp transport), confirm mode on.
+    Used by the consumer (delay and dead-letter copies) and by the replay (copies back to work).
 
     Connection errors propagate (the consumer reconnects and the broker redelivers the original);
     a nack or a return raises :class:`PublishFailed`.
     """
 
-    def __init__(self, channel: Any, userid: str | None = None) -> None:
+    def __init__(self, channel: Any, userid: str | None = None, confirm_timeout: float | None = None) -> None:
         if not hasattr(channel, "basic_publish_confirm"):
-            raise TypeError("the RabbitMQ consumer needs kombu's py-amqp transport (an amqp:// URL)")
+            raise TypeError("dedupe-worker needs kombu's py-amqp transport (an amqp:// URL) for RabbitMQ")
         self.channel = channel
         self.userid = userid
+        self.confirm_timeout = confirm_timeout
         self._returned: list[str] = []
         channel.events["basic_return"].add(self._on_return)
 
@@ -88,10 +90,11 @@ class Republisher:
             arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": queue},
         )
 
-    def publish(self, message: Any, queue: str, headers: Mapping[str, Any],
-                expiration: float | None = None) -> None:
-        """Publish a copy of kombu ``message`` to ``queue`` with ``headers`` (which replace the
-        original ones: pass them merged) and wait for the broker's confirm."""
+    def publish(self, message: Any, routing_key: str, headers: Mapping[str, Any],
+                expiration: float | None = None, *, exchange: str = "") -> None:
+        """Publish a copy of kombu ``message`` to ``exchange`` (default: the default exchange, so
+        ``routing_key`` is a queue name) with ``headers`` (which replace the original ones: pass
+        them merged) and wait for the broker's confirm."""
         properties = dict(getattr(message, "properties", None) or {})
         separate = {name: properties.pop(name, None) for name in _SEPARATE}
         if properties.get("user_id") not in (None, self.userid):
@@ -106,8 +109,9 @@ class Republisher:
         )
         self._returned.clear()
         try:
-            self.channel.basic_publish_confirm(copy, exchange="", routing_key=queue, mandatory=True)
+            self.channel.basic_publish_confirm(copy, exchange=exchange, routing_key=routing_key, mandatory=True,
+                                               confirm_timeout=self.confirm_timeout)
         except MessageNacked as exc:
-            raise PublishFailed(f"broker nacked the copy for {queue!r}") from exc
+            raise PublishFailed(f"broker nacked the copy for {routing_key!r}") from exc
         if self._returned:
             raise PublishFailed(f"broker returned the copy as unroutable ({'; '.join(self._returned)})")

@@ -9,7 +9,7 @@ their client libraries only when run. See ``docs/replay.md``.
 from __future__ import annotations
 
 from .kafka import replay_kafka
-from .plan import REPLAYED, Entry, Pacer, Planner, Step, replay_headers
+from .plan import REPLAYED, Entry, Found, Pacer, Planner, Step, replay_headers
 from .rabbitmq import Destination, replay_rabbitmq
 from .summary import Progress, ReplayOptions, Summary, format_table
 
@@ -17,6 +17,7 @@ __all__ = [
     "REPLAYED",
     "Destination",
     "Entry",
+    "Found",
     "Pacer",
     "Planner",
     "Progress",

@@ -187,7 +187,7 @@ class _KafkaReplay:
     def _start(self, item: _Pending) -> bool:
         """Produce what ``item``'s step needs; ``False`` when it failed before producing."""
         record, entry = item.record, item.entry
-        if entry.failed:
+        if entry.unavailable:
             item.ok, item.error = False, entry.note
             return False
         if entry.step is Step.DROP:

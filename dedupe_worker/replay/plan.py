@@ -37,12 +37,27 @@ from ..errors import InvalidKey, StoreUnavailable, UndecodableMessage
 from ..messages.deadletter import ATTEMPTS, KEY, REPLAYED
 from ..messages.envelope import Envelope
 from ..messages.keys import KeyStrategy
+from ..protocol.claim import State, Stored
 
-__all__ = ["REPLAYED", "Entry", "Pacer", "Planner", "Step", "replay_headers"]
+__all__ = ["REPLAYED", "Entry", "Found", "Pacer", "Planner", "Step", "replay_headers"]
 
 log = logging.getLogger(__name__)
 
 #: Header added to a republished message: how many times it has been replayed.
+
+
+class Found(str, enum.Enum):
+    """What the planner found for a message (``Entry.state``); the values are what the plan
+    table and ``--json`` show."""
+
+    APPLIED = "applied"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FREE = "free"
+    NO_KEY = "no_key"
+    KEY_MISMATCH = "key_mismatch"
+    FILTERED = "filtered"
+    UNAVAILABLE = "unavailable"
 
 
 class Step(str, enum.Enum):
@@ -60,16 +75,22 @@ class Entry:
     fencing token Redis reported for the key (the last one issued; 0 when never claimed)."""
 
     key: str | None
-    state: str
+    state: Found
     step: Step
     reason: str = ""
     note: str = ""
     token: int = 0
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", Found(self.state))  # also accepts the value as text
+
     @property
-    def failed(self) -> bool:
-        """True when the message is left only because something went wrong (Redis down)."""
-        return self.state == "unavailable"
+    def unavailable(self) -> bool:
+        """True when the message is left only because Redis could not be asked."""
+        return self.state is Found.UNAVAILABLE
+
+    #: The name of :attr:`unavailable` in earlier releases.
+    failed = unavailable
 
 
 class Planner:
@@ -94,29 +115,29 @@ class Planner:
         except (InvalidKey, UndecodableMessage) as exc:
             key, problem = None, f"{type(exc).__name__}: {exc}"
         if self.reasons is not None and reason not in self.reasons:
-            return Entry(key, "filtered", Step.LEAVE, reason, "reason not selected by --filter")
+            return Entry(key, Found.FILTERED, Step.LEAVE, reason, "reason not selected by --filter")
         if key is None:
-            return Entry(None, "no_key", Step.LEAVE, reason, problem)
+            return Entry(None, Found.NO_KEY, Step.LEAVE, reason, problem)
         recorded = envelope.header(KEY)
         if recorded is not None and recorded != key:
             log.warning("replay key=%s differs from recorded %s=%s: check the key options",
                         key, KEY, recorded)
-            return Entry(key, "key_mismatch", Step.LEAVE, reason, f"consumer recorded key {recorded!r}")
+            return Entry(key, Found.KEY_MISMATCH, Step.LEAVE, reason, f"consumer recorded key {recorded!r}")
         try:
             state = self.dedupe.status(key)
         except InvalidKey as exc:
-            return Entry(key, "no_key", Step.LEAVE, reason, str(exc))
+            return Entry(key, Found.NO_KEY, Step.LEAVE, reason, str(exc))
         except StoreUnavailable as exc:
             log.error("replay key=%s left in place, Redis unavailable: %s", key, exc)
-            return Entry(key, "unavailable", Step.LEAVE, reason, str(exc))
-        if state.state == "done":
-            if state.status == "f":
-                return Entry(key, "failed", Step.LEAVE, reason, "permanent failure stored", state.token)
-            return Entry(key, "applied", Step.DROP, reason, "outcome stored", state.token)
-        if state.state == "in_progress":
-            return Entry(key, "in_progress", Step.LEAVE, reason,
+            return Entry(key, Found.UNAVAILABLE, Step.LEAVE, reason, str(exc))
+        if state.state is State.DONE:
+            if state.status is Stored.FAILED:
+                return Entry(key, Found.FAILED, Step.LEAVE, reason, "permanent failure stored", state.token)
+            return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome stored", state.token)
+        if state.state is State.IN_PROGRESS:
+            return Entry(key, Found.IN_PROGRESS, Step.LEAVE, reason,
                          f"lease held for {state.remaining_ms} ms more", state.token)
-        return Entry(key, "free", Step.REPLAY, reason, "", state.token)
+        return Entry(key, Found.FREE, Step.REPLAY, reason, "", state.token)
 
 
 def replay_headers(headers: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -24,13 +24,16 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..extras import require
 from ..messages.deadletter import ORIGINAL_QUEUE, REASON
 from ..messages.envelope import from_kombu
 from .plan import Pacer, Planner, Step, replay_headers
 from .summary import ReplayOptions, Summary
+
+if TYPE_CHECKING:
+    from ..rabbitmq.republish import Republisher
 
 __all__ = ["Destination", "original_destination", "replay_rabbitmq"]
 
@@ -81,36 +84,6 @@ def dead_letter_reason(headers: Mapping[str, Any]) -> str:
     return _text(reason)
 
 
-class _Publisher:
-    """Publishes under confirms with ``mandatory``, remembering what the broker returned."""
-
-    def __init__(self, channel: Any, confirm_timeout: float) -> None:
-        self.channel = channel
-        self.confirm_timeout = confirm_timeout
-        self.returned: list[str] = []
-        channel.events["basic_return"].add(self._on_return)
-
-    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
-        self.returned.append(f"returned by the broker: {exc} (exchange={exchange!r} "
-                             f"routing_key={routing_key!r})")
-
-    def publish(self, raw: Any, destination: Destination) -> str | None:
-        """Publish a copy of ``raw``; ``None`` once confirmed, else why it failed."""
-        amqp = require("amqp", "rabbitmq")
-        properties = dict(raw.properties)
-        headers = dict(replay_headers((properties.get("application_headers") or {}).items()))
-        properties["application_headers"] = headers
-        self.returned.clear()
-        try:
-            self.channel.basic_publish_confirm(
-                amqp.Message(raw.body, **properties), exchange=destination.exchange,
-                routing_key=destination.routing_key, mandatory=True, confirm_timeout=self.confirm_timeout,
-            )
-        except amqp.exceptions.MessageNacked:
-            return "nacked by the broker"
-        return self.returned[0] if self.returned else None
-
-
 def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                     destination: Destination | None = None, options: ReplayOptions | None = None,
                     confirm_timeout: float = 30.0) -> Summary:
@@ -120,6 +93,9 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
     :class:`LookupError` when ``queue`` does not exist. Connection and channel errors propagate;
     whatever was not acked by then stays in the queue.
     """
+    require("kombu", "rabbitmq")
+    from ..rabbitmq.republish import Republisher
+
     options = options or ReplayOptions()
     summary = Summary.start(options)
     pacer = Pacer(options.rate)
@@ -130,7 +106,8 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
         total = ready if options.limit is None else min(ready, options.limit)
         if options.on_start is not None:
             options.on_start(total)
-        publisher = None if options.dry_run else _Publisher(channel, confirm_timeout)
+        publisher = None if options.dry_run else Republisher(channel, getattr(connection, "userid", None),
+                                                             confirm_timeout)
         while summary.examined < total:
             raw = channel.basic_get(queue=queue, no_ack=False)
             if raw is None:
@@ -157,7 +134,7 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
             else:
                 assert target is not None
                 pacer.wait()
-                problem = publisher.publish(raw, target)
+                problem = _republish(publisher, message, target)
                 if problem:
                     held.append(tag)
                     log.error("replay key=%s token=%s failed, left in %s: %s", entry.key, entry.token, queue,
@@ -170,6 +147,18 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
     finally:
         _give_back(channel, held)
     return summary
+
+
+def _republish(publisher: Republisher, message: Any, target: Destination) -> str | None:
+    """Publish a copy of ``message`` back to work; ``None`` once confirmed, else why it failed."""
+    from ..rabbitmq.republish import PublishFailed
+
+    headers = dict(replay_headers((message.headers or {}).items()))
+    try:
+        publisher.publish(message, target.routing_key, headers, exchange=target.exchange)
+    except PublishFailed as exc:
+        return str(exc)
+    return None
 
 
 def _ready_messages(channel: Any, queue: str) -> int:

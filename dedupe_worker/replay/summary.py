@@ -55,7 +55,7 @@ class Summary:
     def record(self, entry: Entry, ok: bool = True) -> str:
         """Count ``entry``; ``ok`` is False when its step could not be carried out. Returns the
         name of the counter that was increased."""
-        if not ok or entry.failed:
+        if not ok or entry.unavailable:
             tally = "failed"
         elif entry.step is Step.REPLAY:
             tally = "replayed"
@@ -80,7 +80,7 @@ class Summary:
         data: dict[str, Any] = {"dry_run": self.dry_run, **self.counts()}
         if self.keep_entries:
             data["plan"] = [
-                {"key": e.key, "state": e.state, "action": e.step.value, "reason": e.reason, "note": e.note,
+                {"key": e.key, "state": e.state.value, "action": e.step.value, "reason": e.reason, "note": e.note,
                  "token": e.token}
                 for e in self.entries
             ]
@@ -96,7 +96,7 @@ class Summary:
 def format_table(entries: list[Entry]) -> str:
     """A plain text table: key, state, action, dead-letter reason, note."""
     rows = [("KEY", "STATE", "ACTION", "REASON", "NOTE")]
-    rows += [(e.key if e.key is not None else "-", e.state, e.step.value, e.reason or "-", e.note)
+    rows += [(e.key if e.key is not None else "-", e.state.value, e.step.value, e.reason or "-", e.note)
              for e in entries]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join(

@@ -1,0 +1,201 @@
+"""The batch engine on real Redis: when claims are taken, when outcomes are stored, how many round
+trips that costs (counted on the connection), and what an interruption leaves behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from dedupe_worker import Deduplicator, Reason, State, current_claim, decide_many
+from dedupe_worker.engine import Pacing
+from dedupe_worker.protocol.scripts import ScriptRunner
+
+
+class CountingConnection(redis.Connection):
+    """Records every request sent to Redis: one ``send_packed_command`` is one round trip (a
+    pipeline sends all its commands at once)."""
+
+    sent: list[bytes] = []
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        parts = command if isinstance(command, list) else [command]
+        type(self).sent.append(b"".join(bytes(p) for p in parts))
+        super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+def counted(redis_url: str, namespace: str) -> Iterator[tuple[Deduplicator, list[bytes]]]:
+    kwargs = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
+    pool = redis.ConnectionPool(connection_class=CountingConnection, **kwargs)
+    dedupe = Deduplicator(redis.Redis(connection_pool=pool), namespace=namespace, lease=5.0,
+                          result_ttl=60.0, renew_interval=3600)
+    dedupe.begin("warm-up")  # load the scripts and open the connection outside the count
+    CountingConnection.sent = []
+    yield dedupe, CountingConnection.sent
+    dedupe.close()
+    pool.disconnect()
+
+
+def scripts_in(request: bytes) -> set[str]:
+    """Which protocol scripts one round trip ran."""
+    shas = ScriptRunner(redis.Redis()).sha
+    return {name for name, sha in shas.items() if sha.encode() in request}
+
+
+def test_fast_handlers_store_and_claim_the_next_chunk_in_one_round_trip(
+        counted: tuple[Deduplicator, list[bytes]]) -> None:
+    dedupe, sent = counted
+    pacing = Pacing(flush_after=0.005)
+
+    def work(i: int) -> int:
+        time.sleep(0.0008)  # about six handlers per 5 ms chunk
+        return i
+
+    items = [(f"fast-{i}", None, (lambda i=i: work(i))) for i in range(60)]
+    decisions = decide_many(dedupe, items, pacing=pacing)
+
+    assert [d.reason for d in decisions] == [Reason.APPLIED] * 60
+    assert [d.value for d in decisions] == list(range(60))
+    kinds = [scripts_in(request) for request in sent]
+    # the first round trip claims the first chunk, the last stores the last group, and every one in
+    # between stores the group that finished and claims the next chunk, together
+    assert kinds[0] == {"claim"} and kinds[-1] == {"complete"}
+    assert all(k == {"complete", "claim"} for k in kinds[1:-1]), kinds
+    assert 3 <= len(sent) <= 30, f"{len(sent)} round trips for 60 fast handlers"
+
+
+def test_no_op_handlers_cost_two_round_trips_per_batch_once_their_timing_is_known(
+        counted: tuple[Deduplicator, list[bytes]]) -> None:
+    dedupe, sent = counted
+    pacing = Pacing()
+    first = decide_many(dedupe, [(f"n1-{i}", None, (lambda: None)) for i in range(100)], pacing=pacing)
+    assert all(d.reason is Reason.APPLIED for d in first)
+    # nothing known yet: one message, then (timed) the whole rest with its outcome
+    assert [scripts_in(r) for r in sent] == [{"claim"}, {"complete", "claim"}, {"complete"}]
+    sent.clear()
+    second = decide_many(dedupe, [(f"n2-{i}", None, (lambda: None)) for i in range(100)], pacing=pacing)
+    assert all(d.reason is Reason.APPLIED for d in second)
+    assert [scripts_in(r) for r in sent] == [{"claim"}, {"complete"}]
+
+
+def test_slow_handlers_claim_one_message_at_a_time_and_store_before_the_next_starts(
+        dedupe: Deduplicator) -> None:
+    keys = [f"slow-{i}" for i in range(5)]
+    seen: list[tuple[str, list[State]]] = []
+
+    def work(i: int) -> str:
+        seen.append((keys[i], [dedupe.status(k).state for k in keys]))
+        time.sleep(0.02)  # four times flush_after
+        return keys[i]
+
+    decisions = decide_many(dedupe, [(k, None, (lambda i=i: work(i))) for i, k in enumerate(keys)],
+                            flush_after=0.005)
+
+    assert [d.reason for d in decisions] == [Reason.APPLIED] * 5
+    for i, (_, states) in enumerate(seen):
+        # every earlier outcome is stored, only this key is claimed, no later key is touched
+        assert states[:i] == [State.DONE] * i
+        assert states[i] is State.IN_PROGRESS
+        assert states[i + 1:] == [State.FREE] * (4 - i)
+
+
+def test_finished_work_waits_to_be_stored_only_while_it_stays_under_flush_after(dedupe: Deduplicator) -> None:
+    flush_after = 0.01
+    took: dict[int, float] = {}
+    unstored_at_start: list[float] = []
+
+    def work(i: int) -> int:
+        began = time.perf_counter()
+        waiting = [j for j in took if dedupe.status(f"g-{j}").state is not State.DONE]
+        unstored_at_start.append(sum(took[j] for j in waiting))
+        time.sleep(0.001 + (i % 4) * 0.002)  # 1-7 ms, so groups close at different sizes
+        took[i] = time.perf_counter() - began
+        return i
+
+    decisions = decide_many(dedupe, [(f"g-{i}", None, (lambda i=i: work(i))) for i in range(40)],
+                            pacing=Pacing(flush_after))
+    assert all(d.reason is Reason.APPLIED for d in decisions)
+    assert max(unstored_at_start) < flush_after, unstored_at_start
+    assert any(u > 0 for u in unstored_at_start), "outcomes were never grouped"
+
+
+def test_a_copy_in_the_batch_answers_from_the_stored_outcome(dedupe: Deduplicator) -> None:
+    runs: list[str] = []
+
+    def work(key: str) -> str:
+        runs.append(key)
+        return key.upper()
+
+    items = [(k, None, (lambda k=k: work(k))) for k in ("a", "b", "a", "c", "b", "a")]
+    decisions = decide_many(dedupe, items)
+
+    assert runs == ["a", "b", "c"]
+    assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.APPLIED, Reason.DUPLICATE, Reason.APPLIED,
+                                             Reason.DUPLICATE, Reason.DUPLICATE]
+    assert [d.value for d in decisions] == ["A", "B", "A", "C", "B", "A"]
+    assert decisions[2].token == decisions[0].token  # the stored outcome's token
+
+
+def test_a_copy_of_a_failing_key_is_deferred_not_run_twice(dedupe: Deduplicator) -> None:
+    runs: list[str] = []
+
+    def fail(key: str) -> None:
+        runs.append(key)
+        raise ConnectionError("down")
+
+    decisions = decide_many(dedupe, [("f", None, (lambda: fail("f"))), ("f", None, (lambda: fail("f")))])
+    assert runs == ["f"]
+    assert [d.reason for d in decisions] == [Reason.HANDLER_ERROR, Reason.IN_PROGRESS]
+    assert dedupe.status("f").state is State.FREE  # released for the retry
+
+
+def test_an_interrupt_stores_what_finished_and_frees_what_did_not(dedupe: Deduplicator) -> None:
+    def work(i: int) -> int:
+        if i == 3:
+            raise KeyboardInterrupt
+        return i
+
+    items = [(f"int-{i}", None, (lambda i=i: work(i))) for i in range(6)]
+    with pytest.raises(KeyboardInterrupt):
+        decide_many(dedupe, items, pacing=Pacing(flush_after=1.0))  # everything in one group
+    states = [dedupe.status(f"int-{i}").state for i in range(6)]
+    assert states[:3] == [State.DONE] * 3
+    assert states[3:] == [State.FREE] * 3
+
+
+def test_the_fencing_token_is_current_in_each_handler(dedupe: Deduplicator) -> None:
+    tokens: list[int] = []
+
+    def work() -> None:
+        claim = current_claim()
+        assert claim is not None
+        tokens.append(claim.token)
+
+    decisions = decide_many(dedupe, [(f"tok-{i}", None, work) for i in range(4)])
+    assert tokens == [d.token for d in decisions] and all(t >= 1 for t in tokens)
+
+
+def test_redis_down_mid_batch_defers_the_rest_and_runs_nothing_more(private_redis: Any) -> None:
+    client = redis.Redis.from_url(private_redis.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    dedupe = Deduplicator(client, namespace="outage", lease=2.0, result_ttl=60.0)
+    runs: list[int] = []
+
+    def work(i: int) -> int:
+        runs.append(i)
+        if i == 1:
+            private_redis.stop()
+        time.sleep(0.01)
+        return i
+
+    try:
+        decisions = decide_many(dedupe, [(f"o-{i}", None, (lambda i=i: work(i))) for i in range(5)],
+                                flush_after=0.001)
+    finally:
+        dedupe.close()
+    assert runs == [0, 1]
+    assert decisions[0].reason is Reason.APPLIED  # stored before Redis went away
+    assert [d.reason for d in decisions[1:]] == [Reason.STORE_UNAVAILABLE] * 4
