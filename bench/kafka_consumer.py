@@ -31,8 +31,7 @@ from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.ratios import print_ratios
-from dedupe_worker import Deduplicator
-from dedupe_worker.handling import Decision, Reason
+from dedupe_worker import Decision, Deduplicator, Reason
 from dedupe_worker.kafka import DedupeKafkaConsumer
 
 PARTITIONS = 4

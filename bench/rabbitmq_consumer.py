@@ -27,8 +27,7 @@ from kombu import Connection, Queue
 from kombu.mixins import ConsumerMixin
 
 from bench.ratios import print_ratios
-from dedupe_worker import Deduplicator
-from dedupe_worker.handling import Decision, Reason
+from dedupe_worker import Decision, Deduplicator, Reason
 from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
 
 BODY = b'{"order": 1, "amount": 100}'

@@ -199,3 +199,24 @@ def test_redis_down_mid_batch_defers_the_rest_and_runs_nothing_more(private_redi
     assert runs == [0, 1]
     assert decisions[0].reason is Reason.APPLIED  # stored before Redis went away
     assert [d.reason for d in decisions[1:]] == [Reason.STORE_UNAVAILABLE] * 4
+
+
+def test_redis_down_in_the_middle_of_a_claimed_chunk_runs_no_more_of_it(private_redis: Any) -> None:
+    client = redis.Redis.from_url(private_redis.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    dedupe = Deduplicator(client, namespace="outage", lease=2.0, result_ttl=60.0)
+    pacing = Pacing(flush_after=0.001)
+    pacing.mean = 0.0001  # as if handlers were fast: the whole batch is claimed as one chunk
+    runs: list[int] = []
+
+    def work(i: int) -> int:
+        runs.append(i)
+        private_redis.stop()
+        time.sleep(0.002)  # past flush_after: the outcome must be stored before the next starts
+        return i
+
+    try:
+        decisions = decide_many(dedupe, [(f"m-{i}", None, (lambda i=i: work(i))) for i in range(5)], pacing=pacing)
+    finally:
+        dedupe.close()
+    assert runs == [0]
+    assert [d.reason for d in decisions] == [Reason.STORE_UNAVAILABLE] * 5

@@ -108,6 +108,7 @@ class _Batch:
         self.ready: list[int] = []  # copies whose first copy is decided: claim them next
         self.done: list[_Done] = []  # finished, outcome not stored yet
         self.done_seconds = 0.0  # handler time of ``done``
+        self.outage: StoreUnavailable | None = None  # set once a round trip failed
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -126,6 +127,9 @@ class _Batch:
                 self.queue.append(i)
         self.queue.reverse()  # popped from the end
         while self.queue or self.ready or self.done:
+            if self.outage is not None:  # a store failed mid-chunk: claim nothing more
+                self.unavailable([*self.ready, *reversed(self.queue)])
+                break
             size = len(self.queue) if self.run_batch is not None else self.pacing.chunk(len(self.queue))
             chunk = [self.queue.pop() for _ in range(size)] + self.ready
             self.ready = []
@@ -160,7 +164,13 @@ class _Batch:
             for n, (i, claim) in enumerate(acquired):
                 self.call_one(i, claim)
                 if self.done_seconds >= self.pacing.flush_after and n + 1 < len(acquired):
-                    self.flush([])
+                    if self.flush([]) is None:  # Redis failed: fail closed, run nothing more
+                        rest = acquired[n + 1:]
+                        self.untrack([], [claim for _, claim in rest])
+                        for j, held in rest:
+                            self.decided(j, Decision(Reason.STORE_UNAVAILABLE, held, error=self.outage,
+                                                     retry_after=self.dedupe.lease))
+                        return
         except BaseException:
             # KeyboardInterrupt, SystemExit: store what finished, free what did not
             finished = {d.index for d in self.done}
@@ -258,7 +268,8 @@ class _Batch:
                 self.decisions[copy] = in_progress(self.requests[copy].key, decision.retry_after)
 
     def unavailable(self, unclaimed: list[int]) -> None:
-        """Redis failed while claiming ``unclaimed``: defer them (or, ``fail_open``, run them)."""
+        """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
+        assert self.outage is not None
         for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage,
                                                       [self.items[i][2] for i in unclaimed]), strict=True):
             self.decided(i, decision)
@@ -266,8 +277,6 @@ class _Batch:
             for copy in waiting:
                 self.decisions.setdefault(copy, Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0))
         self.copies.clear()
-
-    outage: StoreUnavailable
 
 
 def decide_many(
