@@ -100,3 +100,40 @@ def test_claim_errors_rebuild_from_their_args() -> None:
         assert str(rebuilt) == str(exc) and rebuilt.key == "k"
         assert str(pickle.loads(pickle.dumps(exc))) == str(exc)
     assert "retry in 1.500s" in str(InProgress("k", 1.5))
+
+
+@pytest.mark.parametrize(("module", "missing", "extra"), [
+    ("dedupe_worker.rabbitmq", "kombu", "rabbitmq"),
+    ("dedupe_worker.rabbitmq", "amqp", "rabbitmq"),
+    ("dedupe_worker.kafka", "confluent_kafka", "kafka"),
+    ("dedupe_worker.celery", "celery", "celery"),
+])
+def test_an_integration_without_its_extra_names_the_extra_to_install(module: str, missing: str, extra: str) -> None:
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.modules[{missing!r}] = None\n"
+            f"try:\n    import {module}\nexcept ImportError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert f"pip install 'dedupe-worker[{extra}]'" in out, out
+
+
+def test_the_layers_import_only_downwards() -> None:
+    """protocol < messages < engine, each importing only its own layer, the ones below, and the
+    leaf modules at the top (errors, settings, backoff, extras): so no import cycle runs through them."""
+    import ast
+    from pathlib import Path
+
+    root = Path(dedupe_worker.__file__).parent
+    rank = {"protocol": 1, "messages": 2, "engine": 3}
+    leaves = {"errors", "settings", "backoff", "extras"}
+    for layer, own in rank.items():
+        for path in (root / layer).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.level):
+                    continue
+                base = path.parent.relative_to(root).parts[: len(path.parent.relative_to(root).parts)
+                                                           - (node.level - 1)]
+                first = [*base, *(node.module or "").split(".")][0]
+                assert first in leaves or rank.get(first, 99) <= own, \
+                    f"{layer}/{path.name} imports {'.' * node.level}{node.module}, above its layer"
