@@ -3,13 +3,14 @@ its work is done.
 
 How a batch goes. Keys are checked, and a key repeated inside the batch is set aside behind its
 first copy. Then, over and over, one round trip stores the outcomes of the handlers that ran since
-the last one, releases the claims of those that failed, and claims the next *chunk*; the chunk's
-handlers run one after the other, their leases renewed meanwhile. The chunk is sized from the
-handler times seen so far so that it should take about ``flush_after`` (default 5 ms): one
-message at a time for slow handlers, the whole batch for fast ones (:class:`Pacing`). A handler's
-outcome waits for the next round trip only while the handlers that finished since the last one
-took less than ``flush_after`` together; once they reach it, the outcomes are stored before the
-next handler starts.
+the last one, releases the claims of those that failed (and of any given back), and claims the
+next *chunk*; the chunk's handlers run one after the other, their leases renewed meanwhile. The
+chunk is sized from what was seen so far (how long handlers take, how many claims start one) so
+that its handlers should take about ``flush_after`` (default 5 ms): one message at a time for slow
+handlers, the whole batch for fast ones or for duplicates (:class:`Pacing`). Once the handlers
+that finished since the last round trip reach ``flush_after`` together, the chunk stops: the
+claims it has not started are given back, and the next round trip stores those outcomes before
+any other handler starts.
 
 Crash story: a crash can lose the stored outcome of at most the handlers that finished within the
 last ``flush_after`` (their total run time), plus the handler that was running; on redelivery
@@ -58,10 +59,12 @@ _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAIL
 
 
 class Pacing:
-    """Remembers how long handlers take and sizes the next chunk to about ``flush_after``.
+    """Remembers how long handlers take, and how many claims start one, to size the next chunk
+    so that its handlers should take about ``flush_after``.
 
-    A consumer keeps one across batches, so a steady stream of fast handlers claims each whole
-    batch in one round trip. With nothing seen yet, a chunk is one message.
+    A consumer keeps one across batches, so a steady stream of fast handlers (or of duplicates,
+    which run no handler) claims each whole batch in one round trip. With nothing seen yet a
+    chunk is one message, and it doubles while its claims run no handler.
     """
 
     def __init__(self, flush_after: float = FLUSH_AFTER) -> None:
@@ -70,17 +73,26 @@ class Pacing:
         self.flush_after = flush_after
         #: Moving average of one handler's run time, in seconds (``None``: none seen yet).
         self.mean: float | None = None
+        #: Moving average of the share of claims that were ACQUIRED (and so ran a handler).
+        self.acquired = 1.0
 
     def observe(self, seconds: float) -> None:
+        """One handler ran for ``seconds``."""
         self.mean = seconds if self.mean is None else (self.mean + seconds) / 2
 
+    def claimed(self, claims: int, acquired: int) -> None:
+        """``claims`` were made, of which ``acquired`` will run a handler."""
+        if claims:
+            self.acquired = (self.acquired + acquired / claims) / 2
+
     def chunk(self, remaining: int) -> int:
-        """How many of ``remaining`` messages to claim next (at least one)."""
-        if self.mean is None or remaining <= 1:
-            return remaining if remaining <= 1 else 1
-        if self.mean <= 0:
+        """How many of ``remaining`` messages to claim next (at least one, when any remain)."""
+        if remaining <= 1:
             return remaining
-        return max(1, min(remaining, int(self.flush_after / self.mean)))
+        per_message = (self.mean if self.mean is not None else self.flush_after) * self.acquired
+        if per_message <= 0:
+            return remaining
+        return max(1, min(remaining, int(self.flush_after / per_message)))
 
 
 @dataclass
@@ -108,6 +120,7 @@ class _Batch:
         self.ready: list[int] = []  # copies whose first copy is decided: claim them next
         self.done: list[_Done] = []  # finished, outcome not stored yet
         self.done_seconds = 0.0  # handler time of ``done``
+        self.releases: list[Claim] = []  # claims given back before their handler started
         self.outage: StoreUnavailable | None = None  # set once a round trip failed
 
     # -- the loop -------------------------------------------------------------------------------
@@ -127,9 +140,6 @@ class _Batch:
                 self.queue.append(i)
         self.queue.reverse()  # popped from the end
         while self.queue or self.ready or self.done:
-            if self.outage is not None:  # a store failed mid-chunk: claim nothing more
-                self.unavailable([*self.ready, *reversed(self.queue)])
-                break
             size = len(self.queue) if self.run_batch is not None else self.pacing.chunk(len(self.queue))
             chunk = [self.queue.pop() for _ in range(size)] + self.ready
             self.ready = []
@@ -144,6 +154,7 @@ class _Batch:
                     acquired.append((i, claim))
                 else:
                     self.decided(i, decision)
+            self.pacing.claimed(len(claims), len(acquired))
             if acquired:
                 self.run(acquired)
         for i in self.requests:
@@ -152,7 +163,9 @@ class _Batch:
         return [self.decisions[i] for i in range(len(self.items))]
 
     def run(self, acquired: list[tuple[int, Claim]]) -> None:
-        """Run the handlers of a claimed chunk, storing outcomes whenever ``flush_after`` is reached.
+        """Run the handlers of a claimed chunk. Once those that finished reach ``flush_after``, the
+        claims not started yet are given back (released with the next round trip, and queued again),
+        so their outcomes are stored before another handler starts and nobody holds idle claims.
         Each lease is renewed from its claim until its outcome is stored or its claim released."""
         renewer = self.dedupe.renewer
         for _, claim in acquired:
@@ -164,21 +177,18 @@ class _Batch:
             for n, (i, claim) in enumerate(acquired):
                 self.call_one(i, claim)
                 if self.done_seconds >= self.pacing.flush_after and n + 1 < len(acquired):
-                    if self.flush([]) is None:  # Redis failed: fail closed, run nothing more
-                        rest = acquired[n + 1:]
-                        self.untrack([], [claim for _, claim in rest])
-                        for j, held in rest:
-                            self.decided(j, Decision(Reason.STORE_UNAVAILABLE, held, error=self.outage,
-                                                     retry_after=self.dedupe.lease))
-                        return
+                    rest = acquired[n + 1:]
+                    self.releases.extend(claim for _, claim in rest)
+                    self.queue.extend(i for i, _ in reversed(rest))  # claimed again first
+                    return
         except BaseException:
             # KeyboardInterrupt, SystemExit: store what finished, free what did not
             finished = {d.index for d in self.done}
-            left = [claim for i, claim in acquired if i not in finished and i not in self.decisions]
+            self.releases.extend(claim for i, claim in acquired if i not in finished and i not in self.decisions)
             try:
-                self.flush([], releases=left)
+                self.flush([])
             except Exception as exc:
-                log.warning("could not store or release %d claims while stopping: %s", len(left), exc)
+                log.warning("could not store or release claims while stopping: %s", exc)
             raise
 
     def call_one(self, i: int, claim: Claim) -> None:
@@ -221,10 +231,12 @@ class _Batch:
 
     # -- round trips ----------------------------------------------------------------------------
 
-    def flush(self, chunk: list[int], releases: Sequence[Claim] = ()) -> list[Claim] | None:
-        """One round trip: store (or release) what is done, then claim ``chunk``. ``None`` when
-        Redis failed; what was done is then STORE_UNAVAILABLE (stored or not, we cannot tell)."""
+    def flush(self, chunk: list[int]) -> list[Claim] | None:
+        """One round trip: store (or release) what is done, release what was given back, then claim
+        ``chunk``. ``None`` when Redis failed; what was done is then STORE_UNAVAILABLE (stored or
+        not, we cannot tell)."""
         done, self.done, self.done_seconds = self.done, [], 0.0
+        releases, self.releases = self.releases, []
         outcomes = [(d.claim, *d.record) for d in done if d.record is not None]
         freed = [*(d.claim for d in done if d.record is None), *releases]
         try:
