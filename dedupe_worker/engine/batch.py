@@ -116,7 +116,7 @@ class _Batch:
         self.decisions: dict[int, Decision] = {}
         self.requests: dict[int, Request] = {}
         self.queue: list[int] = []  # first copies not claimed yet, in order
-        self.copies: dict[str, list[int]] = {}  # stem -> later copies waiting for the first
+        self.copies: dict[int, list[int]] = {}  # first copy -> later copies waiting for it
         self.ready: list[int] = []  # copies whose first copy is decided: claim them next
         self.done: list[_Done] = []  # finished, outcome not stored yet
         self.done_seconds = 0.0  # handler time of ``done``
@@ -126,6 +126,7 @@ class _Batch:
     # -- the loop -------------------------------------------------------------------------------
 
     def decide(self) -> list[Decision]:
+        first: dict[str, int] = {}  # stem -> index of its first copy
         for i, (key, fingerprint, _) in enumerate(self.items):
             try:
                 request = self.dedupe.request(key, fingerprint)
@@ -133,11 +134,11 @@ class _Batch:
                 self.decisions[i] = poison(exc)
                 continue
             self.requests[i] = request
-            if request.stem in self.copies:
-                self.copies[request.stem].append(i)
-            else:
-                self.copies[request.stem] = []
+            seen = first.setdefault(request.stem, i)
+            if seen == i:
                 self.queue.append(i)
+            else:
+                self.copies.setdefault(seen, []).append(i)
         self.queue.reverse()  # popped from the end
         while self.queue or self.ready or self.done:
             size = len(self.queue) if self.run_batch is not None else self.pacing.chunk(len(self.queue))
@@ -157,10 +158,11 @@ class _Batch:
             self.pacing.claimed(len(claims), len(acquired))
             if acquired:
                 self.run(acquired)
-        for i in self.requests:
-            if i not in self.decisions:  # a copy behind a first copy that was not decided for good
-                self.decisions[i] = in_progress(self.requests[i].key, 0.0)
-        return [self.decisions[i] for i in range(len(self.items))]
+        decisions = self.decisions
+        for waiting in self.copies.values():  # copies behind a first copy that was never decided
+            for i in waiting:
+                decisions.setdefault(i, in_progress(self.requests[i].key, 0.0))
+        return [decisions[i] for i in range(len(self.items))]
 
     def run(self, acquired: list[tuple[int, Claim]]) -> None:
         """Run the handlers of a claimed chunk. Once those that finished reach ``flush_after``, the
@@ -272,7 +274,7 @@ class _Batch:
     def decided(self, i: int, decision: Decision) -> None:
         """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""
         self.decisions[i] = decision
-        waiting = self.copies.pop(self.requests[i].stem, None) if i in self.requests else None
+        waiting = self.copies.pop(i, None) if self.copies else None
         if waiting and decision.reason in _ASK_STORE:
             self.ready.extend(waiting)
         elif waiting:
