@@ -11,8 +11,7 @@ def backoff(attempt: int, *, base: float = 0.5, cap: float = 60.0, floor: float 
     """Seconds to wait before attempt ``attempt`` (1-based): ``floor`` plus a random value in
     ``[0, min(cap, base * 2 ** (attempt - 1))]`` ("full jitter").
 
-    Pass a ``floor`` of the other worker's remaining lease when deferring an in-progress message,
-    so the retry does not come back before that lease can have ended.
+    ``floor`` is a least wait added in front (0 by default).
     """
     ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
     return floor + random.uniform(0.0, ceiling)

@@ -39,17 +39,20 @@ class Deduplicator(ClaimClient):
     """
 
     def run(self, key: str | bytes, fn: Callable[..., T], /, *args: Any, fingerprint: Any = None,
-            **kwargs: Any) -> T:
+            wait: float = 0.0, **kwargs: Any) -> T:
         """Claim ``key``, run ``fn(*args, **kwargs)`` once, store and return its value.
 
-        A duplicate returns the stored value without calling ``fn``. Raises :class:`InProgress`
+        A duplicate returns the stored value without calling ``fn``. With ``wait``, a key held by
+        another worker is waited on for up to that many seconds: its stored value is returned
+        within about one round trip of its completion, and if it releases the key or its lease
+        runs out, ``fn`` runs here. Raises :class:`InProgress`
         (with ``retry_after``), :class:`KeyConflict`, :class:`PreviouslyFailed`,
         :class:`LeaseLost` (``fn`` ran but a successor owns the key), :class:`ResultNotSerializable`
         (``fn`` ran; stored as omitted), :class:`StoreUnavailable` (``fn`` not run, unless
         ``fail_open``) and whatever ``fn`` raised (the claim is released, or for
         ``permanent_errors`` the failure stored).
         """
-        return _engine.run(self, key, fn, *args, fingerprint=fingerprint, **kwargs)
+        return _engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, **kwargs)
 
     def apply(self, claim: Claim, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`.

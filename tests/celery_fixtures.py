@@ -84,7 +84,7 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
         dedupe_permanent_errors=(PermanentError,),
     )
 
-    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.charge", max_retries=0,
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.charge", max_retries=0, defer_wait=0.5,
               idempotency_key=lambda order_id, **_: f"charge:{order_id}")
     def charge(self: IdempotentTask, order_id: int, amount: int, delay: float = 0.0) -> dict[str, Any]:
         with effects(app) as r:
@@ -115,6 +115,15 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
             raise ConnectionError(f"attempt {attempt} fails")
         return {"attempt": attempt, "retries": self.request.retries}
 
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.slow",
+              idempotency_key=lambda job, **_: f"slow:{job}")
+    def slow(self: IdempotentTask, job: str, seconds: float) -> dict[str, Any]:
+        """Default options (defer_wait 5 s): a copy sent meanwhile waits on the key."""
+        with effects(app) as r:
+            r.incr(fx(app, "slow", job))
+        time.sleep(seconds)
+        return {"job": job, "pid": os.getpid()}
+
     @app.task(base=RecordingTask, bind=True, shared=False, name="dt.by_hand", max_retries=2)
     def by_hand(self: IdempotentTask, job: str) -> int:
         with effects(app) as r:
@@ -129,7 +138,7 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
             r.incr(fx(app, "doomed", job))
         raise PermanentError(f"{job} can never work")
 
-    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.tagged")
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.tagged", defer_wait=0.2)
     def tagged(self: IdempotentTask, tag: str) -> str:
         with effects(app) as r:
             r.incr(fx(app, "tagged", tag))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -185,39 +186,74 @@ def test_handler_errors_are_retried_with_backoff_then_applied_once(
     assert dead_letters(amqp, queue_name) == []
 
 
-def test_in_progress_elsewhere_is_deferred_through_the_delay_queue(
-    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+def test_a_copy_in_flight_waits_on_its_key_and_is_acked_when_the_holder_finishes(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator, redis_client: redis.Redis, namespace: str
 ) -> None:
-    """Two keys held by "another worker" (claims taken here, lease 2 s, never renewed): one is
-    completed meanwhile (its message comes back a duplicate), the other's holder vanishes (its
-    message comes back after the lease and is applied once)."""
+    """Two keys held by "another worker": one with the default 30 s lease, completed 1 s later
+    (its copy is acked as a duplicate within 0.5 s of that), one whose holder vanished with a 2 s
+    lease (its copy is applied once that lease has run out). Neither goes through the delay queue."""
     bodies = {"done-elsewhere": b'{"id": "done-elsewhere"}', "holder-died": b'{"id": "holder-died"}'}
-    held = {key: strict_dedupe.begin(key, fingerprint=body_fingerprint(Envelope(body=body)))
+    holders = {"done-elsewhere": Deduplicator(redis_client, namespace=namespace),  # lease 30 s
+               "holder-died": Deduplicator(redis_client, namespace=namespace, lease=2.0)}
+    held = {key: holders[key].begin(key, fingerprint=body_fingerprint(Envelope(body=body)))
             for key, body in bodies.items()}
     assert all(c.acquired for c in held.values())
     handler = Recorder()
-    deferred: list[tuple[str, str, float]] = []
+    settled: dict[str, tuple[str, float]] = {}
 
     class Watching(DedupeConsumer):
-        def on_deferred(self, message: Any, decision: Any, delay: float) -> None:
-            deferred.append((message.headers["idempotency-key"], decision.reason.value, delay))
+        def on_duplicate(self, message: Any, decision: Any) -> None:
+            settled[message.headers["idempotency-key"]] = ("duplicate", time.monotonic())
 
-    consumer = Watching(amqp.clone(), [queue_name], handler, strict_dedupe, defer_base=0.1)
+        def on_applied(self, message: Any, decision: Any) -> None:
+            settled[message.headers["idempotency-key"]] = ("applied", time.monotonic())
+
+    consumer = Watching(amqp.clone(), [queue_name], handler, strict_dedupe)
     with consumer_thread(consumer):
         for key, body in bodies.items():
             publish(amqp, queue_name, body, headers={"idempotency-key": key})
-        wait_for(lambda: depth(amqp, delay_queue(queue_name)) == 2, what="both parked in the delay queue")
-        assert handler.total() == 0
-        strict_dedupe.complete(held["done-elsewhere"], "done by the other worker")
+        time.sleep(1.0)
+        assert handler.total() == 0 and not settled
+        holders["done-elsewhere"].complete(held["done-elsewhere"], "done by the other worker")
+        completed_at = time.monotonic()
+        wait_for(lambda: "done-elsewhere" in settled, timeout=5, what="the copy acked")
+        assert settled["done-elsewhere"][0] == "duplicate"
+        assert settled["done-elsewhere"][1] - completed_at < 0.5
         wait_for(lambda: handler.applied["holder-died"] == 1, timeout=15, what="the orphaned key applied")
         wait_for(lambda: drained(amqp, queue_name))
     assert handler.applied == {"holder-died": 1}
-    assert {(k, r) for k, r, _ in deferred} >= {("done-elsewhere", "in_progress"),
-                                                ("holder-died", "in_progress")}
-    assert all(delay >= 1.0 for _, _, delay in deferred[:2])  # not before the other lease can end
-    assert int(handler.headers["holder-died"]["x-dedupe-deferrals"]) >= 1
-    assert "x-dedupe-attempts" not in handler.headers["holder-died"]  # a deferral is not an attempt
+    assert depth(amqp, delay_queue(queue_name)) == 0
     assert strict_dedupe.status("done-elsewhere").state == "done"
+    assert dead_letters(amqp, queue_name) == []
+    for holder in holders.values():
+        holder.close()
+
+
+def test_without_waiting_a_copy_is_deferred_on_a_short_backoff_capped_by_the_holder_lease(
+    amqp: Connection, queue_name: str, strict_dedupe: Deduplicator
+) -> None:
+    """``defer_wait=0``: the copy goes through the delay queue, coming back after tens of
+    milliseconds at first, and never later than the holder's lease (2 s) can have run out."""
+    body = b'{"id": "holder-died"}'
+    held = strict_dedupe.begin("holder-died", fingerprint=body_fingerprint(Envelope(body=body)))
+    handler = Recorder()
+    deferred: list[tuple[str, float]] = []
+
+    class Watching(DedupeConsumer):
+        def on_deferred(self, message: Any, decision: Any, delay: float) -> None:
+            deferred.append((decision.reason.value, delay))
+
+    consumer = Watching(amqp.clone(), [queue_name], handler, strict_dedupe, defer_wait=0.0)
+    with consumer_thread(consumer):
+        publish(amqp, queue_name, body, headers={"idempotency-key": "holder-died"})
+        wait_for(lambda: handler.applied["holder-died"] == 1, timeout=15, what="applied after the lease")
+        wait_for(lambda: drained(amqp, queue_name))
+    assert held.acquired and handler.applied == {"holder-died": 1}
+    assert deferred and all(reason == "in_progress" for reason, _ in deferred)
+    assert deferred[0][1] <= 0.06  # the first backoff: tens of milliseconds
+    assert all(delay <= 2.02 for _, delay in deferred)  # never past the holder's lease
+    assert int(handler.headers["holder-died"]["x-dedupe-deferrals"]) == len(deferred)
+    assert "x-dedupe-attempts" not in handler.headers["holder-died"]  # a deferral is not an attempt
     assert dead_letters(amqp, queue_name) == []
 
 

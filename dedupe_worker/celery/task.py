@@ -17,9 +17,12 @@ verdict              the task ...
 applied              returns the body's value (also stored in Redis for later duplicates)
 duplicate            returns the stored value without running the body (``on_duplicate``)
 previously_failed    fails with :class:`~dedupe_worker.PreviouslyFailed`, not retried
-in_progress,         is re-sent by ``self.retry(countdown=...)`` with backoff and jitter, at
-lease_lost,          the earliest when the other worker's lease can have ended; a deferral
-store_unavailable    does not count against ``max_retries`` and is repeated until it runs
+in_progress         first waits up to ``defer_wait`` on the key: returns the holder's stored
+                     value as soon as it is stored, or runs the body if the holder released
+                     the key or its lease ran out; then, as below
+lease_lost,          is re-sent by ``self.retry(countdown=...)`` with a backoff that starts at
+store_unavailable    tens of ms and never outlasts the holder's lease; a deferral does not
+                     count against ``max_retries`` and is repeated until it runs
 handler_error        the claim is released; an exception in ``autoretry_for``, or a
                      ``self.retry()`` in the body, is retried by Celery as usual; any other
                      exception is retried after ``retry_delay`` until ``max_attempts``
@@ -132,9 +135,11 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: ``app.conf.dedupe_permanent_errors``, else none.
     permanent_errors: tuple[type[BaseException] | str, ...] | None = None
 
-    # max_attempts, retry_base, retry_cap, defer_base, defer_cap: see RetryPolicy (the same
-    # options and defaults as the RabbitMQ and Kafka consumers). Set max_attempts = 1 to fail at
-    # once on an exception, as a plain Celery task does.
+    # max_attempts, retry_base, retry_cap, defer_base, defer_cap, defer_wait: see RetryPolicy (the
+    # same options and defaults as the RabbitMQ and Kafka consumers). Set max_attempts = 1 to fail
+    # at once on an exception, as a plain Celery task does. defer_wait: on a worker, a copy of a
+    # task in flight waits up to this long on the key (the pool slot stays busy meanwhile) and
+    # returns the holder's stored result; after it, it is re-sent with a short backoff.
 
     #: Acknowledge after the body ran, so a crash redelivers (see the class docstring).
     acks_late = True
@@ -210,7 +215,10 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         request.dedupe_key = key
         request.fencing_token = None
         body = functools.partial(self._body, request, args, kwargs)
-        return self._settle(decide(self.deduplicator, key, body, fingerprint=fingerprint), key)
+        # On a worker, a copy of work in flight waits a little on the key before re-sending itself:
+        # it returns the holder's result within a round trip of its completion.
+        wait = 0.0 if request.is_eager or request.called_directly else self.defer_wait
+        return self._settle(decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait), key)
 
     def _body(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         claim = current_claim()
@@ -250,7 +258,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         """Re-send this task to run later, without spending ``max_retries`` (see class doc)."""
         request = self.request
         deferrals = int(self._header(request, DEFERRALS_HEADER) or 0) + 1
-        countdown = self.defer_delay(deferrals, floor=decision.retry_after)
+        countdown = self.defer_delay(deferrals, decision.retry_after or None)
         log.info("deferring task=%s id=%s key=%s token=%s reason=%s by %.3fs (deferral %d)", self.name,
                  request.id, key, decision.token, decision.reason.value, countdown, deferrals)
         call_hook(self.on_deferred, request, decision, countdown)

@@ -18,15 +18,25 @@ class RetryPolicy:
     retry_base: float = 1.0
     retry_cap: float = 60.0
     #: Backoff of deferrals (in progress elsewhere, lease lost, Redis down), which never count as
-    #: an attempt: full jitter over ``defer_base * 2 ** (deferrals - 1)``, capped at ``defer_cap``,
-    #: added to the other worker's remaining lease.
-    defer_base: float = 0.5
+    #: an attempt: full jitter over ``defer_base * 2 ** (deferrals - 1)``, capped at ``defer_cap``
+    #: and at the holder's remaining lease. It starts at tens of milliseconds: a live holder
+    #: usually finishes long before its lease would run out, and a dead one is taken over as soon
+    #: as its lease does.
+    defer_base: float = 0.05
     defer_cap: float = 30.0
+    #: Seconds a copy of in-flight work may wait on its key (woken when the holder stores its
+    #: outcome or releases) before it is deferred, where the integration can wait without
+    #: blocking other messages (Celery's task body, the RabbitMQ consumer's waiting room, a
+    #: paused Kafka partition). 0 turns waiting off.
+    defer_wait: float = 5.0
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before handler attempt ``attempt + 1``."""
         return backoff(attempt, base=self.retry_base, cap=self.retry_cap)
 
-    def defer_delay(self, deferrals: int, floor: float = 0.0) -> float:
-        """Seconds before a message deferred ``deferrals`` times (this one included) comes back."""
-        return backoff(deferrals, base=self.defer_base, cap=self.defer_cap, floor=floor)
+    def defer_delay(self, deferrals: int, holder_left: float | None = None) -> float:
+        """Seconds before a message deferred ``deferrals`` times (this one included) comes back:
+        the backoff, but never later than just after the holder's lease (``holder_left``
+        seconds) can have run out."""
+        delay = backoff(deferrals, base=self.defer_base, cap=self.defer_cap)
+        return delay if holder_left is None else min(delay, holder_left + 0.01)

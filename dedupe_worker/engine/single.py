@@ -99,11 +99,15 @@ def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any]) -> De
         return stored(dedupe, claim, value)
 
 
-def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *, fingerprint: Any = None) -> Decision:
+def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *, fingerprint: Any = None,
+           wait: float = 0.0) -> Decision:
     """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict.
-    Never raises for bad input, Redis or the handler's own exceptions."""
+    Never raises for bad input, Redis or the handler's own exceptions.
+
+    ``wait``: when another worker holds the key, wait up to this many seconds for it (see
+    :meth:`~dedupe_worker.protocol.ClaimClient.begin`) before answering IN_PROGRESS."""
     try:
-        claim = dedupe.begin(key, fingerprint=fingerprint)
+        claim = dedupe.begin(key, fingerprint=fingerprint, wait=wait)
     except InvalidKey as exc:
         return poison(exc)
     except StoreUnavailable as exc:
@@ -112,8 +116,8 @@ def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *,
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,
-        fingerprint: Any = None, **kwargs: Any) -> T:
+        fingerprint: Any = None, wait: float = 0.0, **kwargs: Any) -> T:
     """:func:`decide` for ``fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker.engine.decision.outcome`."""
     handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-    return outcome(decide(dedupe, key, handler, fingerprint=fingerprint))  # type: ignore[no-any-return]
+    return outcome(decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait))  # type: ignore[no-any-return]

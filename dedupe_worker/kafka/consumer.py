@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -73,9 +73,11 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         together; also the target run time of each claimed chunk (default 5 ms).
     :param max_attempts: handler attempts before a message is dead-lettered (default 5).
     :param retry_base, retry_cap: backoff (full jitter) between handler attempts (1 s, 60 s).
-    :param defer_base, defer_cap: backoff of deferrals, added to the holder's remaining lease
-        (0.5 s, 30 s). ``None`` for any of these five: the shared default of
-        :class:`~dedupe_worker.engine.RetryPolicy`.
+    :param defer_base, defer_cap: backoff of deferrals, never past the holder's remaining lease
+        (0.05 s, 30 s).
+    :param defer_wait: a partition held by a key in progress elsewhere resumes as soon as that key
+        is decided, waiting at most this long (5 s) before it looks again. ``None`` for any of
+        these six: the shared default of :class:`~dedupe_worker.engine.RetryPolicy`.
     :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
     :param producer_overrides: extra settings for the dead-letter producer.
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
@@ -99,12 +101,13 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         retry_cap: float | None = None,
         defer_base: float | None = None,
         defer_cap: float | None = None,
+        defer_wait: float | None = None,
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
         dead_letter_timeout: float = 30.0,
     ) -> None:
         for name, value in (("max_attempts", max_attempts), ("retry_base", retry_base), ("retry_cap", retry_cap),
-                            ("defer_base", defer_base), ("defer_cap", defer_cap)):
+                            ("defer_base", defer_base), ("defer_cap", defer_cap), ("defer_wait", defer_wait)):
             if value is not None:
                 setattr(self, name, value)
         if batch_size < 1 or self.max_attempts < 1:
@@ -129,6 +132,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.stats: Counter[str] = Counter()
         self._partitions: dict[TP, PartitionState] = {}
         self._stop = threading.Event()
+        self._woken = deque()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -195,7 +199,15 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         log.info("deferring key=%s token=%s reason=%s %s:%s@%s for %.2fs: %s", hold.key, token,
                  decision.reason.value, msg.topic(), msg.partition(), msg.offset(), hold.delay,
                  decision.detail)
+        if self._watchable(decision):
+            assert decision.claim is not None
+            self._state(msg).held = msg
+            self.dedupe.watcher.watch(decision.claim.stem, partial(self._wake, tp_of(msg)), hold.delay)
         call_hook(self.on_deferred, msg, decision, hold.delay)
+
+    def _watchable(self, decision: Decision) -> bool:
+        """A key held elsewhere: its partition waits on the key and resumes once it is decided."""
+        return decision.reason is Reason.IN_PROGRESS and decision.claim is not None and self.defer_wait > 0
 
     def _outcomes(self, live: Sequence[Message]) -> list[Any]:
         """``DONE`` or a :class:`Hold` per message."""
@@ -268,7 +280,10 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         elif action is Action.DEFER:
             if decision.reason is Reason.LEASE_LOST:
                 call_hook(self.on_lease_lost, msg, decision)
-            delay = self.defer_delay(state.holds + 1, floor=decision.retry_after)
+            if self._watchable(decision):  # resumed when the key is decided (see _held)
+                delay = min(decision.retry_after + 0.01, self.defer_wait)
+            else:
+                delay = self.defer_delay(state.holds + 1, decision.retry_after or None)
         else:
             letters.append((index, DeadLetter(msg, decision, key, attempts)))
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ class PartitionFlow:
     on_commit: Callable[[list[Any]], None]
     on_assign: Callable[[list[Any]], None]
     on_revoke: Callable[[list[Any]], None]
+    process: Callable[[list[Message]], None]
 
     def _accept(self, msg: Message) -> bool:
         """Whether ``msg`` is to be handled now: not an error, and its partition is ours and not
@@ -81,21 +83,54 @@ class PartitionFlow:
         except KafkaException as exc:  # caught again by _accept's offset check after the resume
             log.warning("could not rewind %s:%s to %s: %s", tp[0], tp[1], offset, exc)
 
+    #: Partitions whose held key was decided (appended by the key watcher's thread): resumed now.
+    _woken: deque[TP]
+
+    def _wake(self, tp: TP) -> None:
+        """Called by the key watcher when the key ``tp`` waits on is completed or released."""
+        self._woken.append(tp)
+
     def _resume_due(self) -> None:
         now = time.monotonic()
-        due = [tp for tp, s in self._partitions.items()
-               if s.paused_until is not None and s.paused_until <= now]
+        woken = set()
+        while self._woken:
+            woken.add(self._woken.popleft())
+        for tp in woken:  # decide the held message again now, without waiting for a fetch
+            state = self._partitions.get(tp)
+            if state is not None and state.paused_until is not None and state.held is not None:
+                self._decide_held(tp, state)
+        due = [tp for tp, s in self._partitions.items() if s.paused_until is not None and s.paused_until <= now]
         for tp in due:
             self._partitions[tp].paused_until = None
+            self._partitions[tp].held = None
         if due:
             self.consumer.resume([TopicPartition(t, p) for t, p in due])
+
+    def _decide_held(self, tp: TP, state: PartitionState) -> None:
+        """The key the held message waited on was decided: decide the message again (librdkafka
+        takes about a second to fetch again after a resume). If it is decided now, the partition
+        goes on past it; if it is held again, it stays paused."""
+        msg, state.held, state.paused_until = state.held, None, None
+        self.process([msg])
+        if state.paused_until is None:  # decided: move on from the next offset
+            self._resume_at(tp, state, (msg.offset() or 0) + 1)
+
+    def _resume_at(self, tp: TP, state: PartitionState, offset: int) -> None:
+        position = TopicPartition(tp[0], tp[1], offset)
+        state.rewound_to = offset
+        try:
+            self.consumer.seek(position)
+            self.consumer.resume([position])
+        except KafkaException as exc:  # caught again by _accept's offset check
+            log.warning("could not resume %s:%s at %s: %s", tp[0], tp[1], offset, exc)
 
     def _wait(self) -> float:
         """Poll timeout: ``poll_timeout``, shorter when a paused partition is due sooner."""
         pending = [s.paused_until for s in self._partitions.values() if s.paused_until is not None]
         if not pending:
             return self.poll_timeout
-        return max(0.0, min(self.poll_timeout, min(pending) - time.monotonic()))
+        # a held key can be decided any moment: look for the watcher's word every 20 ms
+        return max(0.0, min(self.poll_timeout, 0.02, min(pending) - time.monotonic()))
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
         if not offsets:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..engine import Decision
 from .deadletter import DeadLetter
@@ -61,6 +62,8 @@ class PartitionState:
     attempts: dict[int, int] = field(default_factory=dict)
     #: Consecutive holds of this partition (for the backoff); reset when it moves on.
     holds: int = 0
+    #: The held message, while the partition waits for its key to be decided elsewhere.
+    held: Any = None
 
     def forget_below(self, offset: int) -> None:
         """Drop memory of offsets below ``offset`` (they are committed)."""

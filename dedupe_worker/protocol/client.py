@@ -9,6 +9,7 @@ engine's ``run()`` on top.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
@@ -25,6 +26,7 @@ from .layout import KeyLayout
 from .renewer import LeaseRenewer
 from .serialization import JsonSerializer, Serializer
 from .store import ClaimReply, KeyState, RedisStore
+from .watcher import KeyWatcher
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
 
@@ -100,6 +102,7 @@ class ClaimClient:
         self.renewer = LeaseRenewer(
             self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3
         )
+        self._watcher: KeyWatcher | None = None
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -122,9 +125,18 @@ class ClaimClient:
         )
         return cls.from_url(s.redis_url, **{**base, **options})
 
+    @property
+    def watcher(self) -> KeyWatcher:
+        """The :class:`KeyWatcher` of this client (one thread, started on first use)."""
+        if self._watcher is None:
+            self._watcher = KeyWatcher(self.store)
+        return self._watcher
+
     def close(self) -> None:
-        """Stop the lease renewer."""
+        """Stop the lease renewer (and the key watcher, if one was started)."""
         self.renewer.close()
+        if self._watcher is not None:
+            self._watcher.close()
 
     # -- requests and replies -------------------------------------------------------------------
 
@@ -197,30 +209,69 @@ class ClaimClient:
 
     # -- transitions ----------------------------------------------------------------------------
 
-    def begin(self, key: str | bytes, *, fingerprint: Any = None) -> Claim:
+    def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0) -> Claim:
         """Try to claim ``key``: one round trip, one :class:`Claim` with one :class:`Outcome`.
 
         ``fingerprint`` identifies the payload (a short string, or any JSON-like value that is
-        hashed); with it, the same key seen with a different payload answers CONFLICT. Raises
+        hashed); with it, the same key seen with a different payload answers CONFLICT.
+
+        ``wait``: when another worker holds the key, wait up to this many seconds for it instead
+        of answering IN_PROGRESS at once (see :meth:`wait_for`): DUPLICATE with its value once it
+        stores its outcome, ACQUIRED once it releases the key or its lease runs out. Raises
         :class:`InvalidKey` and :class:`StoreUnavailable`.
         """
         request = self.request(key, fingerprint)
         reply = self.store.claim_one(request.stem, request.fingerprint, request.original,
                                      self._lease_ms, self._retention_ms)
-        return self._claim(request, reply)
+        claim = self._claim(request, reply)
+        if wait > 0 and claim.outcome is Outcome.IN_PROGRESS:
+            return self.wait_for(request, claim, time.monotonic() + wait)
+        return claim
 
     def begin_many(
-        self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None
+        self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None, wait: float = 0.0
     ) -> list[Claim]:
         """Claim a batch of keys in one round trip; answers come in the order of ``keys``.
 
         A key that appears twice in one batch is ACQUIRED once; its later copies answer
-        IN_PROGRESS (held by our own token) until the first is completed or released.
+        IN_PROGRESS (held by our own token) until the first is completed or released. With
+        ``wait``, keys held by others are waited on as in :meth:`begin`, all within ``wait``
+        seconds in total.
         """
         fps = fingerprints if fingerprints is not None else [None] * len(keys)
         if len(fps) != len(keys):
             raise ValueError("fingerprints must match keys one to one")
-        return self.claim_requests([self.request(k, f) for k, f in zip(keys, fps, strict=True)])
+        requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
+        claims = self.claim_requests(requests)
+        if wait > 0:
+            ours = {(c.stem, c.token) for c in claims if c.acquired}  # a repeated key held by us: no wait
+            deadline = time.monotonic() + wait
+            claims = [self.wait_for(r, c, deadline)
+                      if c.outcome is Outcome.IN_PROGRESS and (c.stem, c.token) not in ours else c
+                      for r, c in zip(requests, claims, strict=True)]
+        return claims
+
+    def wait_for(self, request: Request, claim: Claim, deadline: float) -> Claim:
+        """Wait, until ``deadline`` (``time.monotonic()``), on a key that ``claim`` found held.
+
+        Woken by the protocol, not by polling: ``watch.lua`` counts us as a waiter while the
+        lease is live, and the holder's ``complete.lua`` or ``release.lua`` pushes a notice we
+        block on (BLPOP). Then, or when the holder's lease runs out, we claim again: DUPLICATE
+        with the stored value, ACQUIRED, or (the holder renewed, or another took the key)
+        IN_PROGRESS and wait on. A waiter never holds the claim; the wait never outlasts
+        ``deadline``; every record it touches keeps a TTL.
+        """
+        while claim.outcome is Outcome.IN_PROGRESS:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            holder_left = self.store.watch(request.stem)
+            if holder_left > 0:
+                self.store.wait_notice(request.stem, min(left, holder_left + 0.005))
+            reply = self.store.claim_one(request.stem, request.fingerprint, request.original,
+                                         self._lease_ms, self._retention_ms)
+            claim = self._claim(request, reply)
+        return claim
 
     def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
         """:meth:`begin_many` for requests already checked by :meth:`request`."""

@@ -4,6 +4,7 @@ Two keys per message share one Redis Cluster hash slot through the ``{...}`` has
 
     <namespace>:{<key>}:started   lease owner, lease deadline, token counter, fingerprint
     <namespace>:{<key>}:result    the stored outcome and the token that stored it
+    <namespace>:{<key>}:notice    only while someone waits on the key: one entry per waiter
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
 (braces, whitespace, control characters, invalid UTF-8), is replaced by ``sha256:<hex>`` of its
@@ -64,3 +65,8 @@ class KeyLayout:
     @staticmethod
     def result(stem: str) -> str:
         return stem + ":result"
+
+    @staticmethod
+    def notice(stem: str) -> str:
+        """The list a waiter blocks on until the holder completes or releases (``watch.lua``)."""
+        return stem + ":notice"

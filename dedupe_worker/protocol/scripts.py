@@ -22,7 +22,7 @@ from ..errors import StoreUnavailable
 
 __all__ = ["SCRIPT_NAMES", "Call", "ScriptRunner", "load_script"]
 
-SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect")
+SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch")
 
 #: One script call: ``(script name, KEYS, ARGV)``.
 Call = tuple[str, Sequence[str], Sequence[Any]]

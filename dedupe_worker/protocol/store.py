@@ -24,7 +24,9 @@ from typing import Any, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisError
 
+from ..errors import StoreUnavailable
 from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call, ScriptRunner
@@ -85,6 +87,12 @@ class RedisStore:
         self.client = client
         self.layout = layout
         self.scripts = ScriptRunner(client)
+        # A blocking wait must end before the client's socket timeout would cut it (redis-py 8
+        # defaults to 5 s), and Redis may end it up to ~100 ms late (timeouts run at ``hz`` 10).
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+        socket_timeout = kwargs.get("socket_timeout") or kwargs.get("orig_socket_timeout") or 5.0
+        #: Longest single blocking wait, in seconds (waits are split into such pieces).
+        self.max_block = max(0.05, min(2.0, float(socket_timeout) - 0.3))
 
     # -- building calls -------------------------------------------------------------------------
 
@@ -105,13 +113,14 @@ class RedisStore:
 
     def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
         """``items`` are ``(stem, token, status, value)``."""
-        return self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _, _ in items],
+        return self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
+                                        for s, _, _, _ in items],
                            (result_ttl_ms,), [(token, status.value, value) for _, token, status, value in items])
 
     def release_calls(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, token)``."""
-        return self._calls("release", [(KeyLayout.started(s),) for s, _ in items], (retention_ms,),
-                           [(token,) for _, token in items])
+        return self._calls("release", [(KeyLayout.started(s), KeyLayout.notice(s)) for s, _ in items],
+                           (retention_ms,), [(token,) for _, token in items])
 
     def renew_calls(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, token)``."""
@@ -143,7 +152,8 @@ class RedisStore:
     def complete_one(self, stem: str, token: int, status: Stored, value: bytes, result_ttl_ms: int) -> bool:
         """:meth:`complete` for one key (the per-message hot path)."""
         reply = self.scripts.call(
-            "complete", (KeyLayout.started(stem), KeyLayout.result(stem)), (result_ttl_ms, token, status.value, value)
+            "complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+            (result_ttl_ms, token, status.value, value),
         )
         return bool(reply[0])
 
@@ -158,6 +168,21 @@ class RedisStore:
     def renew(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[bool]:
         """``items`` are ``(stem, token)``; True where the lease was extended."""
         return [bool(v) for v in self.run(self.renew_calls(items, lease_ms, retention_ms))[0]]
+
+    def watch(self, stem: str) -> float:
+        """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,
+        or 0 when no live lease holds it (claim again instead of waiting)."""
+        held, remaining_ms = self.scripts.call("watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ())
+        return int(remaining_ms) / 1000 if int(held) else 0.0
+
+    def wait_notice(self, stem: str, timeout: float) -> bool:
+        """Block until the holder of ``stem`` completes or releases it (a notice arrives), at most
+        ``timeout`` seconds; True when a notice came."""
+        try:
+            reply = self.client.blpop([KeyLayout.notice(stem)], timeout=max(0.001, min(timeout, self.max_block)))
+            return reply is not None
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
 
     def inspect(self, stem: str) -> KeyState:
         code, token, a, b = self.scripts.call(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,32 @@ class BrokerActions(Hooks, RetryPolicy):
     should_stop: bool = False
     _publisher: Republisher | None = None
     _outages: int = 0
+    #: The waiting room: un-acked messages whose key is held elsewhere, by delivery tag, with the
+    #: time they first waited; the key watcher puts them back in ``_woken`` once it is decided.
+    _waiting: dict[Any, float]
+    _woken: deque[tuple[str, Any, BaseException | None]]
+    dedupe: Any
+
+    def _wait_on_key(self, item: Item, decision: Decision) -> bool:
+        """Keep ``item`` un-acked in the waiting room until its key is decided elsewhere (or the
+        holder's lease or ``defer_wait`` runs out), instead of a copy to ``<queue>.delay``: it is
+        then decided again at once. Not when the room is full (half the prefetch) or the message
+        has waited ``defer_wait`` already."""
+        claim, tag = decision.claim, item.message.delivery_tag
+        first = self._waiting.get(tag, time.monotonic())
+        room = max(1, self.prefetch_count * len(self.queues) // 2)  # type: ignore[attr-defined]
+        left = self.defer_wait - (time.monotonic() - first)
+        if (decision.reason is not Reason.IN_PROGRESS or claim is None or left <= 0
+                or (tag not in self._waiting and len(self._waiting) >= room)):
+            self._waiting.pop(tag, None)
+            return False
+        self._waiting[tag] = first
+        queue, message = item.queue, item.message
+        timeout = min(left, decision.retry_after + 0.01)
+        self.dedupe.watcher.watch(claim.stem, lambda: self._woken.append((queue, message, None)), timeout)
+        log.info("waiting on key=%s held by token=%s for at most %.2fs", _short(item.key), decision.token, timeout)
+        call_hook(self.on_deferred, item.message, decision, timeout)
+        return True
 
     # -- actions ---------------------------------------------------------------------------------
 
@@ -84,6 +111,8 @@ class BrokerActions(Hooks, RetryPolicy):
         decision, message = item.decision, item.message
         assert decision is not None
         action = decision.action
+        if action is not Action.DEFER:  # it leaves the waiting room, if it was there
+            self._waiting.pop(message.delivery_tag, None)
         if action is Action.ACK:
             if not acked and not settled(message):
                 message.ack()
@@ -106,8 +135,10 @@ class BrokerActions(Hooks, RetryPolicy):
             self._dead_letter(item, decision, _int_header(message, ATTEMPTS) + int(handler_ran))
 
     def _defer(self, item: Item, decision: Decision) -> None:
+        if self._wait_on_key(item, decision):
+            return
         deferrals = _int_header(item.message, DEFERRALS) + 1
-        delay = self.defer_delay(deferrals, floor=decision.retry_after)
+        delay = self.defer_delay(deferrals, decision.retry_after or None)
         headers = {**item.message.headers, DEFERRALS: str(deferrals)}
         if not self._copy(item, decision, delay_queue(item.queue), headers, delay):
             return
@@ -170,6 +201,7 @@ class BrokerActions(Hooks, RetryPolicy):
                     len(items), delay)
         self._pause(delay)
         for item in items:
+            self._waiting.pop(item.message.delivery_tag, None)
             if not settled(item.message):
                 item.message.requeue()
             assert item.decision is not None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 
 #: Keyword options of :class:`DedupeConsumer` (class attributes, so a subclass may set them too).
 OPTIONS = ("prefetch_count", "batch", "accept", "flush_after", "max_attempts", "retry_base", "retry_cap",
-           "defer_base", "defer_cap", "outage_cap")
+           "defer_base", "defer_cap", "defer_wait", "outage_cap")
 
 #: ``handler(body, message)``: the decoded body and the kombu message, as kombu callbacks get them.
 Handler = Callable[[Any, Any], Any]
@@ -118,6 +119,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         #: Set while connected with the queues (and their .delay and .dlq) declared and consumed.
         self.ready = threading.Event()
         self._pending: list[tuple[str, Any, BaseException | None]] = []
+        self._waiting: dict[Any, float] = {}
+        self._woken: deque[tuple[str, Any, BaseException | None]] = deque()
         self._publisher: Republisher | None = None
         self._outages = 0
         #: Handler timings carried from batch to batch, to size the claimed chunks.
@@ -151,6 +154,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
 
     def on_consume_ready(self, connection: Any, channel: Any, consumers: Any, **kwargs: Any) -> None:
         self._pending.clear()
+        self._waiting.clear()  # a new connection: the broker redelivers what waited
+        self._woken.clear()
         self._publisher = Republisher(connection.channel(), getattr(connection, "userid", None))
         for queue in self.queues:
             self._publisher.declare(queue.name)
@@ -162,10 +167,13 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         try:
             with self.consumer_context(**kwargs) as (conn, _channel, _consumers):
                 while not self.should_stop:
+                    while self._woken:  # waited on a key that is decided now: decide them again
+                        self._pending.append(self._woken.popleft())
                     # Deliveries can also arrive while we wait for a publish confirm or a declare.
                     if not self._pending:
                         try:
-                            conn.drain_events(timeout=safety_interval)
+                            # with messages in the waiting room, look for the watcher's word often
+                            conn.drain_events(timeout=0.02 if self._waiting else safety_interval)
                         except TimeoutError:
                             conn.heartbeat_check()
                             continue
@@ -197,8 +205,9 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             item.decision = decision
         unavailable = [i for i in items if i.decision and i.decision.reason is Reason.STORE_UNAVAILABLE]
         self._outages = self._outages + 1 if unavailable else 0
-        acked = len(items) > 1 and all(i.decision and i.decision.action is Action.ACK
-                                       and not i.message.acknowledged for i in items)
+        # (never while messages wait un-acked in the waiting room: ack(multiple) would take them)
+        acked = len(items) > 1 and not self._waiting and all(
+            i.decision and i.decision.action is Action.ACK and not i.message.acknowledged for i in items)
         if acked:
             # One basic.ack(multiple) for the batch: every message delivered on this channel and
             # not settled yet is in it (those delivered meanwhile have higher delivery tags).
