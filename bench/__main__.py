@@ -14,7 +14,8 @@ import sys
 
 import redis
 
-BENCHES = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.replay")
+BENCHES = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.replay",
+           "bench.settle")
 
 
 def redis_pid(url: str) -> int | None:
