@@ -310,3 +310,30 @@ def find_postgres_dsn() -> Iterator[str]:
 def python() -> str:
     """The interpreter running the tests, for worker subprocesses."""
     return sys.executable
+
+
+class ProcessGroup:
+    """Worker subprocesses of one test, each logging to a file of its own; ``cleanup`` kills
+    whatever is left and removes the logs."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.args, self.env, self.cwd = args, env, cwd
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs = tempfile.TemporaryDirectory(prefix="dedupe-workers-")
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with open(Path(self.logs.name) / f"worker-{len(self.procs)}.log", "wb") as log:
+            proc = subprocess.Popen(self.args, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def output(self) -> str:
+        """The last lines of every worker's log."""
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(Path(self.logs.name).iterdir()))
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.logs.cleanup()

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from kombu import Connection
 
 from .kafka_fixtures import Topics, committed, kafka_topics, produce, unique, wait_until
 from .rabbitmq_fixtures import amqp, consumers_of, dead_letters, drained, publish, queue_name
+from .services import ProcessGroup
 
 __all__ = ["amqp", "kafka_topics", "queue_name"]  # fixtures used by name
 
@@ -42,34 +42,9 @@ def effects(client: redis.Redis, key: str, kind: str) -> list[str]:
     return [e.decode().split(":")[1] for e in client.lrange(key, 0, -1) if e.decode().startswith(kind + ":")]
 
 
-class Processes:
-    """Consumer processes of one test; whatever is left is killed at the end."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.args, self.env = args, env
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = tempfile.TemporaryDirectory(prefix="crash-windows-")
-
-    def start(self) -> subprocess.Popen[bytes]:
-        with open(Path(self.logs.name) / f"worker-{len(self.procs)}.log", "wb") as log:
-            proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def output(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(Path(self.logs.name).iterdir()))
-
-    def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self.logs.cleanup()
-
-
 @pytest.fixture
-def processes() -> Iterator[list[Processes]]:
-    made: list[Processes] = []
+def processes() -> Iterator[list[ProcessGroup]]:
+    made: list[ProcessGroup] = []
     yield made
     for p in made:
         p.cleanup()
@@ -95,7 +70,7 @@ def assert_each_applied_once(client: redis.Redis, key: str, ids: list[str], fini
 
 @pytest.mark.parametrize("kill_after", KILL_AFTER)
 def test_rabbitmq_consumer_killed_inside_a_batch_applies_each_message_once(
-        kill_after: float, amqp: Connection, queue_name: str, processes: list[Processes], redis_url: str,
+        kill_after: float, amqp: Connection, queue_name: str, processes: list[ProcessGroup], redis_url: str,
         redis_client: redis.Redis, namespace: str) -> None:
     key = f"{namespace}:effects"
     args = [sys.executable, "-m", "dedupe_worker", "rabbitmq", "--url", amqp.as_uri(include_password=True),
@@ -103,7 +78,7 @@ def test_rabbitmq_consumer_killed_inside_a_batch_applies_each_message_once(
             "--prefetch", str(MESSAGES), "tests.crash_handlers:rabbit_effect"]
     env = {**os.environ, "TEST_REDIS_URL": redis_url, "TEST_EFFECTS": key, "TEST_WORK": str(WORK),
            "PYTHONPATH": str(ROOT)}
-    workers = Processes(args, env)
+    workers = ProcessGroup(args, env, ROOT)
     processes.append(workers)
     ids = [f"r{i}" for i in range(MESSAGES)]
     for ident in ids:  # all waiting before the consumer starts: one prefetched batch
@@ -123,7 +98,7 @@ def test_rabbitmq_consumer_killed_inside_a_batch_applies_each_message_once(
 
 @pytest.mark.parametrize("kill_after", KILL_AFTER)
 def test_kafka_consumer_killed_inside_a_batch_applies_each_message_once(
-        kill_after: float, kafka_bootstrap: str, kafka_topics: Topics, processes: list[Processes], redis_url: str,
+        kill_after: float, kafka_bootstrap: str, kafka_topics: Topics, processes: list[ProcessGroup], redis_url: str,
         redis_client: redis.Redis, namespace: str) -> None:
     key = f"{namespace}:effects"
     topic, group = kafka_topics.create(partitions=1), unique("g")
@@ -133,7 +108,7 @@ def test_kafka_consumer_killed_inside_a_batch_applies_each_message_once(
             "-X", "session.timeout.ms=2000", "-X", "heartbeat.interval.ms=500"]
     env = {**os.environ, "TEST_REDIS_URL": redis_url, "TEST_EFFECTS": key, "TEST_WORK": str(WORK),
            "PYTHONPATH": str(ROOT)}
-    workers = Processes(args, env)
+    workers = ProcessGroup(args, env, ROOT)
     processes.append(workers)
     ids = [f"k{i}" for i in range(MESSAGES)]
     positions = produce(kafka_bootstrap, topic, [(0, None, i.encode(), [("idempotency-key", i.encode())])

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 import redis
 
 from .kafka_fixtures import Topics, committed, ends, kafka_topics, produce, unique, wait_until
+from .services import ProcessGroup
 
 __all__ = ["kafka_topics"]
 
@@ -29,39 +28,20 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Workers:
-    """Starts ``dedupe-worker kafka`` processes and kills whatever is left at the end."""
+class Workers(ProcessGroup):
+    """``dedupe-worker kafka`` processes on one topic and group."""
 
     def __init__(self, bootstrap: str, topic: str, group: str, redis_url: str, namespace: str,
                  runs_key: str) -> None:
         self.bootstrap, self.topic, self.group, self.runs_key = bootstrap, topic, group, runs_key
-        self.args = [sys.executable, "-m", "dedupe_worker", "-v", "kafka", "tests.kafka_fixtures:record_run",
-                     "--bootstrap", bootstrap, "--topic", topic, "--group", group,
-                     "--redis-url", redis_url, "--namespace", namespace, "--lease", "2",
-                     "--batch-size", "20", "-X", "session.timeout.ms=2000",
-                     "-X", "heartbeat.interval.ms=500"]
-        self.env = {**os.environ, "KAFKA_TEST_REDIS_URL": redis_url, "KAFKA_TEST_RUNS_KEY": runs_key,
-                    "KAFKA_TEST_SLEEP": "0.01", "PYTHONPATH": str(ROOT)}
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = tempfile.TemporaryDirectory(prefix="kafka-workers-")
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = open(Path(self.logs.name) / f"worker-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def output(self) -> str:
-        logs = sorted(Path(self.logs.name).iterdir())
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
-
-    def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self.logs.cleanup()
+        args = [sys.executable, "-m", "dedupe_worker", "-v", "kafka", "tests.kafka_fixtures:record_run",
+                "--bootstrap", bootstrap, "--topic", topic, "--group", group,
+                "--redis-url", redis_url, "--namespace", namespace, "--lease", "2",
+                "--batch-size", "20", "-X", "session.timeout.ms=2000",
+                "-X", "heartbeat.interval.ms=500"]
+        env = {**os.environ, "KAFKA_TEST_REDIS_URL": redis_url, "KAFKA_TEST_RUNS_KEY": runs_key,
+               "KAFKA_TEST_SLEEP": "0.01", "PYTHONPATH": str(ROOT)}
+        super().__init__(args, env, ROOT)
 
 
 @pytest.fixture

@@ -201,10 +201,7 @@ class _Batch:
             except Exception as exc:
                 self.failed(i, claim, exc)
             else:
-                status, data, problem = self.dedupe.encode(claim, value)
-                decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
-                            else Decision(Reason.APPLIED, claim, value))
-                self.done.append(_Done(i, claim, decision, (status, data)))
+                self.finished(i, claim, value)
         seconds = time.perf_counter() - began
         self.pacing.observe(seconds)
         self.done_seconds += seconds
@@ -221,12 +218,18 @@ class _Batch:
                 self.failed(i, claim, exc)
             return
         for (i, claim), value in zip(acquired, values, strict=True):
-            status, data, problem = self.dedupe.encode(claim, value)
-            decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
-                        else Decision(Reason.APPLIED, claim, value))
-            self.done.append(_Done(i, claim, decision, (status, data)))
+            self.finished(i, claim, value)
+
+    def finished(self, i: int, claim: Claim, value: Any) -> None:
+        """A handler returned ``value``: APPLIED (UNSERIALIZABLE_RESULT when JSON cannot hold it,
+        stored as omitted), stored with the next round trip."""
+        status, data, problem = self.dedupe.encode(claim, value)
+        decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
+                    else Decision(Reason.APPLIED, claim, value))
+        self.done.append(_Done(i, claim, decision, (status, data)))
 
     def failed(self, i: int, claim: Claim, exc: Exception) -> None:
+        """A handler raised ``exc``: its claim is released, or the failure stored when permanent."""
         reason = failure_reason(self.dedupe, exc)
         record = (Stored.FAILED, self.dedupe.encode_failure(exc)) if reason is Reason.PERMANENT_FAILURE else None
         self.done.append(_Done(i, claim, Decision(reason, claim, error=exc), record))

@@ -100,7 +100,8 @@ class BrokerActions(Hooks, RetryPolicy):
         queue, message = item.queue, item.message
         timeout = min(left, decision.retry_after + 0.01)
         self.dedupe.watcher.watch(claim.stem, lambda: self._woken.append((queue, message, None)), timeout)
-        log.info("waiting on key=%s held by token=%s for at most %.2fs", _short(item.key), decision.token, timeout)
+        log.info("waiting key=%s token=%s reason=%s for at most %.2fs", _short(item.key), decision.token,
+                 decision.reason.value, timeout)
         call_hook(self.on_deferred, item.message, decision, timeout)
         return True
 
