@@ -76,7 +76,8 @@ class DemoReport:
     applied: Counter[str] = field(default_factory=Counter)
     deferred: int = 0
     duplicates: int = 0
-    max_token: int = 0
+    #: Orders whose work was finally done under a larger fencing token than a dead worker's claim.
+    taken_over: int = 0
 
     @property
     def effects(self) -> int:
@@ -114,6 +115,7 @@ def run_demo(
     visibility = dedupe.lease / 2 if dedupe else 0.05
     rng_lock = threading.Lock()
     rng = random.Random(seed + 1)
+    dead_claims: dict[str, int] = {}  # order -> token of the claim a "dead" worker left behind
 
     def handler(order_id: str) -> str:
         time.sleep(work_seconds)
@@ -130,7 +132,10 @@ def run_demo(
                 jitter = rng.uniform(0, 0.02)
             if first_time(d.order_id, d.attempt, plan["die_after_claim"]):
                 if dedupe is not None:
-                    dedupe.begin(d.order_id)  # claimed, then the process "dies"
+                    dead = dedupe.begin(d.order_id)  # claimed, then the process "dies"
+                    if dead.acquired:
+                        with lock:
+                            dead_claims[d.order_id] = dead.token
                 broker.settle(d, visibility + jitter)
                 continue
             if dedupe is None:
@@ -140,8 +145,8 @@ def run_demo(
                 continue
             decision = decide(dedupe, d.order_id, lambda: handler(d.order_id))
             with lock:
-                if decision.claim is not None:
-                    report.max_token = max(report.max_token, decision.claim.token)
+                if decision.reason.value == "applied" and d.order_id in dead_claims:
+                    report.taken_over += decision.token > dead_claims[d.order_id]
                 report.duplicates += decision.reason.value == "duplicate"
             if decision.action is Action.DEFER:
                 with lock:

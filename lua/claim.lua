@@ -17,11 +17,21 @@
 --
 -- The lease deadline is taken from Redis' own clock (TIME) and kept as a field, so the
 -- started key outlives its lease and the fencing token never goes backwards while the
--- key's records live: after an expiry or a release the next claimant gets next + 1.
+-- key's records live.
+--
+-- Tokens survive a failover. A new token is max(next + 1, now in microseconds on Redis'
+-- clock): strictly larger than the last one this primary handed out for the key (as before),
+-- and also larger than any token an earlier primary handed out, even one whose writes the
+-- promoted replica never received, as long as the new primary's clock is not behind the old
+-- one's by more than the failover took (a failover takes seconds; NTP keeps clocks within
+-- milliseconds). Why not an epoch bumped on failover: nothing in a script can tell that a
+-- failover happened, and a lost write can take the epoch with it. Microseconds since 1970
+-- stay below 2^53 until the year 2255, so JSON, Lua numbers and SQL bigint hold them exactly.
 local lease_ms = tonumber(ARGV[1])
 local retention_ms = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ttl_ms = math.max(lease_ms, retention_ms)
 local out, n = {}, 0
 for i = 1, #KEYS / 2 do
@@ -47,7 +57,7 @@ for i = 1, #KEYS / 2 do
         out[n + 1] = deadline - now_ms; out[n + 2] = false; n = n + 2
       end
     else
-      local token = (tonumber(st[1]) or 0) + 1
+      local token = math.max((tonumber(st[1]) or 0) + 1, now_us)
       redis.call('HSET', started, 'next', token, 'owner', token,
                  'deadline', now_ms + lease_ms, 'fp', fp)
       if orig ~= '' then redis.call('HSET', started, 'orig', orig) end

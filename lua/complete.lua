@@ -15,6 +15,8 @@
 -- result exists every claim answers DUPLICATE, and the result keeps the final token.
 -- When watch.lua counted waiters, one notice per waiter is pushed to the notice list (which
 -- expires after NOTICE_TTL_MS); with no waiter nothing more is written.
+-- A retry of a completion that already succeeded (its reply was lost in a failover or a
+-- connection reset) answers 1 again: the stored result carries the same token.
 local NOTICE_TTL_MS = 10000
 local result_ttl_ms = tonumber(ARGV[1])
 local out, n = {}, 0
@@ -31,6 +33,8 @@ for i = 1, #KEYS / 3 do
     local waiters = tonumber(st[4]) or 0
     for _ = 1, waiters do redis.call('RPUSH', notice, token) end
     if waiters > 0 then redis.call('PEXPIRE', notice, NOTICE_TTL_MS) end
+    out[n + 1] = 1; n = n + 1
+  elseif not st[1] and redis.call('HGET', result, 't') == token then
     out[n + 1] = 1; n = n + 1
   else
     out[n + 1] = 0; n = n + 1

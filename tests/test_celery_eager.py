@@ -86,7 +86,7 @@ def test_eager_in_progress_elsewhere_raises_instead_of_spinning(eager_app: Celer
     assert caught.value.retry_after > 0
     assert count(eager_app, "charge-started", 3) == 0
     other.release(held)
-    assert eager_app.tasks["dt.charge"].delay(3, 10).get()["fencing_token"] == held.token + 1
+    assert eager_app.tasks["dt.charge"].delay(3, 10).get()["fencing_token"] > held.token
 
 
 def test_eager_chain_with_a_duplicate_link(eager_app: Celery) -> None:

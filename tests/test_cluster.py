@@ -42,20 +42,20 @@ def test_keys_spread_over_every_master(cluster_dedupe: Deduplicator) -> None:
 def test_state_machine_on_a_cluster(cluster_dedupe: Deduplicator) -> None:
     d = cluster_dedupe
     a = d.begin("k", fingerprint="x")
-    assert a.outcome is Outcome.ACQUIRED and a.token == 1
+    assert a.outcome is Outcome.ACQUIRED and a.token > 0
     assert d.begin("k", fingerprint="y").outcome is Outcome.CONFLICT
     assert d.begin("k", fingerprint="x").outcome is Outcome.IN_PROGRESS
     assert d.renew(a)
     time.sleep(0.4)
     b = d.begin("k", fingerprint="x")
-    assert b.token == 2
+    assert b.token > a.token
     d.complete(b, {"by": "b"})
     with pytest.raises(LeaseLost):
         d.complete(a, {"by": "a"})
     assert d.begin("k").result == {"by": "b"}
     c = d.begin("released")
     d.release(c)
-    assert d.begin("released").token == c.token + 1
+    assert d.begin("released").token > c.token
     assert d.status("k").state == "done"
 
 

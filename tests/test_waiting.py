@@ -62,7 +62,7 @@ def test_a_released_key_is_claimed_by_the_waiter(dedupe: Deduplicator, holder: D
     began = time.monotonic()
     assert dedupe.run("order-2", lambda: "ran here", wait=5) == "ran here"
     assert time.monotonic() - began < 1.0
-    assert dedupe.status("order-2").token == claim.token + 1
+    assert dedupe.status("order-2").token > claim.token
 
 
 def test_a_dead_holder_is_waited_out_for_its_lease_then_taken_over(

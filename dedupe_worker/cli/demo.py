@@ -86,7 +86,7 @@ def _table(without: DemoReport, with_: DemoReport) -> str:
         ("orders never charged", without.missing, with_.missing),
         ("deliveries answered from the stored result", "-", with_.duplicates),
         ("deliveries deferred (in progress elsewhere)", "-", with_.deferred),
-        ("highest fencing token on one order", "-", with_.max_token),
+        ("orders taken over from a dead worker (larger token)", "-", with_.taken_over),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':<{width}}  {'without dedupe':>14}  {'with dedupe':>11}"]
