@@ -14,7 +14,8 @@ class DedupeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DEDUPE_", extra="ignore")
 
     #: Where the claims live. ``redis://``, ``rediss://`` or ``unix://``; add ``?cluster=1`` (or use
-    #: ``redis+cluster://``) for a Redis Cluster.
+    #: ``redis+cluster://``) for a Redis Cluster; ``redis+sentinel://h1:26379,h2:26379/<service>/<db>``
+    #: for a primary found through Sentinel.
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Prefix of every Redis key we write.
     namespace: str = "dedupe"
@@ -28,6 +29,10 @@ class DedupeSettings(BaseSettings):
     max_result_bytes: int = Field(1_000_000, ge=0)
     #: Run the handler without deduplication when Redis is down (loudly logged). Off: fail closed.
     fail_open: bool = False
+    #: Replicas that must acknowledge every claim and completion (``WAIT``); 0: none.
+    wait_replicas: int = Field(0, ge=0)
+    #: Seconds to wait for them before the write counts as not durable.
+    wait_timeout: float = Field(0.1, gt=0)
     #: The broker the ``rabbitmq`` and ``replay rabbitmq`` commands connect to.
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).

@@ -175,3 +175,18 @@ def test_script_cache_flush_is_survived(dedupe: Deduplicator, redis_client: redi
     assert dedupe.begin("k").outcome is Outcome.ACQUIRED
     redis_client.script_flush()
     assert dedupe.begin_many(["a", "b"])[1].outcome is Outcome.ACQUIRED
+
+
+def test_a_retried_completion_that_already_succeeded_answers_stored(dedupe: Deduplicator) -> None:
+    """After a failover or a connection reset the reply of a completion can be lost and the call
+    retried: the retry finds our token on the stored result and answers stored, not LEASE_LOST."""
+    from dedupe_worker import Stored
+
+    claim = dedupe.begin("retried")
+    row = [(claim.stem, claim.token, Stored.COMPLETED, b'"v"')]
+    assert dedupe.store.complete(row, 60_000) == [True]
+    assert dedupe.store.complete(row, 60_000) == [True]  # the retry
+    later = dedupe.begin("retried")
+    assert later.outcome is Outcome.DUPLICATE and later.result == "v"
+    other = [(claim.stem, claim.token - 1, Stored.COMPLETED, b'"x"')]
+    assert dedupe.store.complete(other, 60_000) == [False]  # another token is still refused

@@ -33,6 +33,8 @@ SETTINGS = {
     "dedupe_result_ttl": "result_ttl",
     "dedupe_max_result_bytes": "max_result_bytes",
     "dedupe_fail_open": "fail_open",
+    "dedupe_wait_replicas": "wait_replicas",
+    "dedupe_wait_timeout": "wait_timeout",
 }
 
 _cache: dict[tuple[Any, ...], Deduplicator] = {}

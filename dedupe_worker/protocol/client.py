@@ -69,6 +69,9 @@ class ClaimClient:
     :param fail_open: when Redis is down, run the work anyway (logged as an error).
     :param renew_interval: seconds between lease renewals (default a third of ``lease``).
     :param serializer: how results are stored (default JSON; never pickle).
+    :param wait_replicas: send ``WAIT wait_replicas`` in the same round trip as every claim and
+        completion; fewer acknowledgements within ``wait_timeout`` seconds raise
+        :class:`StoreUnavailable` (the claims it took are given back). Not consensus: see README.
     """
 
     def __init__(
@@ -85,11 +88,14 @@ class ClaimClient:
         fail_open: bool = False,
         renew_interval: float | None = None,
         serializer: Serializer | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 0.1,
     ) -> None:
         if lease <= 0 or result_ttl <= 0:
             raise ValueError("lease and result_ttl must be positive")
         self.layout = KeyLayout(namespace, max_key_length)
         self.store = RedisStore(redis_client, self.layout)
+        self.store.require_replicas(wait_replicas, wait_timeout)
         self.lease = lease
         self.result_ttl = result_ttl
         self.max_result_bytes = max_result_bytes
@@ -122,6 +128,8 @@ class ClaimClient:
             max_key_length=s.max_key_length,
             max_result_bytes=s.max_result_bytes,
             fail_open=s.fail_open,
+            wait_replicas=s.wait_replicas,
+            wait_timeout=s.wait_timeout,
         )
         return cls.from_url(s.redis_url, **{**base, **options})
 

@@ -1,15 +1,36 @@
-"""Redis clients built from a URL, with a retry policy that suits a claim store."""
+"""Redis clients built from a URL, with a retry policy that suits a claim store.
+
+``redis://``, ``rediss://`` and ``unix://`` as redis-py reads them; ``redis+cluster://`` (or
+``?cluster=1``) for a Redis Cluster; ``redis+sentinel://`` and ``rediss+sentinel://`` for a
+primary found through Sentinel::
+
+    redis+sentinel://[[user]:password@]host1:26379,host2:26379/<service>/<db>[?sentinel_password=...]
+
+The password in the URL is the data nodes'; ``sentinel_password`` (query) the sentinels', when they
+have one. ``rediss+sentinel`` speaks TLS to the data nodes and the sentinels (``ssl_cert_reqs``,
+``ssl_ca_certs`` in the query as redis-py reads them).
+
+After a failover the Sentinel-managed pool asks the sentinels for the new primary: a connection
+reset, or ``READONLY`` from a demoted primary, is retried on the new one (two quick retries; past
+them the call fails as :class:`~dedupe_worker.StoreUnavailable` and the message is deferred).
+Retrying is safe: a retried claim at worst finds our own claim and defers the message until its
+lease ends; a retried completion finds our outcome stored and answers stored.
+"""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 __all__ = ["redis_from_url"]
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
 
 def _retry() -> Retry:
@@ -19,9 +40,42 @@ def _retry() -> Retry:
 
 
 def redis_from_url(url: str) -> redis.Redis | RedisCluster:
-    """A client for ``url``; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster."""
+    """A client for ``url`` (see the module doc for the schemes)."""
     parts = urlsplit(url)
+    if parts.scheme in SENTINEL_SCHEMES:
+        return _sentinel_primary(url)
     if parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]:
         plain = parts._replace(scheme="redis", query="").geturl()
         return RedisCluster.from_url(plain, retry=_retry())
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=_retry())
+
+
+def _sentinel_primary(url: str) -> redis.Redis:
+    """The Sentinel-managed primary named in ``url``."""
+    scheme, rest = url.split("://", 1)
+    netloc, _, tail = rest.partition("/")
+    path, _, query = tail.partition("?")
+    credentials, _, hosts = netloc.rpartition("@")
+    username, _, password = credentials.partition(":") if credentials else ("", "", "")
+    service, _, db = path.strip("/").partition("/")
+    if not hosts or not service:
+        raise ValueError(f"expected {scheme}://host:port[,host:port...]/<service>[/<db>], got {url!r}")
+    sentinels = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":") if ":" in host else (host, "", "26379")
+        sentinels.append((name or host, int(port or 26379)))
+    options = {k: v[-1] for k, v in parse_qs(query).items()}
+    tls: dict[str, Any] = {}
+    if scheme == "rediss+sentinel":
+        tls = {"ssl": True, **{k: options.pop(k) for k in list(options) if k.startswith("ssl_")}}
+    sentinel_password = options.pop("sentinel_password", None)
+    common = {"socket_connect_timeout": 2, "socket_timeout": 10, "retry": _retry(), **tls}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels,
+        sentinel_kwargs={"password": sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2, **tls},
+        **common,
+    )
+    primary: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        service, db=int(db or 0), username=unquote(username) or None, password=unquote(password) or None,
+    )
+    return primary

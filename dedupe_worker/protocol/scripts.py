@@ -20,12 +20,21 @@ from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import StoreUnavailable
 
-__all__ = ["SCRIPT_NAMES", "Call", "ScriptRunner", "load_script"]
+__all__ = ["SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "load_script"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch")
 
 #: One script call: ``(script name, KEYS, ARGV)``.
 Call = tuple[str, Sequence[str], Sequence[Any]]
+
+
+class NotDurable(StoreUnavailable):
+    """The writes ran on the primary, but fewer replicas than asked acknowledged them in time
+    (``WAIT``): a failover now could lose them. ``replies`` are the scripts' replies."""
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, replies: list[Any]) -> None:
+        super().__init__(f"not durable: {acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms")
+        self.replies = replies
 
 
 def load_script(name: str) -> str:
@@ -63,14 +72,15 @@ class ScriptRunner:
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
 
-    def call_all(self, calls: Sequence[Call]) -> list[Any]:
+    def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
         the order of ``calls``. Redis runs them one after the other, each atomically.
 
         Only the calls that failed with ``NOSCRIPT`` (which ran nothing) are sent again, so no
-        transition runs twice.
+        transition runs twice. ``wait=(replicas, timeout_ms)`` adds ``WAIT`` to the same pipeline
+        and raises :class:`NotDurable` (with the replies) when fewer replicas acknowledged.
         """
-        if len(calls) == 1:
+        if len(calls) == 1 and wait is None:
             return [self.call(*calls[0])]
         if not calls:
             return []
@@ -78,15 +88,24 @@ class ScriptRunner:
             pipe = self.client.pipeline(transaction=False)
             for name, keys, args in calls:
                 pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)
+            if wait is not None:
+                pipe.execute_command("WAIT", *wait)
             replies: list[Any] = pipe.execute(raise_on_error=False)
+            acked: Any = replies.pop() if wait is not None else None
+            reloaded = False
             for i, reply in enumerate(replies):
                 if isinstance(reply, NoScriptError):
                     name, keys, args = calls[i]
                     self._load(name)
                     replies[i] = self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+                    reloaded = True
+            if wait is not None and (reloaded or isinstance(acked, Exception)):
+                acked = self.client.execute_command("WAIT", *wait)  # type: ignore[no-untyped-call]
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
         for (name, _, _), reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
+        if wait is not None and int(acked) < wait[0]:
+            raise NotDurable(int(acked), wait[0], wait[1], replies)
         return replies

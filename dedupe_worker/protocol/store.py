@@ -18,6 +18,7 @@ one after the other, in the order given.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -29,9 +30,11 @@ from redis.exceptions import RedisError
 from ..errors import StoreUnavailable
 from .claim import Outcome, State, Stored
 from .layout import KeyLayout
-from .scripts import Call, ScriptRunner
+from .scripts import Call, NotDurable, ScriptRunner
 
 __all__ = ["ClaimReply", "KeyState", "RedisStore"]
+
+log = logging.getLogger(__name__)
 
 
 _OUTCOMES = {int(o.value): o for o in Outcome}
@@ -93,6 +96,16 @@ class RedisStore:
         socket_timeout = kwargs.get("socket_timeout") or kwargs.get("orig_socket_timeout") or 5.0
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = max(0.05, min(2.0, float(socket_timeout) - 0.3))
+        #: ``(replicas, timeout_ms)``: claims and completions wait for that many replicas
+        #: (``WAIT``, in the same pipeline); ``None``: they do not.
+        self.durability: tuple[int, int] | None = None
+
+    def require_replicas(self, replicas: int, timeout: float) -> None:
+        """Make every claim and completion wait for ``replicas`` replicas (0: do not wait)."""
+        if replicas and self.scripts.is_cluster:
+            raise ValueError("wait_replicas is not supported on Redis Cluster (WAIT has no key to route by); "
+                             "use min-replicas-to-write on its primaries")
+        self.durability = (replicas, max(1, int(timeout * 1000))) if replicas else None
 
     # -- building calls -------------------------------------------------------------------------
 
@@ -131,9 +144,35 @@ class RedisStore:
 
     def run(self, *groups: list[Call]) -> list[list[Any]]:
         """Send every call of every group in one round trip; return each group's replies flattened
-        (one value per item for complete/release/renew, four per item for claim)."""
-        replies = iter(self.scripts.call_all([call for group in groups for call in group]))
+        (one value per item for complete/release/renew, four per item for claim).
+
+        With :attr:`durability` set, a round trip that claims or completes also waits for the
+        replicas; when too few acknowledge it raises :class:`NotDurable` (a
+        :class:`~dedupe_worker.StoreUnavailable`), after giving back the claims it took."""
+        calls = [call for group in groups for call in group]
+        durable = self.durability if any(name in ("claim", "complete") for name, _, _ in calls) else None
+        try:
+            replies = iter(self.scripts.call_all(calls, durable))
+        except NotDurable as exc:
+            self._give_back(calls, exc.replies)
+            raise
         return [[v for _ in group for v in next(replies)] for group in groups]
+
+    def _give_back(self, calls: list[Call], replies: list[Any]) -> None:
+        """Release the claims ``calls`` acquired, after their round trip was not durable: they
+        could be lost in a failover, and the caller will not run their work now."""
+        taken = []
+        for (name, keys, _), reply in zip(calls, replies, strict=True):
+            if name == "claim":
+                for i in range(0, len(reply), 4):
+                    if int(reply[i]) == int(Outcome.ACQUIRED.value):
+                        taken.append((keys[(i // 4) * 2][: -len(":started")], int(reply[i + 1])))
+        if not taken:
+            return
+        try:
+            self.scripts.call_all(self.release_calls(taken, 1))
+        except StoreUnavailable as exc:  # the leases run out by themselves
+            log.warning("could not give back %d claims after a write that was not durable: %s", len(taken), exc)
 
     @staticmethod
     def claim_replies(flat: Sequence[Any]) -> list[ClaimReply]:
@@ -145,12 +184,16 @@ class RedisStore:
 
     def claim_one(self, stem: str, fingerprint: str, original: str, lease_ms: int, retention_ms: int) -> ClaimReply:
         """:meth:`claim` for one key, without the batch bookkeeping (the per-message hot path)."""
+        if self.durability is not None:
+            return self.claim([(stem, fingerprint, original)], lease_ms, retention_ms)[0]
         return _claim_reply(*self.scripts.call(
             "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
         ))
 
     def complete_one(self, stem: str, token: int, status: Stored, value: bytes, result_ttl_ms: int) -> bool:
         """:meth:`complete` for one key (the per-message hot path)."""
+        if self.durability is not None:
+            return self.complete([(stem, token, status, value)], result_ttl_ms)[0]
         reply = self.scripts.call(
             "complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
             (result_ttl_ms, token, status.value, value),
