@@ -24,6 +24,9 @@ from dedupe_worker import Deduplicator, StoreUnavailable
 from dedupe_worker.protocol.connection import redis_from_url
 
 from . import services
+from .rabbitmq_fixtures import amqp, queue_name
+
+__all__ = ["amqp", "queue_name"]  # fixtures used by name
 
 pytestmark = pytest.mark.slow
 
@@ -181,3 +184,38 @@ def test_wait_replicas_is_refused_on_a_cluster() -> None:
 
     with pytest.raises(ValueError, match="Cluster"):
         Deduplicator(FakeCluster(), wait_replicas=1)
+
+
+def test_a_consumer_carries_on_across_a_sentinel_failover(topology: Topology, amqp: Any, queue_name: str) -> None:
+    import collections
+
+    import orjson
+
+    from dedupe_worker.rabbitmq import DedupeConsumer
+
+    from .rabbitmq_fixtures import consumer_thread, dead_letters, drained, publish
+
+    topology.start_sentinels()
+    dedupe = Deduplicator.from_url(topology.sentinel_url, namespace="ha-consumer", lease=5)
+    applied: collections.Counter[str] = collections.Counter()
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], lambda body, message: applied.update([body["id"]]),
+                              dedupe, outage_cap=0.5)
+
+    def send(ids: list[str]) -> None:
+        for ident in ids:
+            for _ in range(2):  # every message twice
+                publish(amqp, queue_name, orjson.dumps({"id": ident}), headers={"idempotency-key": ident})
+
+    try:
+        with consumer_thread(consumer):
+            send([f"a{i}" for i in range(10)])
+            until(lambda: len(applied) == 10, what="the first half applied")
+            topology.primary.stop()  # failover while the consumer runs
+            send([f"b{i}" for i in range(10)])
+            until(lambda: len(applied) == 20, 40, "the second half applied on the new primary")
+            until(lambda: drained(amqp, queue_name), what="queue drained")
+    finally:
+        dedupe.close()
+    assert set(applied) == {f"{p}{i}" for p in "ab" for i in range(10)}
+    assert all(n == 1 for n in applied.values()), applied
+    assert dead_letters(amqp, queue_name) == []
