@@ -1,0 +1,32 @@
+"""A test double for your unit tests: a real :class:`~dedupe_worker.Deduplicator` without a Redis server.
+
+::
+
+    from dedupe_worker.testing import in_memory
+
+    def test_charge_applies_once():
+        dedupe = in_memory()
+        assert dedupe.run("charge:1", charge, 1, 100) == dedupe.run("charge:1", charge, 1, 100)
+
+It is backed by fakeredis with Lua (``pip install 'dedupe-worker[testing]'``), so the same Lua
+scripts run as on Redis: claims, fencing tokens, leases (on the real clock), conflicts, stored
+failures and waiting on keys behave exactly as in production. Each call starts an empty store of
+its own. With the package installed, pytest gets a ``dedupe`` fixture built this way (see
+:mod:`dedupe_worker.pytest_plugin`). Not for production: nothing is shared between processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .deduplicator import Deduplicator
+from .extras import require
+
+__all__ = ["in_memory"]
+
+
+def in_memory(namespace: str = "test", **options: Any) -> Deduplicator:
+    """A :class:`Deduplicator` on a fresh in-memory store; ``options`` as for the constructor."""
+    fakeredis = require("fakeredis", "testing")
+    require("lupa", "testing")  # fakeredis runs Lua through lupa
+    return Deduplicator(fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=namespace, **options)
