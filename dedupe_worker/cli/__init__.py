@@ -16,7 +16,7 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS = ("demo", "kafka", "rabbitmq", "replay")
+COMMANDS = ("demo", "kafka", "rabbitmq", "replay", "inspect", "forget", "stats", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -367,6 +367,16 @@ class ClaimClient:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""
         return self.store.renew([(claim.stem, claim.token)], self._lease_ms, self._retention_ms)[0]
 
+    def forget(self, key: str | bytes, *, token: int | None = None, force: bool = False) -> bool:
+        """Remove ``key``'s records (one ``forget.lua`` call), so its next delivery is new work.
+
+        Ownership-checked like every write: with ``token``, only if the key carries that token
+        (the live lease's owner, the token that stored the outcome, or the last one handed out);
+        without it, a live lease is freed only with ``force``. True when records were removed,
+        False when there were none or the check refused (nothing changed)."""
+        code, _ = self.store.forget(self.request(key).stem, token, force)
+        return code == 1
+
     def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them (for replay and inspection)."""
         return self.store.inspect(self.request(key).stem)

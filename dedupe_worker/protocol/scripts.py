@@ -22,7 +22,7 @@ from ..errors import StoreUnavailable
 
 __all__ = ["SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "load_script"]
 
-SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch")
+SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
 #: One script call: ``(script name, KEYS, ARGV)``.
 Call = tuple[str, Sequence[str], Sequence[Any]]

@@ -227,6 +227,14 @@ class RedisStore:
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
 
+    def forget(self, stem: str, token: int | None, force: bool) -> tuple[int, int]:
+        """``forget.lua``: ``(code, token)``, code 1 removed, 0 nothing there, -1 a live lease
+        (not forced), -2 another token than ``token``."""
+        code, found = self.scripts.call(
+            "forget", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+            ("" if token is None else token, "1" if force else "0"))
+        return int(code), int(found)
+
     def inspect(self, stem: str) -> KeyState:
         code, token, a, b = self.scripts.call(
             "inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ()
