@@ -48,7 +48,7 @@ from celery._state import _task_stack
 from celery.exceptions import Reject, Retry
 
 from ..deduplicator import Deduplicator
-from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, outcome, poison
+from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, outcome, refused
 from ..engine.context import current_claim
 from ..engine.hooks import call_hook
 from ..errors import InvalidKey
@@ -209,16 +209,17 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
                              named, args, kwargs)
             fingerprint = derive_fingerprint(self.name, self.idempotency_fingerprint, named, args, kwargs)
         except InvalidKey as exc:
-            return self._settle(poison(exc), "")
+            return self._settle(refused(exc, "celery"), "")
         except Exception as exc:  # a fingerprint function that fails on this input
-            return self._settle(poison(InvalidKey(f"idempotency_fingerprint failed: {exc!r}")), "")
+            return self._settle(refused(InvalidKey(f"idempotency_fingerprint failed: {exc!r}"), "celery"), "")
         request.dedupe_key = key
         request.fencing_token = None
         body = functools.partial(self._body, request, args, kwargs)
         # On a worker, a copy of work in flight waits a little on the key before re-sending itself:
         # it returns the holder's result within a round trip of its completion.
         wait = 0.0 if request.is_eager or request.called_directly else self.defer_wait
-        return self._settle(decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait), key)
+        decision = decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait, integration="celery")
+        return self._settle(decision, key)
 
     def _body(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         claim = current_claim()

@@ -12,9 +12,11 @@ from .options import (
     add_broker_options,
     add_dedupe_options,
     add_key_options,
+    add_metrics_option,
     deduplicator_from,
     kafka_config,
     key_strategy_from,
+    start_metrics,
 )
 
 __all__ = ["register"]
@@ -38,6 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_broker_options(p, "kafka")
     add_key_options(p)
     add_dedupe_options(p)
+    add_metrics_option(p)
     p.set_defaults(func=run)
 
 
@@ -50,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..kafka import DedupeKafkaConsumer
 
     handler = load_callable(args.handler)
+    start_metrics(args)
     strategy = key_strategy_from(args, KAFKA_DEFAULT)
     if args.position_fallback:
         strategy = first_of(strategy, position_key())

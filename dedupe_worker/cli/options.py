@@ -12,11 +12,13 @@ __all__ = [
     "add_broker_options",
     "add_dedupe_options",
     "add_key_options",
+    "add_metrics_option",
     "config_pair",
     "deduplicator_from",
     "kafka_config",
     "key_strategy_from",
     "rabbitmq_url",
+    "start_metrics",
 ]
 
 
@@ -40,6 +42,21 @@ def add_broker_options(parser: argparse.ArgumentParser, broker: str) -> None:
                         help="bootstrap.servers, e.g. 127.0.0.1:9092 (DEDUPE_KAFKA_BOOTSTRAP)")
     parser.add_argument("-X", dest="config", action="append", type=config_pair, default=[], metavar="NAME=VALUE",
                         help="extra librdkafka setting (repeatable), e.g. -X session.timeout.ms=10000")
+
+
+def add_metrics_option(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port``: serve Prometheus ``/metrics`` (needs the ``metrics`` extra)."""
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (pip install "
+                             "'dedupe-worker[metrics]')")
+
+
+def start_metrics(args: argparse.Namespace) -> None:
+    """Serve ``/metrics`` when ``--metrics-port`` was given."""
+    if getattr(args, "metrics_port", None):
+        from ..observe import enable_metrics
+
+        enable_metrics(port=args.metrics_port)
 
 
 def rabbitmq_url(args: argparse.Namespace) -> str:

@@ -23,9 +23,11 @@ from .options import (
     add_broker_options,
     add_dedupe_options,
     add_key_options,
+    add_metrics_option,
     deduplicator_from,
     key_strategy_from,
     rabbitmq_url,
+    start_metrics,
 )
 
 __all__ = ["register", "run"]
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="claim messages one at a time instead of a prefetched batch per round trip")
     add_dedupe_options(parser)
     add_key_options(parser)
+    add_metrics_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from ..rabbitmq import DedupeConsumer
 
     handler = load_callable(args.handler)
+    start_metrics(args)
     dedupe = deduplicator_from(args)
     strategy = key_strategy_from(args, RABBITMQ_DEFAULT)
     options = {} if args.max_attempts is None else {"max_attempts": args.max_attempts}

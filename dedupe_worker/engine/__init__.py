@@ -12,7 +12,7 @@ from .context import Holding, bind_claim, current_claim
 from .decision import Action, Decision, Reason, outcome, poison, settle
 from .hooks import Hooks
 from .policy import RetryPolicy
-from .single import decide, execute, run
+from .single import decide, execute, refused, run
 
 __all__ = [
     "FLUSH_AFTER",
@@ -30,6 +30,7 @@ __all__ = [
     "execute",
     "outcome",
     "poison",
+    "refused",
     "run",
     "settle",
 ]

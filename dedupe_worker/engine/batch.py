@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidKey, LeaseLost, StoreUnavailable
+from ..observe.base import current as observer
 from ..protocol.claim import Claim, Stored
 from ..protocol.client import ClaimClient, Request
 from .context import _current as current
 from .decision import Decision, Reason, in_progress, poison, settle
-from .single import failure_reason, unavailable
+from .single import attributes, failure_reason, unavailable
 
 __all__ = ["FLUSH_AFTER", "Item", "Pacing", "decide_many"]
 
@@ -108,8 +109,9 @@ class _Done:
 
 class _Batch:
     def __init__(self, dedupe: ClaimClient, items: Sequence[Item], pacing: Pacing,
-                 run_batch: Callable[[list[int]], Sequence[Any]] | None) -> None:
+                 run_batch: Callable[[list[int]], Sequence[Any]] | None, integration: str = "run") -> None:
         self.dedupe = dedupe
+        self.integration = integration
         self.items = items
         self.pacing = pacing
         self.run_batch = run_batch
@@ -162,7 +164,11 @@ class _Batch:
         for waiting in self.copies.values():  # copies behind a first copy that was never decided
             for i in waiting:
                 decisions.setdefault(i, in_progress(self.requests[i].key, 0.0))
-        return [decisions[i] for i in range(len(self.items))]
+        verdicts = [decisions[i] for i in range(len(self.items))]
+        if observer.enabled:
+            for decision in verdicts:
+                observer.decided(self.integration, decision.reason.value)
+        return verdicts
 
     def run(self, acquired: list[tuple[int, Claim]]) -> None:
         """Run the handlers of a claimed chunk. Once those that finished reach ``flush_after``, the
@@ -197,7 +203,11 @@ class _Batch:
         began = time.perf_counter()
         reset = current.set(claim)  # what bind_claim() does, without a generator per message
         try:
-            value = self.items[i][2]()
+            if observer.enabled:
+                with observer.span("dedupe.handler", attributes(claim, self.integration)):
+                    value = self.items[i][2]()
+            else:
+                value = self.items[i][2]()
         except Exception as exc:
             self.failed(i, claim, exc)
         else:
@@ -207,6 +217,8 @@ class _Batch:
         seconds = time.perf_counter() - began
         self.pacing.observe(seconds)
         self.done_seconds += seconds
+        if observer.enabled:
+            observer.handled(self.integration, seconds)
 
     def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
         """One call of the batch handler for every acquired claim; its error is every one's error."""
@@ -247,8 +259,17 @@ class _Batch:
         outcomes = [(d.claim, *d.record) for d in done if d.record is not None]
         freed = [*(d.claim for d in done if d.record is None), *releases]
         try:
-            stored, released, claims = self.dedupe.settle_and_claim(
-                outcomes, freed, [self.requests[i] for i in chunk])
+            if observer.enabled:
+                op = "complete_and_claim" if outcomes and chunk else ("claim" if chunk else "complete")
+                with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
+                                                    "dedupe.stored": len(outcomes), "dedupe.claimed": len(chunk)}):
+                    began = time.perf_counter()
+                    stored, released, claims = self.dedupe.settle_and_claim(
+                        outcomes, freed, [self.requests[i] for i in chunk])
+                    observer.round_trip(op, time.perf_counter() - began)
+            else:
+                stored, released, claims = self.dedupe.settle_and_claim(
+                    outcomes, freed, [self.requests[i] for i in chunk])
         except StoreUnavailable as exc:
             self.untrack(done, releases)
             for d in done:
@@ -305,6 +326,7 @@ def decide_many(
     run_batch: Callable[[list[int]], Sequence[Any]] | None = None,
     flush_after: float | None = None,
     pacing: Pacing | None = None,
+    integration: str = "run",
 ) -> list[Decision]:
     """:func:`~dedupe_worker.engine.decide` for a batch of ``(key, fingerprint, handler)``, in
     order; see the module docstring for when claims are taken and outcomes stored. Never raises
@@ -327,4 +349,4 @@ def decide_many(
         pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
     elif flush_after is not None:
         pacing.flush_after = flush_after
-    return _Batch(dedupe, items, pacing, run_batch).decide()
+    return _Batch(dedupe, items, pacing, run_batch, integration).decide()

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
+from ..observe.base import current as observer
 from ..protocol.claim import Claim
 from ..protocol.client import ClaimClient
 from .context import Holding
 from .decision import Decision, Reason, outcome, poison, settle
 
-__all__ = ["decide", "execute", "failure_reason", "run", "settle_failure", "unavailable"]
+__all__ = ["decide", "execute", "failure_reason", "refused", "run", "settle_failure", "unavailable"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,7 +73,13 @@ def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[C
 def stored(dedupe: ClaimClient, claim: Claim, value: Any) -> Decision:
     """Store ``value`` as ``claim``'s outcome (one round trip) and return the verdict."""
     try:
-        dedupe.complete(claim, value)
+        if observer.enabled:
+            with observer.span("dedupe.complete", attributes(claim)):
+                began = time.perf_counter()
+                dedupe.complete(claim, value)
+                observer.round_trip("complete", time.perf_counter() - began)
+        else:
+            dedupe.complete(claim, value)
     except LeaseLost as exc:
         return Decision(Reason.LEASE_LOST, claim, error=exc, retry_after=dedupe.lease)
     except ResultNotSerializable as exc:  # stored as "completed, body omitted"
@@ -83,13 +91,31 @@ def stored(dedupe: ClaimClient, claim: Claim, value: Any) -> Decision:
     return Decision(Reason.APPLIED, claim, value)
 
 
-def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any]) -> Decision:
+def attributes(claim: Claim, integration: str | None = None) -> dict[str, Any]:
+    """Span attributes of a claim: the Redis key (a hashed key shows its hash), token, outcome."""
+    return {"dedupe.key": claim.stem, "dedupe.token": claim.token, "dedupe.outcome": claim.outcome.name.lower(),
+            "dedupe.integration": integration}
+
+
+def run_handler(handler: Callable[[], Any], claim: Claim, integration: str) -> Any:
+    """``handler()``, timed and in a ``dedupe.handler`` span when observers are enabled."""
+    if not observer.enabled:
+        return handler()
+    with observer.span("dedupe.handler", attributes(claim, integration)):
+        began = time.perf_counter()
+        try:
+            return handler()
+        finally:
+            observer.handled(integration, time.perf_counter() - began)
+
+
+def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any], integration: str = "run") -> Decision:
     """Run ``handler`` for an ACQUIRED claim, lease renewed and ``current_claim()`` set, and store
     its outcome. The handler's exceptions become the verdict's ``error``; a ``BaseException``
     (``KeyboardInterrupt``, ``SystemExit``) releases the claim and propagates."""
     with Holding(dedupe.renewer, claim):
         try:
-            value = handler()
+            value = run_handler(handler, claim, integration)
         except Exception as exc:
             settle_failure(dedupe, claim, exc)
             return Decision(failure_reason(dedupe, exc), claim, error=exc)
@@ -99,20 +125,50 @@ def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any]) -> De
         return stored(dedupe, claim, value)
 
 
+def refused(error: BaseException, integration: str) -> Decision:
+    """The verdict on a message whose key could not be derived (:func:`poison`), reported to the
+    observers like every other verdict."""
+    decision = poison(error)
+    if observer.enabled:
+        observer.decided(integration, decision.reason.value)
+    return decision
+
+
 def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *, fingerprint: Any = None,
-           wait: float = 0.0) -> Decision:
+           wait: float = 0.0, integration: str = "run") -> Decision:
     """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict.
     Never raises for bad input, Redis or the handler's own exceptions.
 
     ``wait``: when another worker holds the key, wait up to this many seconds for it (see
-    :meth:`~dedupe_worker.protocol.ClaimClient.begin`) before answering IN_PROGRESS."""
+    :meth:`~dedupe_worker.protocol.ClaimClient.begin`) before answering IN_PROGRESS.
+    ``integration`` names the caller in metrics and traces."""
+    if observer.enabled:
+        decision = _observed(dedupe, key, handler, fingerprint, wait, integration)
+        observer.decided(integration, decision.reason.value)
+        return decision
     try:
         claim = dedupe.begin(key, fingerprint=fingerprint, wait=wait)
     except InvalidKey as exc:
         return poison(exc)
     except StoreUnavailable as exc:
         return unavailable(dedupe, exc, [handler])[0]
-    return settle(claim) or execute(dedupe, claim, handler)
+    return settle(claim) or execute(dedupe, claim, handler, integration)
+
+
+def _observed(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], fingerprint: Any, wait: float,
+              integration: str) -> Decision:
+    """:func:`decide` with its claim timed and in a ``dedupe.claim`` span."""
+    with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
+        began = time.perf_counter()
+        try:
+            claim = dedupe.begin(key, fingerprint=fingerprint, wait=wait)
+        except InvalidKey as exc:
+            return poison(exc)
+        except StoreUnavailable as exc:
+            return unavailable(dedupe, exc, [handler])[0]
+        observer.round_trip("claim", time.perf_counter() - began)
+        span.update(attributes(claim, integration))
+    return settle(claim) or execute(dedupe, claim, handler, integration)
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,

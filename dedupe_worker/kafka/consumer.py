@@ -29,7 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from ..deduplicator import Deduplicator
-from ..engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, decide_many, poison
+from ..engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, decide_many, refused
 from ..engine.decision import HANDLER_RAN
 from ..engine.hooks import call_hook
 from ..messages.envelope import Envelope, from_kafka
@@ -233,7 +233,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 key = self.key_strategy(envelope)
                 fp = self.fingerprint(envelope) if self.fingerprint is not None else None
             except Exception as exc:  # MissingKey, UndecodableMessage, or a broken strategy
-                decision = poison(exc)
+                decision = refused(exc, "kafka")
                 self.stats[decision.reason.value] += 1
                 letters.append((i, DeadLetter(msg, decision)))
                 continue
@@ -257,9 +257,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             return []
         batch = self.batch_handler
         if batch is None:
-            return decide_many(self.dedupe, items, pacing=self.pacing)
+            return decide_many(self.dedupe, items, pacing=self.pacing, integration="kafka")
         return decide_many(self.dedupe, items, run_batch=lambda chosen: batch([messages[i] for i in chosen]),
-                           pacing=self.pacing)
+                           pacing=self.pacing, integration="kafka")
 
     def _verdict(self, msg: Message, key: str, decision: Decision,
                  letters: list[tuple[int, DeadLetter]], index: int) -> Any:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import StoreUnavailable
+from ..observe.base import current as observer
 from .store import RedisStore
 
 __all__ = ["LeaseRenewer"]
@@ -72,12 +73,14 @@ class LeaseRenewer:
         """Renew every tracked lease once, in one round trip."""
         with self._lock:
             items = [k for k in self._live if k not in self._lost]
+        observer.leases(len(items))
         if not items:
             return
         try:
             renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
         except StoreUnavailable as exc:
             log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
+            observer.renewal_failed(len(items))
             return
         for (stem, token), ok in zip(items, renewed, strict=True):
             if ok:
@@ -87,6 +90,7 @@ class LeaseRenewer:
                     continue  # completed or released while we were renewing
                 self._lost.add((stem, token))
             log.warning("lease lost: key=%s token=%s", stem, token)
+            observer.lease_lost()
             if self.on_lost is not None:
                 self.on_lost(stem, token)
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..deduplicator import Deduplicator
-from ..engine import FLUSH_AFTER, Action, Pacing, Reason, decide, decide_many, poison
+from ..engine import FLUSH_AFTER, Action, Pacing, Reason, decide, decide_many, refused
 from ..errors import UndecodableMessage
 from ..extras import require
 from ..messages.envelope import Envelope, from_kombu
@@ -199,10 +199,10 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         todo = [item for item in items if item.decision is None]
         if len(todo) > 1 and self.batch:
             decisions = decide_many(self.dedupe, [(i.key or "", i.fingerprint, i.call or _noop) for i in todo],
-                                    pacing=self.pacing)
+                                    pacing=self.pacing, integration="rabbitmq")
         else:
-            decisions = [decide(self.dedupe, i.key or "", i.call or _noop, fingerprint=i.fingerprint)
-                         for i in todo]
+            decisions = [decide(self.dedupe, i.key or "", i.call or _noop, fingerprint=i.fingerprint,
+                                integration="rabbitmq") for i in todo]
         for item, decision in zip(todo, decisions, strict=True):
             item.decision = decision
         unavailable = [i for i in items if i.decision and i.decision.reason is Reason.STORE_UNAVAILABLE]
@@ -227,15 +227,15 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             item.key = self.key_strategy(envelope)
             item.fingerprint = self.fingerprint(envelope) if self.fingerprint else None
         except Exception as exc:
-            item.decision = poison(exc)
+            item.decision = refused(exc, "rabbitmq")
             return item
         try:
             if error is not None:
                 raise error
             body = message.decode()
         except Exception as exc:
-            item.decision = poison(UndecodableMessage(f"cannot decode body ({message.content_type}): "
-                                                      f"{type(exc).__name__}: {exc}"))
+            item.decision = refused(UndecodableMessage(f"cannot decode body ({message.content_type}): "
+                                                       f"{type(exc).__name__}: {exc}"), "rabbitmq")
             return item
 
         def call() -> Any:
