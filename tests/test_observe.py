@@ -194,3 +194,22 @@ def test_the_rabbitmq_command_serves_metrics_that_parse(amqp: Any, queue_name: s
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def test_without_the_extras_nothing_is_imported_and_enabling_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['prometheus_client'] = None\n"
+        "sys.modules['opentelemetry'] = None\n"
+        "import dedupe_worker, dedupe_worker.rabbitmq, dedupe_worker.kafka, dedupe_worker.celery\n"
+        "from dedupe_worker import observe\n"
+        "for enable in (observe.enable_metrics, observe.enable_tracing):\n"
+        "    try:\n"
+        "        enable()\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+        "print(sorted(m for m in sys.modules if 'prometheus' in m or 'opentelemetry' in m))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "pip install 'dedupe-worker[metrics]'" in out and "pip install 'dedupe-worker[otel]'" in out
+    assert out.strip().endswith("['opentelemetry', 'prometheus_client']")  # only the blocked entries
