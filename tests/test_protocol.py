@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
 
 from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome
 from dedupe_worker.protocol.layout import KeyLayout
-from dedupe_worker.testing import in_memory
+
+from .doubles import redis_or_double  # noqa: F401 - each test runs on Redis and on the double
 
 
 def keys_of(d: Deduplicator, key: str) -> tuple[str, str]:
     stem = d.layout.stem(d.layout.stored_key(key)[0])
     return KeyLayout.started(stem), KeyLayout.result(stem)
-
-
-
-@pytest.fixture(params=["redis", "in_memory"])
-def redis_client(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Any]:
-    """Every test here runs twice: on real Redis, and on the in_memory() test double users get."""
-    if request.param == "in_memory":
-        double = in_memory()
-        yield double.store.client
-        double.close()
-        return
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def test_first_claim_acquires_with_a_clock_token_and_records_a_lease(

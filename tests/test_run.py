@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -21,20 +19,8 @@ from dedupe_worker import (
     current_claim,
     idempotent,
 )
-from dedupe_worker.testing import in_memory
 
-
-@pytest.fixture(params=["redis", "in_memory"])
-def redis_client(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Any]:
-    """Every test here runs twice: on real Redis, and on the in_memory() test double users get."""
-    if request.param == "in_memory":
-        double = in_memory()
-        yield double.store.client
-        double.close()
-        return
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
+from .doubles import redis_or_double  # noqa: F401 - each test runs on Redis and on the double
 
 
 def test_run_calls_once_and_returns_the_stored_value(dedupe: Deduplicator) -> None:

@@ -142,33 +142,31 @@ def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *,
     ``wait``: when another worker holds the key, wait up to this many seconds for it (see
     :meth:`~dedupe_worker.protocol.ClaimClient.begin`) before answering IN_PROGRESS.
     ``integration`` names the caller in metrics and traces."""
-    if observer.enabled:
-        decision = _observed(dedupe, key, handler, fingerprint, wait, integration)
-        observer.decided(integration, decision.reason.value)
-        return decision
+    if not observer.enabled:
+        claim = _begin(dedupe, key, handler, fingerprint, wait)
+        if isinstance(claim, Decision):
+            return claim
+        return settle(claim) or execute(dedupe, claim, handler, integration)
+    with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
+        began = time.perf_counter()
+        claim = _begin(dedupe, key, handler, fingerprint, wait)
+        if isinstance(claim, Claim):
+            observer.round_trip("claim", time.perf_counter() - began)
+            span.update(attributes(claim, integration))
+    decision = claim if isinstance(claim, Decision) else settle(claim) or execute(dedupe, claim, handler, integration)
+    observer.decided(integration, decision.reason.value)
+    return decision
+
+
+def _begin(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], fingerprint: Any,
+           wait: float) -> Claim | Decision:
+    """The claim, or the verdict when there is none: a bad key, or Redis down."""
     try:
-        claim = dedupe.begin(key, fingerprint=fingerprint, wait=wait)
+        return dedupe.begin(key, fingerprint=fingerprint, wait=wait)
     except InvalidKey as exc:
         return poison(exc)
     except StoreUnavailable as exc:
         return unavailable(dedupe, exc, [handler])[0]
-    return settle(claim) or execute(dedupe, claim, handler, integration)
-
-
-def _observed(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], fingerprint: Any, wait: float,
-              integration: str) -> Decision:
-    """:func:`decide` with its claim timed and in a ``dedupe.claim`` span."""
-    with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
-        began = time.perf_counter()
-        try:
-            claim = dedupe.begin(key, fingerprint=fingerprint, wait=wait)
-        except InvalidKey as exc:
-            return poison(exc)
-        except StoreUnavailable as exc:
-            return unavailable(dedupe, exc, [handler])[0]
-        observer.round_trip("claim", time.perf_counter() - began)
-        span.update(attributes(claim, integration))
-    return settle(claim) or execute(dedupe, claim, handler, integration)
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,
