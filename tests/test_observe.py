@@ -165,7 +165,8 @@ def test_spans_for_claim_handler_and_complete(redis_client: Any, namespace: str)
         assert span.parent is not None and span.parent.span_id == parent.get_span_context().span_id
         assert "sha256:" in span.attributes["dedupe.key"] and "xxx" not in span.attributes["dedupe.key"]
         assert span.attributes["dedupe.token"] > 0 and span.attributes["dedupe.outcome"] == "acquired"
-    assert spans["dedupe.handler"].attributes["dedupe.integration"] == "run"
+    assert all(spans[n].attributes["dedupe.integration"] == "run" for n in ("dedupe.claim", "dedupe.handler",
+                                                                           "dedupe.complete"))
     assert spans["inside"].parent.span_id == spans["dedupe.handler"].context.span_id
 
 

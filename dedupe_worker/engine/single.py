@@ -70,11 +70,11 @@ def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[C
     return decisions
 
 
-def stored(dedupe: ClaimClient, claim: Claim, value: Any) -> Decision:
+def stored(dedupe: ClaimClient, claim: Claim, value: Any, integration: str = "run") -> Decision:
     """Store ``value`` as ``claim``'s outcome (one round trip) and return the verdict."""
     try:
         if observer.enabled:
-            with observer.span("dedupe.complete", attributes(claim)):
+            with observer.span("dedupe.complete", attributes(claim, integration)):
                 began = time.perf_counter()
                 dedupe.complete(claim, value)
                 observer.round_trip("complete", time.perf_counter() - began)
@@ -122,7 +122,7 @@ def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any], integ
         except BaseException as exc:
             settle_failure(dedupe, claim, exc)
             raise
-        return stored(dedupe, claim, value)
+        return stored(dedupe, claim, value, integration)
 
 
 def refused(error: BaseException, integration: str) -> Decision:
