@@ -214,3 +214,31 @@ def test_without_the_extras_nothing_is_imported_and_enabling_names_the_extra() -
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "pip install 'dedupe-worker[metrics]'" in out and "pip install 'dedupe-worker[otel]'" in out
     assert out.strip().endswith("['opentelemetry', 'prometheus_client']")  # only the blocked entries
+
+
+def test_the_kafka_command_serves_metrics_that_parse(kafka_bootstrap: str, kafka_topics: Topics, redis_url: str,
+                                                    namespace: str) -> None:
+    topic = kafka_topics.create(partitions=1)
+    produce(kafka_bootstrap, topic, [(0, None, b"k1", [("idempotency-key", b"k1")])] * 2)
+    port = services.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dedupe_worker", "kafka", "tests.crash_handlers:kafka_effect",
+                             "--bootstrap", kafka_bootstrap, "--topic", topic, "--group", unique("g"),
+                             "--redis-url", redis_url, "--namespace", namespace, "--metrics-port", str(port),
+                             "-X", "session.timeout.ms=2000", "-X", "heartbeat.interval.ms=500"],
+                            cwd=ROOT, env={**os.environ, "TEST_REDIS_URL": redis_url,
+                                           "TEST_EFFECTS": f"{namespace}:effects", "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        services.wait_for_port("127.0.0.1", port, 20)
+
+        def decided() -> dict[str, float]:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            return {s.labels["reason"]: s.value for family in text_string_to_metric_families(text)
+                    for s in family.samples
+                    if s.name == "dedupe_decisions_total" and s.labels["integration"] == "kafka"}
+
+        samples = wait_for(lambda: (d := decided()).get("duplicate") and d, timeout=30, what="scraped")
+        assert samples == {"applied": 1.0, "duplicate": 1.0}
+    finally:
+        proc.terminate()
+        proc.wait(15)
