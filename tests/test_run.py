@@ -120,7 +120,7 @@ def test_renewer_marks_a_stolen_claim_lost(redis_client: redis.Redis, namespace:
 
 def test_one_renewer_thread_serves_every_claim(redis_client: redis.Redis, namespace: str) -> None:
     d = Deduplicator(redis_client, namespace=namespace, lease=0.3, result_ttl=30)
-    before = threading.active_count()
+    before = {t.ident for t in threading.enumerate()}  # other tests' threads may end meanwhile
     barrier = threading.Barrier(20)
 
     def handler() -> int:
@@ -132,7 +132,9 @@ def test_one_renewer_thread_serves_every_claim(redis_client: redis.Redis, namesp
     for t in threads:
         t.start()
     time.sleep(0.3)
-    assert threading.active_count() - before == 20 + 1  # the workers, plus one renewer
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert len(started) == 20 + 1  # the workers, plus one renewer
+    assert [t.name for t in started if t not in threads] == ["dedupe-lease-renewer"]
     for t in threads:
         t.join()
     assert all(d.begin(f"k{i}").outcome is Outcome.DUPLICATE for i in range(20))
