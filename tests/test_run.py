@@ -122,16 +122,20 @@ def test_one_renewer_thread_serves_every_claim(redis_client: redis.Redis, namesp
     d = Deduplicator(redis_client, namespace=namespace, lease=0.3, result_ttl=30)
     before = {t.ident for t in threading.enumerate()}  # other tests' threads may end meanwhile
     barrier = threading.Barrier(20)
+    inside: list[int] = []
 
     def handler() -> int:
         barrier.wait()
+        inside.append(1)
         time.sleep(0.5)
         return 1
 
     threads = [threading.Thread(target=d.run, args=(f"k{i}", handler)) for i in range(20)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while len(inside) < 20 and time.monotonic() < deadline:  # every handler holds its claim now
+        time.sleep(0.01)
     started = [t for t in threading.enumerate() if t.ident not in before]
     assert len(started) == 20 + 1  # the workers, plus one renewer
     assert [t.name for t in started if t not in threads] == ["dedupe-lease-renewer"]
