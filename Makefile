@@ -5,13 +5,15 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
+# Where `make bench` runs Redis and the client: same, split, both (core both ways) or none.
+PIN ?= both
 
 .PHONY: install test lint typecheck bench demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,testing,metrics,otel,test,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,testing,metrics,otel,test,dev,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +28,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --pin $(PIN)
 
 demo: $(STAMP)
 	$(BIN)/dedupe-worker demo

@@ -1,58 +1,112 @@
-"""``make bench``: every benchmark, each against a baseline measured in the same run.
+"""``make bench``: every benchmark, each against a baseline (and the peers) measured in the same run.
 
-The core bench runs twice when the Redis server is local and ``taskset`` exists: with Redis and
-the client pinned to the same vCPU, and to different vCPUs (round trips differ 3-10x between the
-two on this kind of machine, so only numbers from one placement are compared with each other).
+    python -m bench [--pin same|split|both|none] [--only MODULE ...] [--seconds S]
+
+Where Redis and the client run changes a round trip 3x on a small machine, so every run says
+where they ran and only numbers from one placement are compared with each other:
+
+* ``same``: a private ``redis-server`` started for the run, pinned with ``taskset`` to the first
+  allowed vCPU, and every bench client pinned to that same vCPU;
+* ``split``: the private Redis on the first vCPU, the clients on the second;
+* ``both`` (the default): ``bench.core`` once with each placement, the other benches ``split``;
+* ``none``: no pinning, against ``DEDUPE_REDIS_URL`` (default the local 6379).
+
+A private server is used for pinned runs so that the shared Redis other processes use is never
+re-pinned. Without ``taskset``, ``redis-server`` or a second vCPU the run falls back to ``none``
+and says so.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
-
-import redis
+import tempfile
+import time
 
 BENCHES = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.replay",
            "bench.settle", "bench.durability")
+#: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
+TAKES_REDIS_URL = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer",
+                   "bench.replay", "bench.settle")
 
 
-def redis_pid(url: str) -> int | None:
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1)
-        info = client.info("server")
-    except redis.RedisError:
-        return None
-    pid = int(info.get("process_id", 0))
-    return pid if pid and os.path.exists(f"/proc/{pid}") else None
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def run(module: str, cpu: int | None = None, label: str = "") -> int:
-    cmd = [sys.executable, "-m", module, *(["--label", label] if label else [])]
+def start_redis(cpu: int) -> tuple[subprocess.Popen[bytes], str]:
+    """A private ``redis-server`` pinned to ``cpu``, no persistence; its URL."""
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="dedupe-bench-redis-")
+    proc = subprocess.Popen(
+        ["taskset", "-c", str(cpu), "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the private redis-server did not start")
+
+
+def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extra: list[str]) -> int:
+    cmd = [sys.executable, "-m", module, *extra]
+    if label and module in ("bench.core", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.settle",
+                            "bench.durability"):
+        cmd += ["--label", label]
+    if redis_url and module in TAKES_REDIS_URL:
+        cmd += ["--redis-url", redis_url]
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
-    print(f"\n$ {' '.join(cmd)}", flush=True)
+    print(f"\n$ {' '.join(cmd)}\n  placement: {label}", flush=True)
     return subprocess.run(cmd).returncode
 
 
-def main() -> int:
-    url = os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0")
-    pid = redis_pid(url)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pin", choices=("same", "split", "both", "none"),
+                        default=os.environ.get("PIN") or "both")
+    parser.add_argument("--only", nargs="*", choices=BENCHES, help="run only these benches")
+    parser.add_argument("--seconds", type=float, help="bench.core: seconds per case")
+    args = parser.parse_args(argv)
+    benches = args.only or list(BENCHES)
     cpus = sorted(os.sched_getaffinity(0))
+    pin = args.pin
+    if pin != "none" and not (shutil.which("taskset") and shutil.which("redis-server") and len(cpus) >= 2):
+        print(f"--pin {pin} needs taskset, redis-server and two vCPUs: running unpinned", flush=True)
+        pin = "none"
+    core_extra = ["--seconds", str(args.seconds)] if args.seconds else []
     failures = 0
-    if pid and shutil.which("taskset") and len(cpus) >= 2:
-        original = subprocess.run(["taskset", "-p", str(pid)], capture_output=True, text=True).stdout.split()[-1]
-        try:
-            subprocess.run(["taskset", "-p", "-c", str(cpus[0]), str(pid)], check=True, capture_output=True)
-            failures += run("bench.core", cpus[0], f"Redis and client on vCPU {cpus[0]}") != 0
-            failures += run("bench.core", cpus[1], f"Redis on vCPU {cpus[0]}, client on vCPU {cpus[1]}") != 0
-        finally:
-            subprocess.run(["taskset", "-p", original, str(pid)], capture_output=True)
-    else:
-        failures += run("bench.core", label="unpinned (Redis not local, or no taskset)") != 0
-    for module in BENCHES[1:]:
-        failures += run(module) != 0
+    if pin == "none":
+        for module in benches:
+            failures += run(module, cpu=None, label="unpinned, shared Redis", redis_url=None,
+                            extra=core_extra if module == "bench.core" else []) != 0
+        return 1 if failures else 0
+    redis_cpu, other_cpu = cpus[0], cpus[1]
+    placements = {"same": (redis_cpu, f"Redis and client on vCPU {redis_cpu} (taskset)"),
+                  "split": (other_cpu, f"Redis on vCPU {redis_cpu}, client on vCPU {other_cpu} (taskset)")}
+    server, url = start_redis(redis_cpu)
+    try:
+        for module in benches:
+            chosen = ("same", "split") if pin == "both" and module == "bench.core" else \
+                ("split",) if pin == "both" else (pin,)
+            for name in chosen:
+                cpu, label = placements[name]
+                failures += run(module, cpu=cpu, label=label, redis_url=url,
+                                extra=core_extra if module == "bench.core" else []) != 0
+    finally:
+        server.kill()
+        server.wait(10)
     return 1 if failures else 0
 
 

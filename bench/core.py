@@ -1,12 +1,16 @@
-"""Core protocol speed against a real Redis, with baselines measured in the same run.
+"""Core protocol speed against a real Redis, with every baseline and peer measured in the same run.
 
-    python -m bench.core [--redis-url URL] [--seconds S]
+    python -m bench.core [--redis-url URL] [--seconds S] [--label TEXT]
 
-Prints, one line each: raw EVALSHA round trips/s (a trivial two-key script); the ``run()`` path
-(claim + complete, two scripts per message) in messages/s and as a ratio to two raw round trips;
-the batch path (``begin_many`` + ``complete_many``, 100 per batch) in messages/s and as a ratio
-to raw pipelined EVALSHA (two trivial scripts per message); a duplicate hit (one round trip); and
-Redis memory per completed key (``MEMORY USAGE`` of its records).
+The cases take turns in short rounds (:func:`rates`), so a noisy neighbour hits them alike. Each
+ratio is printed next to its baseline: ``run()`` (claim + complete, two scripts per message)
+against two raw EVALSHA round trips of a trivial script and against the same two scripts called
+straight from redis-py; a duplicate (one round trip) against one raw round trip and against
+Powertools' duplicate; the batch path (``begin_many`` + ``complete_many`` of 100) against raw
+pipelined EVALSHA (two trivial scripts per message); AWS Lambda Powertools' ``idempotent_function``
+with its Redis persistence layer; Celery eager mode (plain, ``IdempotentTask``, celery-once's
+``QueueOnce``); and Redis memory per completed key (``MEMORY USAGE`` of its records). Client CPU
+time per message is printed too: on a shared machine wall time also measures the neighbours.
 """
 
 from __future__ import annotations
@@ -20,31 +24,39 @@ from collections.abc import Callable
 
 import redis
 
+from bench.peers import celery_eager_cases, payload, powertools_cases, powertools_records
 from dedupe_worker import Deduplicator
 
 TRIVIAL = "return 1"
 
 
-def rates(cases: dict[str, Callable[[int], int]], seconds: float, rounds: int = 7) -> dict[str, float]:
+def rates(cases: dict[str, Callable[[int], int]], seconds: float, rounds: int = 7,
+          cpu: dict[str, float] | None = None) -> dict[str, float]:
     """Messages per second of each ``fn(i) -> messages done``: the cases take turns in short
-    rounds and each reports its median round, so a noisy neighbour hits every case alike."""
+    rounds and each reports its median round, so a noisy neighbour hits every case alike.
+    With ``cpu``, also fills in each case's median client CPU seconds per message."""
     for fn in cases.values():  # warm-up: connections, script cache
         for i in range(20):
             fn(-1 - i)
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    cpu_samples: dict[str, list[float]] = {name: [] for name in cases}
     counter = 0
     for _ in range(rounds):
         for name, fn in cases.items():
             done = 0
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             while (elapsed := time.perf_counter() - start) < seconds / rounds:
                 done += fn(counter)
                 counter += 1
             samples[name].append(done / elapsed)
+            cpu_samples[name].append((time.process_time() - cpu_start) / done)
+    if cpu is not None:
+        cpu.update({name: statistics.median(values) for name, values in cpu_samples.items()})
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def measure(url: str, seconds: float) -> dict[str, float]:
+def measure(url: str, seconds: float) -> tuple[dict[str, float], dict[str, float]]:
+    """``(messages per second, client CPU seconds per message)`` of every case, and ``memory``."""
     client = redis.Redis.from_url(url)
     ns = f"bench-{uuid.uuid4().hex[:8]}"
     d = Deduplicator(client, namespace=ns, lease=30, result_ttl=600)
@@ -62,11 +74,16 @@ def measure(url: str, seconds: float) -> dict[str, float]:
         stem = f"{ns}:{{raw-{i}}}"
         started, result = stem + ":started", stem + ":result"
         token = client.evalsha(claim_sha, 2, started, result, 30000, 600000, "", "")[1]
-        client.evalsha(complete_sha, 2, started, result, 600000, token, "c", b"1")
+        client.evalsha(complete_sha, 3, started, result, stem + ":notice", 600000, token, "c", b"1")
         return 1
 
     def run_path(i: int) -> int:
-        d.run(f"run-{i}", lambda: i)
+        d.run(f"order-{i}", lambda: {"status": "charged"})
+        return 1
+
+    def run_fingerprint(i: int) -> int:
+        body = payload(i)
+        d.run(f"fp-order-{i}", lambda: {"status": "charged"}, fingerprint=body)
         return 1
 
     def raw_pipeline(_: int) -> int:
@@ -81,53 +98,74 @@ def measure(url: str, seconds: float) -> dict[str, float]:
         d.complete_many([(c, j) for j, c in enumerate(claims)])
         return 100
 
-    d.run("dup", lambda: {"status": "charged"})
+    d.run("order--1", lambda: {"status": "charged"})
 
     def duplicate(_: int) -> int:
-        d.begin("dup")
+        d.run("order--1", lambda: {"status": "charged"})
         return 1
 
-    m = rates({"raw": raw, "scripts": raw_scripts, "run": run_path, "pipe": raw_pipeline,
-               "batch": batch_path, "dup": duplicate}, seconds)
+    cpu: dict[str, float] = {}
+    m = rates({"raw": raw, "scripts": raw_scripts, "run": run_path, "run fp": run_fingerprint,
+               "dup": duplicate, "pipe": raw_pipeline, "batch": batch_path,
+               **powertools_cases(client, ns), **celery_eager_cases(url, ns)}, seconds, cpu=cpu)
+    m["powertools records"] = float(powertools_records(client, ns))
 
     d.run("memory-probe-order-00012345", lambda: {"status": "charged", "amount": 1250})
     stem = d.layout.stem("memory-probe-order-00012345")
-    memory = sum(client.memory_usage(k) or 0 for k in (stem + ":started", stem + ":result"))
-    cursor = 0
-    while True:  # tidy up: the bench keys expire anyway, but do not leave 10^5 keys behind
-        cursor, found = client.scan(cursor, match=f"{ns}:*", count=5000)
-        if found:
-            client.unlink(*found)
-        if cursor == 0:
-            break
+    m["memory"] = float(sum(client.memory_usage(k) or 0 for k in (stem + ":started", stem + ":result")))
+    for pattern in (f"{ns}:*", "qo_bench.once*"):  # the bench keys expire anyway: do not leave 10^5 behind
+        batch = []
+        for key in client.scan_iter(pattern, count=5000):
+            batch.append(key)
+            if len(batch) >= 5000:
+                client.unlink(*batch)
+                batch = []
+        if batch:
+            client.unlink(*batch)
     d.close()
-    return {**m, "memory": float(memory)}
+    return m, cpu
 
 
-def report(m: dict[str, float], label: str) -> str:
+def report(m: dict[str, float], cpu: dict[str, float], label: str) -> str:
+    def us(name: str) -> str:
+        return f"{1e6 / m[name]:6.0f} µs ({1e6 * cpu[name]:4.0f} µs CPU)"
+
+    def overhead(name: str) -> float:
+        return 1e6 * (1 / m[name] - 1 / m["eager plain"])
+
     two_raw = m["raw"] / 2
+    ours, once = overhead("eager Idempotent"), overhead("eager QueueOnce")
     return "\n".join([
-        f"[{label}]",
-        f"  raw EVALSHA round trips          {m['raw']:>10,.0f} /s   ({1e6 / m['raw']:.0f} µs each)",
-        f"  raw claim.lua+complete.lua       {m['scripts']:>10,.0f} msg/s  (the same scripts from redis-py, "
-        f"no library: {two_raw / m['scripts']:.2f}x two trivial round trips)",
-        f"  run() claim+handler+complete     {m['run']:>10,.0f} msg/s  = {m['scripts'] / m['run']:.2f}x the raw "
-        f"scripts (target <= 1.25x), {two_raw / m['run']:.2f}x two trivial round trips",
-        f"  raw pipelined EVALSHA (2/msg)    {m['pipe']:>10,.0f} msg/s",
-        f"  begin_many+complete_many (100)   {m['batch']:>10,.0f} msg/s  = {m['batch'] / m['pipe']:.2f}x raw "
-        f"pipeline (target >= 50,000 msg/s)",
-        f"  duplicate hit (one round trip)   {m['dup']:>10,.0f} /s   = {m['dup'] / m['raw']:.2f}x raw",
-        f"  Redis memory per completed key   {m['memory']:>10,.0f} bytes (MEMORY USAGE, both records)",
+        f"[{label}]  per message: wall (client CPU); ratios are times, lower is faster unless noted",
+        f"  raw EVALSHA round trip (trivial)  {us('raw')}",
+        f"  raw claim.lua+complete.lua        {us('scripts')}  = {two_raw / m['scripts']:.2f}x two raw round trips",
+        f"  run(), first seen                 {us('run')}  = {two_raw / m['run']:.2f}x two raw round trips "
+        f"(target <= 1.3x); {m['scripts'] / m['run']:.2f}x the raw scripts",
+        f"  run() with a fingerprint          {us('run fp')}  = {two_raw / m['run fp']:.2f}x two raw round trips",
+        f"  Powertools idempotent_function    {us('powertools')}  -> run() is "
+        f"{m['run'] / m['powertools']:.2f}x as fast, with a fingerprint {m['run fp'] / m['powertools']:.2f}x "
+        f"({m['powertools records']:.0f} Powertools records in Redis)",
+        f"  run() duplicate (one round trip)  {us('dup')}  = {m['raw'] / m['dup']:.2f}x one raw round trip",
+        f"  Powertools duplicate              {us('powertools dup')}  -> our duplicate is "
+        f"{m['dup'] / m['powertools dup']:.2f}x as fast",
+        f"  raw pipelined EVALSHA (2/msg)     {us('pipe')}  = {m['pipe']:,.0f} msg/s",
+        f"  begin_many+complete_many (100)    {us('batch')}  = {m['batch']:,.0f} msg/s, "
+        f"{m['batch'] / m['pipe']:.2f}x the raw pipeline's throughput (target >= 0.8x)",
+        f"  Celery eager plain task           {us('eager plain')}",
+        f"  Celery eager IdempotentTask       {us('eager Idempotent')}  overhead {ours:5.0f} µs",
+        f"  Celery eager QueueOnce            {us('eager QueueOnce')}  overhead {once:5.0f} µs"
+        f"  -> ours / QueueOnce's = {ours / once if once > 0 else float('nan'):.2f} (target <= 1)",
+        f"  Redis memory per completed key    {m['memory']:6.0f} bytes (MEMORY USAGE, both records; target <= 168)",
     ])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--seconds", type=float, default=3.0, help="per case, spread over 7 rounds")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per case, spread over 7 rounds")
     parser.add_argument("--label", default=f"pid {os.getpid()}, cpus {sorted(os.sched_getaffinity(0))}")
     args = parser.parse_args()
-    print(report(measure(args.redis_url, args.seconds), args.label), flush=True)
+    print(report(*measure(args.redis_url, args.seconds), args.label), flush=True)
 
 
 if __name__ == "__main__":
