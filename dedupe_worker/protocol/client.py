@@ -141,10 +141,13 @@ class ClaimClient:
         return self._watcher
 
     def close(self) -> None:
-        """Stop the lease renewer (and the key watcher, if one was started)."""
+        """Stop the lease renewer (and the key watcher, if one was started) and give the held
+        connection back to the client's pool (a later call takes one again)."""
         self.renewer.close()
         if self._watcher is not None:
             self._watcher.close()
+        if self.store.scripts.held is not None:
+            self.store.scripts.held.close()
 
     # -- requests and replies -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import StoreUnavailable
+from .held import BUSY, HeldConnection
 
 __all__ = ["SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "load_script"]
 
@@ -57,6 +58,16 @@ class ScriptRunner:
         self.is_cluster = isinstance(client, RedisCluster)
         self._text = {name: load_script(name) for name in SCRIPT_NAMES}
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+        #: The connection the per-message calls use (see :mod:`.held`); ``None`` on a cluster.
+        self.held = HeldConnection(client) if HeldConnection.suits(client) else None
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        command = ("EVALSHA", self.sha[name], len(keys), *keys, *args)
+        if self.held is not None:
+            reply = self.held.execute(*command)
+            if reply is not BUSY:
+                return reply
+        return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
 
     def _load(self, name: str) -> None:
         self.client.script_load(self._text[name])
@@ -65,12 +76,23 @@ class ScriptRunner:
         """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
         try:
             try:
-                return self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+                return self._evalsha(name, keys, args)
             except NoScriptError:
                 self._load(name)
-                return self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+                return self._evalsha(name, keys, args)
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
+
+    def _pipelined(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one round trip, error replies as exception objects."""
+        if self.held is not None:
+            replies = self.held.execute_many(commands)
+            if replies is not BUSY:
+                return replies  # type: ignore[no-any-return]
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return pipe.execute(raise_on_error=False)
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
@@ -85,19 +107,16 @@ class ScriptRunner:
         if not calls:
             return []
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for name, keys, args in calls:
-                pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)
-            if wait is not None:
-                pipe.execute_command("WAIT", *wait)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
+            replies: list[Any] = self._pipelined(
+                [("EVALSHA", self.sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+                + ([("WAIT", *wait)] if wait is not None else []))
             acked: Any = replies.pop() if wait is not None else None
             reloaded = False
             for i, reply in enumerate(replies):
                 if isinstance(reply, NoScriptError):
                     name, keys, args = calls[i]
                     self._load(name)
-                    replies[i] = self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+                    replies[i] = self._evalsha(name, keys, args)
                     reloaded = True
             if wait is not None and (reloaded or isinstance(acked, Exception)):
                 acked = self.client.execute_command("WAIT", *wait)  # type: ignore[no-untyped-call]

@@ -1,0 +1,134 @@
+"""The held connection of the per-message path (``protocol/held.py``), against a real Redis:
+replies never cross between threads, a killed connection reconnects, a forked child takes its
+own, and an error reply leaves the connection in step."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dedupe_worker import Deduplicator, Outcome, StoreUnavailable
+
+from .services import RedisServer
+
+
+@pytest.fixture
+def held(redis_url: str, namespace: str) -> Iterator[Deduplicator]:
+    client = redis.Redis.from_url(redis_url)
+    d = Deduplicator(client, namespace=namespace, lease=5.0, result_ttl=60.0)
+    assert d.store.scripts.held is not None
+    yield d
+    d.close()
+    client.close()
+
+
+def held_id(d: Deduplicator) -> int:
+    """The server-side id of the connection the per-message path holds."""
+    assert d.store.scripts.held is not None
+    return int(d.store.scripts.held.execute("CLIENT", "ID"))
+
+
+def test_calls_run_on_one_held_connection(held: Deduplicator) -> None:
+    first = held_id(held)
+    for i in range(20):
+        assert held.run(f"k{i}", lambda i=i: i) == i
+    assert held.begin_many(["a", "b"])[1].outcome is Outcome.ACQUIRED
+    assert held_id(held) == first
+
+
+def test_threads_never_see_each_others_replies(held: Deduplicator) -> None:
+    """The lock keeps one caller on the held connection; the others use the pool. A reply read
+    by the wrong thread would surface as a wrong value here."""
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        for i in range(60):
+            key = f"t{t}-{i}"
+            try:
+                if held.run(key, lambda key=key: key) != key:
+                    errors.append(key)
+                if [c.outcome for c in held.begin_many([key, f"{key}-new"])] != [Outcome.DUPLICATE,
+                                                                                 Outcome.ACQUIRED]:
+                    errors.append(f"{key} batch")
+            except Exception as exc:  # a reply read by the wrong thread may not even parse
+                errors.append(f"{key}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+
+
+@pytest.mark.parametrize("retries", [None, 0])
+def test_a_connection_killed_while_idle_is_replaced_before_sending(redis_url: str, namespace: str, retries: int | None,
+                                                                  redis_client: redis.Redis) -> None:
+    """As the pool checks a connection before handing it out, even with no retries allowed."""
+    options = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
+    client = redis.Redis.from_url(redis_url, **options)
+    d = Deduplicator(client, namespace=namespace)
+    before = held_id(d)
+    assert d.run("before", lambda: 1) == 1
+    redis_client.client_kill_filter(_id=before)
+    assert d.run("after", lambda: 2) == 2
+    assert d.begin_many(["x", "y"])[0].outcome is Outcome.ACQUIRED
+    after = held_id(d)
+    assert after != before
+    redis_client.client_kill_filter(_id=after)
+    assert d.begin_many(["x", "z"])[1].outcome is Outcome.ACQUIRED  # the pipelined path too
+    d.close()
+    client.close()
+
+
+def test_a_server_outage_fails_the_call_and_the_next_reconnects(private_redis: RedisServer) -> None:
+    d = Deduplicator.from_url(private_redis.url, lease=5)
+    assert d.run("before", lambda: 1) == 1
+    private_redis.stop()
+    with pytest.raises(StoreUnavailable):
+        d.run("during", lambda: 2)
+    private_redis.start()
+    assert d.run("after", lambda: 3) == 3
+    assert d.begin_many(["a", "b"])[1].outcome is Outcome.ACQUIRED
+    d.close()
+
+
+def test_a_forked_child_takes_its_own_connection(held: Deduplicator) -> None:
+    parent = held_id(held)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must not use (or close) the parent's socket
+        code = 1
+        try:
+            ok = held.run("child", lambda: "c") == "c" and held_id(held) != parent
+            code = 0 if ok else 2
+        finally:
+            os.write(write, b"x")
+            os._exit(code)
+    os.close(write)
+    os.read(read, 1)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert held.run("parent", lambda: "p") == "p"
+    assert held_id(held) == parent
+    assert held.begin("child").outcome is Outcome.DUPLICATE
+
+
+def test_an_error_reply_keeps_the_connection_in_step(held: Deduplicator, redis_client: redis.Redis) -> None:
+    stem = held.request("wrong-type").stem
+    redis_client.set(stem + ":result", "not a hash", ex=60)
+    before = held_id(held)
+    with pytest.raises(StoreUnavailable):
+        held.begin("wrong-type")
+    with pytest.raises(StoreUnavailable):
+        held.begin_many(["fine", "wrong-type"])
+    assert held.run("next", lambda: "n") == "n"
+    assert [c.outcome for c in held.begin_many(["next", "other"])] == [Outcome.DUPLICATE, Outcome.ACQUIRED]
+    assert held_id(held) == before
