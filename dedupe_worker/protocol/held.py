@@ -23,6 +23,7 @@ from typing import Any, TypeGuard
 
 import redis
 
+hiredis_pack: Any
 try:
     from hiredis import pack_command as hiredis_pack
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
