@@ -192,3 +192,25 @@ def test_a_retried_completion_that_already_succeeded_answers_stored(dedupe: Dedu
     assert later.outcome is Outcome.DUPLICATE and later.result == "v"
     other = [(claim.stem, claim.token - 1, Stored.COMPLETED, b'"x"')]
     assert dedupe.store.complete(other, 60_000) == [False]  # another token is still refused
+
+
+def test_renewer_tracks_a_chunk_per_holder(dedupe: Deduplicator) -> None:
+    """``track_many``/``untrack_many`` (one lock per chunk, as the batch engine uses them) count
+    holders like ``track``/``untrack``: a lease is renewed until its last holder lets go."""
+    a, b = dedupe.begin("lease-a"), dedupe.begin("lease-b")
+    leases = [(a.stem, a.token), (b.stem, b.token)]
+    renewer = dedupe.renewer
+    renewer.track_many(leases)
+    renewer.track(a.stem, a.token)
+    renewer.untrack_many(leases)
+    ttl_before = dedupe.store.client.pttl(a.stem + ":started")
+    dedupe.store.client.pexpire(a.stem + ":started", 1000)
+    dedupe.store.client.pexpire(b.stem + ":started", 1000)
+    renewer.renew_now()
+    assert dedupe.store.client.pttl(a.stem + ":started") > 1000  # still held once: renewed
+    assert dedupe.store.client.pttl(b.stem + ":started") <= 1000  # let go: not renewed
+    assert ttl_before > 0
+    renewer.untrack(a.stem, a.token)
+    dedupe.store.client.pexpire(a.stem + ":started", 1000)
+    renewer.renew_now()
+    assert dedupe.store.client.pttl(a.stem + ":started") <= 1000

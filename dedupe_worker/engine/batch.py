@@ -175,9 +175,7 @@ class _Batch:
         claims not started yet are given back (released with the next round trip, and queued again),
         so their outcomes are stored before another handler starts and nobody holds idle claims.
         Each lease is renewed from its claim until its outcome is stored or its claim released."""
-        renewer = self.dedupe.renewer
-        for _, claim in acquired:
-            renewer.track(claim.stem, claim.token)
+        self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
         try:
             if self.run_batch is not None:
                 self.call_batch(acquired)
@@ -293,9 +291,8 @@ class _Batch:
         return claims
 
     def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
-        renewer = self.dedupe.renewer
-        for claim in [*(d.claim for d in done), *releases]:
-            renewer.untrack(claim.stem, claim.token)
+        self.dedupe.renewer.untrack_many([*((d.claim.stem, d.claim.token) for d in done),
+                                          *((c.stem, c.token) for c in releases)])
 
     def decided(self, i: int, decision: Decision) -> None:
         """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""

@@ -22,13 +22,13 @@ import threading
 from typing import Any, TypeGuard
 
 import redis
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 hiredis_pack: Any
 try:
     from hiredis import pack_command as hiredis_pack
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
     hiredis_pack = None
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 __all__ = ["BUSY", "HeldConnection"]
 

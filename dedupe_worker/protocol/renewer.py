@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..errors import StoreUnavailable
 from ..observe.base import current as observer
@@ -57,13 +57,28 @@ class LeaseRenewer:
                 self._start()
 
     def untrack(self, stem: str, token: int) -> None:
+        self.untrack_many([(stem, token)])
+
+    def track_many(self, leases: Iterable[tuple[str, int]]) -> None:
+        """:meth:`track` for several ``(stem, token)`` at once (one lock, one thread check)."""
+        live = self._live
         with self._lock:
-            left = self._live.get((stem, token), 0) - 1
-            if left > 0:
-                self._live[(stem, token)] = left
-            else:
-                self._live.pop((stem, token), None)
-                self._lost.discard((stem, token))
+            for lease in leases:
+                live[lease] = live.get(lease, 0) + 1
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._start()
+
+    def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None:
+        """Stop renewing ``(stem, token)`` leases (each once per :meth:`track`)."""
+        live = self._live
+        with self._lock:
+            for lease in leases:
+                left = live.get(lease, 0) - 1
+                if left > 0:
+                    live[lease] = left
+                else:
+                    live.pop(lease, None)
+                    self._lost.discard(lease)
 
     def is_lost(self, stem: str, token: int) -> bool:
         with self._lock:
