@@ -132,3 +132,29 @@ def test_an_error_reply_keeps_the_connection_in_step(held: Deduplicator, redis_c
     assert held.run("next", lambda: "n") == "n"
     assert [c.outcome for c in held.begin_many(["next", "other"])] == [Outcome.DUPLICATE, Outcome.ACQUIRED]
     assert held_id(held) == before
+
+
+def test_clients_on_one_pool_share_one_held_connection(redis_url: str, namespace: str) -> None:
+    """Clients made per request and never closed must not take a connection each: 300 of them
+    on a pool of 100 all work, and the pool made one connection."""
+    client = redis.Redis.from_url(redis_url, max_connections=100)
+    clients = [Deduplicator(client, namespace=namespace) for _ in range(300)]
+    assert {id(d.store.scripts.held) for d in clients} == {id(clients[0].store.scripts.held)}
+    for i, d in enumerate(clients):
+        assert d.begin(f"k{i}").outcome is Outcome.ACQUIRED
+    assert len(client.connection_pool._in_use_connections) + len(client.connection_pool._available_connections) == 1
+    client.close()
+
+
+@pytest.mark.parametrize("pool", ["blocking", "small"])
+def test_small_or_blocking_pools_are_left_alone(redis_url: str, namespace: str, pool: str) -> None:
+    """Holding one of few connections could starve the renewer and watcher threads."""
+    if pool == "blocking":
+        client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(redis_url, max_connections=2))
+    else:
+        client = redis.Redis.from_url(redis_url, max_connections=4)
+    d = Deduplicator(client, namespace=namespace)
+    assert d.store.scripts.held is None
+    assert d.run("k", lambda: 1) == 1 and d.begin("k").outcome is Outcome.DUPLICATE
+    d.close()
+    client.close()

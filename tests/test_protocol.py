@@ -214,3 +214,21 @@ def test_renewer_tracks_a_chunk_per_holder(dedupe: Deduplicator) -> None:
     dedupe.store.client.pexpire(a.stem + ":started", 1000)
     renewer.renew_now()
     assert dedupe.store.client.pttl(a.stem + ":started") <= 1000
+
+
+def test_claim_init_takes_exactly_the_declared_fields_and_defaults() -> None:
+    """``Claim`` has a hand-written ``__init__`` (speed): it must match the dataclass fields."""
+    import dataclasses
+    import inspect
+
+    from dedupe_worker import Claim
+
+    params = list(inspect.signature(Claim.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(Claim)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [inspect.Parameter.empty if f.default is dataclasses.MISSING
+                                           else f.default for f in fields]
+    claim = Claim("k", Outcome.ACQUIRED, 7, stem="s")
+    assert dataclasses.replace(claim, token=8).token == 8 and claim.token == 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        claim.token = 9  # type: ignore[misc]

@@ -56,7 +56,7 @@ class Omitted(str):
 OMITTED = Omitted("<dedupe-worker: result omitted, larger than max_result_bytes>")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Claim:
     """The answer to one claim attempt.
 
@@ -77,6 +77,14 @@ class Claim:
     #: The Redis key stem (``<namespace>:{<key or its hash>}``) the records live under.
     stem: str = field(default="", repr=False)
     fingerprint: str = field(default="", repr=False)
+
+    def __init__(self, key: str, outcome: Outcome, token: int = 0, result: Any = None, retry_after: float = 0.0,
+                 failed: bool = False, error: Any = None, stem: str = "", fingerprint: str = "") -> None:
+        # One per message on every path: filling __dict__ at once is half the cost of the frozen
+        # dataclass __init__ (one object.__setattr__ per field); the fields and defaults are the
+        # ones declared above, and the instance stays frozen.
+        self.__dict__.update(key=key, outcome=outcome, token=token, result=result, retry_after=retry_after,
+                             failed=failed, error=error, stem=stem, fingerprint=fingerprint)
 
     @property
     def acquired(self) -> bool:

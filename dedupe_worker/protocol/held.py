@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, TypeGuard
 
 import redis
@@ -36,11 +37,25 @@ __all__ = ["BUSY", "HeldConnection"]
 BUSY: Any = object()
 
 
+#: One held connection per connection pool, shared by every client object on that pool.
+_by_pool: weakref.WeakKeyDictionary[Any, HeldConnection] = weakref.WeakKeyDictionary()
+_by_pool_lock = threading.Lock()
+
+#: Pools smaller than this are left alone: holding one of few connections could starve the
+#: threads (renewer, watcher) that fall back to the pool.
+MIN_POOL_SIZE = 16
+
+
 class HeldConnection:
-    """A connection taken from ``client``'s pool once and kept, for one caller at a time."""
+    """A connection taken from a pool once and kept, for one caller at a time.
+
+    Get it with :meth:`for_client`: there is at most one per connection pool, however many
+    clients (``Deduplicator``, ``ClaimClient``) use that pool, so creating clients never takes
+    connections away from the pool beyond the first.
+    """
 
     def __init__(self, client: redis.Redis) -> None:
-        self.pool = client.connection_pool
+        self._pool = weakref.ref(client.connection_pool)  # the registry's key: never held strongly
         self._lock = threading.Lock()
         self._connection: Any = None
         self._pid = os.getpid()
@@ -49,12 +64,37 @@ class HeldConnection:
         #: redis-py's per-argument pass (about 0.1 µs an argument; a batch has hundreds).
         self._pack: Any = None
 
+    @classmethod
+    def for_client(cls, client: Any) -> HeldConnection | None:
+        """The held connection of ``client``'s pool, or ``None`` when ``client`` does not suit."""
+        if not cls.suits(client):
+            return None
+        pool = client.connection_pool
+        with _by_pool_lock:
+            held = _by_pool.get(pool)
+            if held is None:
+                held = _by_pool[pool] = cls(client)
+        return held
+
     @staticmethod
     def suits(client: Any) -> TypeGuard[redis.Redis]:
-        """Whether ``client`` is a plain ``redis.Redis`` with a pool (not a cluster client, not a
+        """Whether ``client`` is a plain ``redis.Redis`` on a non-blocking pool of at least
+        :data:`MIN_POOL_SIZE` connections (not a cluster client, not a
         ``single_connection_client``, not a pipeline)."""
-        return (isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
-                and hasattr(client, "connection_pool"))
+        if not isinstance(client, redis.Redis) or getattr(client, "connection", None) is not None:
+            return False
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or isinstance(pool, redis.BlockingConnectionPool):
+            return False
+        size = getattr(pool, "max_connections", None)
+        return size is None or size >= MIN_POOL_SIZE
+
+    @property
+    def pool(self) -> Any:
+        pool = self._pool()
+        if pool is None:  # pragma: no cover - the registry drops us with the pool
+            raise ConnectionError("the connection pool is gone")
+        return pool
 
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply, or :data:`BUSY` when another caller holds the

@@ -81,6 +81,8 @@ class LeaseRenewer:
                     self._lost.discard(lease)
 
     def is_lost(self, stem: str, token: int) -> bool:
+        if not self._lost:  # the common case, read without the lock: an add racing this read
+            return False    # could as well have come right after a locked read
         with self._lock:
             return (stem, token) in self._lost
 

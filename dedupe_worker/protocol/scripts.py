@@ -58,8 +58,9 @@ class ScriptRunner:
         self.is_cluster = isinstance(client, RedisCluster)
         self._text = {name: load_script(name) for name in SCRIPT_NAMES}
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
-        #: The connection the per-message calls use (see :mod:`.held`); ``None`` on a cluster.
-        self.held = HeldConnection(client) if HeldConnection.suits(client) else None
+        #: The connection the per-message calls use, shared by every runner on the same pool
+        #: (see :mod:`.held`); ``None`` on a cluster or a small or blocking pool.
+        self.held = HeldConnection.for_client(client)
 
     def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         command = ("EVALSHA", self.sha[name], len(keys), *keys, *args)
