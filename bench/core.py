@@ -30,7 +30,7 @@ from dedupe_worker import Deduplicator
 TRIVIAL = "return 1"
 
 
-def rates(cases: dict[str, Callable[[int], int]], seconds: float, rounds: int = 7,
+def rates(cases: dict[str, Callable[[int], int]], seconds: float, rounds: int = 15,
           cpu: dict[str, float] | None = None) -> dict[str, float]:
     """Messages per second of each ``fn(i) -> messages done``: the cases take turns in short
     rounds and each reports its median round, so a noisy neighbour hits every case alike.
@@ -174,7 +174,7 @@ def report(m: dict[str, float], cpu: dict[str, float], label: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--seconds", type=float, default=2.0, help="per case, spread over 7 rounds")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per case, spread over 15 rounds")
     parser.add_argument("--label", default=f"pid {os.getpid()}, cpus {sorted(os.sched_getaffinity(0))}")
     args = parser.parse_args()
     print(report(*measure(args.redis_url, args.seconds), args.label), flush=True)
