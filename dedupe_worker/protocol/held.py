@@ -18,6 +18,7 @@ a whole reply: the connection stays in step and is kept.
 from __future__ import annotations
 
 import os
+import select
 import threading
 import weakref
 from typing import Any, TypeGuard
@@ -63,6 +64,8 @@ class HeldConnection:
         #: serializer, which ignores the encoding setting too); called straight, it skips
         #: redis-py's per-argument pass (about 0.1 µs an argument; a batch has hundreds).
         self._pack: Any = None
+        self._poller: Any = None
+        self._polled: Any = None  # the socket ``_poller`` watches
 
     @classmethod
     def for_client(cls, client: Any) -> HeldConnection | None:
@@ -171,14 +174,28 @@ class HeldConnection:
                 connection = self._connection = self.pool.get_connection("EVALSHA")
             packer = type(getattr(connection, "_command_packer", None)).__name__
             self._pack = hiredis_pack if packer == "HiredisRespSerializer" else None
-        else:
-            try:
-                if connection.can_read():
-                    raise ConnectionError("an idle connection has data")
-            except (ConnectionError, TimeoutError, OSError):
-                connection.disconnect()
-                connection.connect()
+        elif self._readable_while_idle(connection):
+            connection.disconnect()
+            connection.connect()
         return connection
+
+    def _readable_while_idle(self, connection: Any) -> bool:
+        """Whether an idle connection has something to read (then the server closed it, or a
+        stray reply waits): a zero-timeout ``poll`` on its socket, kept registered between calls
+        (a third of ``connection.can_read()``, which is what the pool uses and what we fall back
+        to where ``select.poll`` is missing). Every reply we asked for was read in full, so the
+        parser holds nothing."""
+        sock = getattr(connection, "_sock", None)
+        if sock is None or not hasattr(select, "poll"):
+            try:
+                return bool(connection.can_read())
+            except (ConnectionError, TimeoutError, OSError):
+                return True
+        if sock is not self._polled:
+            self._poller = select.poll()
+            self._poller.register(sock, select.POLLIN | select.POLLPRI)
+            self._polled = sock
+        return bool(self._poller.poll(0))
 
     def _drop(self) -> None:
         connection, self._connection = self._connection, None
