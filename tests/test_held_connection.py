@@ -158,3 +158,21 @@ def test_small_or_blocking_pools_are_left_alone(redis_url: str, namespace: str, 
     assert d.run("k", lambda: 1) == 1 and d.begin("k").outcome is Outcome.DUPLICATE
     d.close()
     client.close()
+
+
+def test_a_missing_script_reloads_them_all(private_redis: RedisServer) -> None:
+    """After a NOSCRIPT every protocol script is loaded, so a pipeline (complete, release, then
+    claim) never finds a later script loaded and an earlier one missing: a retried call would
+    run after the later calls of its pipeline."""
+    from dedupe_worker.protocol.scripts import SCRIPT_NAMES
+
+    client = redis.Redis.from_url(private_redis.url)
+    d = Deduplicator(client, namespace="reload", lease=5)
+    shas = [d.store.scripts.sha[name] for name in SCRIPT_NAMES]
+    client.script_flush()
+    first = d.begin("given-back")  # NOSCRIPT for claim.lua
+    assert client.script_exists(*shas) == [True] * len(shas)
+    _, released, (again,) = d.settle_and_claim((), [first], [d.request("given-back")])
+    assert released == [True] and again.outcome is Outcome.ACQUIRED and again.token > first.token
+    d.close()
+    client.close()

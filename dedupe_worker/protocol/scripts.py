@@ -25,6 +25,10 @@ __all__ = ["SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "load_script"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
+#: The order scripts are loaded in after a ``NOSCRIPT``: those a pipeline sends last (it sends
+#: complete, release, then claim) are loaded last, so whenever one is loaded so are the earlier.
+LOAD_ORDER = ("forget", "inspect", "watch", "renew", "complete", "release", "claim")
+
 #: One script call: ``(script name, KEYS, ARGV)``.
 Call = tuple[str, Sequence[str], Sequence[Any]]
 
@@ -71,7 +75,20 @@ class ScriptRunner:
         return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
 
     def _load(self, name: str) -> None:
-        self.client.script_load(self._text[name])
+        """After a ``NOSCRIPT`` for ``name``: load every protocol script, not just ``name``.
+
+        A pipeline runs its calls in order, but a call that failed with ``NOSCRIPT`` is sent
+        again after the later calls already ran: were ``release.lua`` missing while
+        ``claim.lua`` was loaded, a claim given back and claimed again in one round trip would
+        meet our own lease (IN_PROGRESS, a needless deferral). Loading all of them, in
+        :data:`LOAD_ORDER`, means no client of ours leaves the server with a script of a later
+        pipeline position loaded and an earlier one missing. (Scripts vanish all at once, on a
+        restart, failover or ``SCRIPT FLUSH``; a client of another version loading a subset can
+        still cause such a deferral, never a second transition.)
+        """
+        del name
+        for script in LOAD_ORDER:
+            self.client.script_load(self._text[script])
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
@@ -116,7 +133,8 @@ class ScriptRunner:
             for i, reply in enumerate(replies):
                 if isinstance(reply, NoScriptError):
                     name, keys, args = calls[i]
-                    self._load(name)
+                    if not reloaded:
+                        self._load(name)
                     replies[i] = self._evalsha(name, keys, args)
                     reloaded = True
             if wait is not None and (reloaded or isinstance(acked, Exception)):
