@@ -275,12 +275,9 @@ async def test_begin_with_wait_takes_a_released_key_and_never_outlasts_its_bound
 
 
 async def test_redis_down_is_store_unavailable(namespace: str) -> None:
-    port = services.free_port()  # nothing listens there
-    client = redis.asyncio.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
-    d = AsyncDeduplicator(client, namespace=namespace)
+    d = AsyncDeduplicator.from_url(f"redis://127.0.0.1:{services.free_port()}/0", namespace=namespace)
     with pytest.raises(StoreUnavailable):
         await d.begin("k")
     with pytest.raises(StoreUnavailable):
         await d.begin_many(["a", "b"])
     await d.aclose()
-    await client.aclose()
