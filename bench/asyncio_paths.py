@@ -9,6 +9,8 @@ median of its rounds:
 - ``sync run``: ``Deduplicator.run`` one message after another (the baseline);
 - ``async run``: ``await AsyncDeduplicator.run`` one message after another, in one event loop;
 - ``async x50``: 50 coroutines at once, each ``await run`` one message after another;
+- ``raw async``: the same two scripts awaited straight from ``redis.asyncio``, one message after
+  another, with no library around them (what the asyncio client itself costs);
 
 once with a handler that returns at once, once with one that waits 1 ms on I/O
 (``time.sleep``/``asyncio.sleep``). Printed as ratios: async single against sync single (the
@@ -24,7 +26,7 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import redis
 
@@ -72,6 +74,20 @@ def measure(url: str, seconds: float, concurrency: int, io_wait: float) -> dict[
             done += 1
         return done, time.perf_counter() - start
 
+    claim_sha, complete_sha = adedupe.store.scripts.sha["claim"], adedupe.store.scripts.sha["complete"]
+    raw_client = adedupe.store.client
+
+    async def raw_worker(until: float) -> int:
+        done = 0
+        while time.perf_counter() < until:
+            stem = f"{ns}:{{r-{next(counter)}}}"
+            started, result = stem + ":started", stem + ":result"
+            reply = await raw_client.evalsha(claim_sha, 2, started, result, 30000, 600000, "", "")
+            await async_handler()
+            await raw_client.evalsha(complete_sha, 2, started, result, 600000, reply[1], "c", b"1")
+            done += 1
+        return done
+
     async def worker(until: float) -> int:
         done = 0
         while time.perf_counter() < until:
@@ -79,10 +95,10 @@ def measure(url: str, seconds: float, concurrency: int, io_wait: float) -> dict[
             done += 1
         return done
 
-    def async_case(workers: int) -> Case:
+    def async_case(workers: int, body: Callable[[float], Awaitable[int]] = worker) -> Case:
         async def timed(seconds: float) -> tuple[int, float]:
             start = time.perf_counter()
-            counts = await asyncio.gather(*(worker(start + seconds) for _ in range(workers)))
+            counts = await asyncio.gather(*(body(start + seconds) for _ in range(workers)))
             return sum(counts), time.perf_counter() - start
 
         def case(seconds: float) -> tuple[int, float]:
@@ -90,7 +106,8 @@ def measure(url: str, seconds: float, concurrency: int, io_wait: float) -> dict[
 
         return case
 
-    cases: dict[str, Case] = {"sync": sync_case, "async": async_case(1), "async_n": async_case(concurrency)}
+    cases: dict[str, Case] = {"sync": sync_case, "async": async_case(1), "async_n": async_case(concurrency),
+                              "raw": async_case(1, raw_worker)}
     try:
         return rates(cases, seconds)
     finally:
@@ -110,7 +127,8 @@ def report(m: dict[str, float], handler: str, concurrency: int) -> str:
     return "\n".join([
         f"  handler {handler}",
         f"    sync run(), sequential        {m['sync']:>9,.0f} msg/s  (baseline)",
-        f"    async run(), sequential       {m['async']:>9,.0f} msg/s  = {m['async'] / m['sync']:.2f}x sync run()",
+        f"    async run(), sequential       {m['async']:>9,.0f} msg/s  = {m['async'] / m['sync']:.2f}x sync run(), "
+        f"{m['async'] / m['raw']:.2f}x the raw scripts on redis.asyncio ({m['raw']:,.0f} msg/s)",
         f"    async run(), {concurrency} coroutines     {m['async_n']:>9,.0f} msg/s  = "
         f"{m['async_n'] / m['async']:.2f}x sequential async, {m['async_n'] / m['sync']:.2f}x sync run()",
     ])
