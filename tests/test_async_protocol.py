@@ -281,3 +281,13 @@ async def test_redis_down_is_store_unavailable(namespace: str) -> None:
     with pytest.raises(StoreUnavailable):
         await d.begin_many(["a", "b"])
     await d.aclose()
+
+
+async def test_from_settings_reads_the_environment(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    monkeypatch.setenv("DEDUPE_REDIS_URL", redis_url)
+    monkeypatch.setenv("DEDUPE_LEASE", "2.5")
+    monkeypatch.setenv("DEDUPE_NAMESPACE", "billing-async")
+    d = AsyncDeduplicator.from_settings(result_ttl=7)
+    assert d.lease == 2.5 and d.result_ttl == 7 and d.layout.namespace == "billing-async"
+    assert d.store.client.connection_pool.max_connections == 64  # a bounded pool that queues
+    await d.aclose()

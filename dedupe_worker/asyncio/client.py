@@ -21,6 +21,7 @@ from ..protocol.calls import KeyState
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.codec import ClaimCodec, Request
 from ..protocol.serialization import Serializer
+from ..settings import DedupeSettings
 from .connection import async_redis_from_url
 from .renewer import AsyncLeaseRenewer
 from .scripts import AsyncRedis
@@ -79,6 +80,12 @@ class AsyncClaimClient(ClaimCodec):
         client = cls(async_redis_from_url(url), **options)
         client._owns_client = True
         return client
+
+    @classmethod
+    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
+        s = settings or DedupeSettings()
+        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
 
     async def aclose(self) -> None:
         """Cancel the lease renewer task; close the Redis client if :meth:`from_url` built it.
