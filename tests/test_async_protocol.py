@@ -291,3 +291,23 @@ async def test_from_settings_reads_the_environment(monkeypatch: pytest.MonkeyPat
     assert d.lease == 2.5 and d.result_ttl == 7 and d.layout.namespace == "billing-async"
     assert d.store.client.connection_pool.max_connections == 64  # a bounded pool that queues
     await d.aclose()
+
+
+async def test_wait_replicas_refuses_a_claim_no_replica_acknowledged_and_gives_it_back(
+    private_redis: services.RedisServer,
+) -> None:
+    """A redis-server of the test's own, without replicas: ``WAIT 1`` in the claim's pipeline is
+    never acknowledged, so the claim is refused as not durable and given back."""
+    d = AsyncDeduplicator.from_url(private_redis.url, namespace="w", wait_replicas=1, wait_timeout=0.05)
+    calls = []
+
+    async def never() -> None:
+        calls.append(1)
+
+    with pytest.raises(StoreUnavailable, match="not durable"):
+        await d.begin("k")
+    assert (await d.status("k")).state == "free"  # the claim it took was given back
+    with pytest.raises(StoreUnavailable, match="not durable"):
+        await d.run("k2", never)
+    assert calls == [] and (await d.status("k2")).state == "free"
+    await d.aclose()

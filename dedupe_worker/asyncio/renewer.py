@@ -64,6 +64,7 @@ class AsyncLeaseRenewer:
         return leases
 
     def track(self, stem: str, token: int) -> None:
+        """Keep this claim's lease alive from now on; starts the loop's renewer task if none runs."""
         leases = self._leases()
         leases.live[(stem, token)] = leases.live.get((stem, token), 0) + 1
         if leases.task is None or leases.task.done():
@@ -71,6 +72,7 @@ class AsyncLeaseRenewer:
                                                                  name="dedupe-lease-renewer")
 
     def untrack(self, stem: str, token: int) -> None:
+        """Stop renewing this claim (once every holder that tracked it has untracked it)."""
         leases = self._leases()
         left = leases.live.get((stem, token), 0) - 1
         if left > 0:
