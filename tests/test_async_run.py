@@ -5,6 +5,10 @@ of one key, cancellation, ``fail_open`` and Redis down."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -28,10 +32,13 @@ from dedupe_worker.asyncio import AsyncDeduplicator, decide, idempotent
 
 from . import services
 from .async_fixtures import adedupe, aredis
+from .services import ProcessGroup, python
 
 __all__ = ["adedupe", "aredis"]
 
 pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def unreachable(namespace: str, **options: object) -> AsyncDeduplicator:
@@ -330,3 +337,64 @@ async def test_idempotent_refuses_a_mismatched_deduplicator(
     with pytest.raises(TypeError, match="needs an AsyncDeduplicator"):
         @idempotent(Deduplicator(redis_client, namespace=namespace), key="k")
         async def coroutine() -> None: ...
+
+
+#: A worker process: claims ``order`` with a 1 s lease and records ``started`` and ``applied``
+#: (with its fencing token) around 30 s of awaited work, which the test cuts short with SIGKILL.
+CRASHING_WORKER = """
+import asyncio, os, sys
+import redis
+from dedupe_worker import current_claim
+from dedupe_worker.asyncio import AsyncDeduplicator
+
+url, namespace, effects = sys.argv[1:4]
+log = redis.Redis.from_url(url)
+
+async def charge():
+    log.rpush(effects, f"started:{current_claim().token}")
+    await asyncio.sleep(30)
+    log.rpush(effects, f"applied:{current_claim().token}")
+    return "charged by the worker"
+
+async def main():
+    dedupe = AsyncDeduplicator.from_url(url, namespace=namespace, lease=1.0)
+    await dedupe.run("order", charge)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_killed_mid_handler_loses_nothing_and_applies_once(
+    redis_url: str, redis_client: redis.Redis, namespace: str
+) -> None:
+    effects = f"{namespace}:effects"
+    group = ProcessGroup([python(), "-c", CRASHING_WORKER, redis_url, namespace, effects], dict(os.environ), ROOT)
+    try:
+        victim = group.start()
+        deadline = time.monotonic() + 30
+        while not redis_client.lrange(effects, 0, -1) and time.monotonic() < deadline and victim.poll() is None:
+            await asyncio.sleep(0.05)
+        assert redis_client.llen(effects) == 1, group.output()
+        [started] = redis_client.lrange(effects, 0, -1)
+        victim.send_signal(signal.SIGKILL)  # mid-handler: the claim is held, nothing stored
+        victim.wait(10)
+    finally:
+        group.cleanup()
+    killed_token = int(started.decode().split(":")[1])
+
+    d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=1.0)
+
+    async def charge() -> str:
+        claim = current_claim()
+        assert claim is not None
+        redis_client.rpush(effects, f"applied:{claim.token}")
+        return "charged after the crash"
+
+    with pytest.raises(InProgress):  # the dead worker's lease still runs: deferred, not dropped
+        await d.run("order", charge)
+    assert await d.run("order", charge, wait=5) == "charged after the crash"  # its lease waited out
+    assert await d.run("order", charge) == "charged after the crash"  # from now on, a duplicate
+    entries = [e.decode() for e in redis_client.lrange(effects, 0, -1)]
+    applied = [e for e in entries if e.startswith("applied:")]
+    assert len(applied) == 1 and int(applied[0].split(":")[1]) > killed_token
+    await d.aclose()
