@@ -311,3 +311,30 @@ async def test_wait_replicas_refuses_a_claim_no_replica_acknowledged_and_gives_i
         await d.run("k2", never)
     assert calls == [] and (await d.status("k2")).state == "free"
     await d.aclose()
+
+
+async def test_waiters_of_one_loop_share_one_watch_one_task_and_one_connection(
+    redis_url: str, redis_client: redis.Redis, namespace: str
+) -> None:
+    """200 coroutines wait on one held key through a pool of 4 connections: one waiter is counted
+    in Redis, one task blocks on the notices, and the holder's completion (which needs a pooled
+    connection too) wakes them all with its value."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, max_connections=4, timeout=30)
+    client = redis.asyncio.Redis.from_pool(pool)
+    d = AsyncDeduplicator(client, namespace=namespace, lease=10)
+    holder = await d.begin("order")
+    before = asyncio.all_tasks()
+    waiters = [asyncio.create_task(d.begin("order", wait=20)) for _ in range(200)]
+    deadline = time.monotonic() + 15
+    while d.waiter.waiting(holder.stem) < 200 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert d.waiter.waiting(holder.stem) == 200
+    started, _ = keys_of(d, "order")
+    assert redis_client.hget(started, "w") == b"1"  # one watch.lua for all 200
+    assert [t.get_name() for t in asyncio.all_tasks() - before - set(waiters)] == ["dedupe-key-waiter"]
+    await d.complete(holder, "charged")
+    claims = await asyncio.gather(*waiters)
+    assert {(c.outcome, c.result) for c in claims} == {(Outcome.DUPLICATE, "charged")}
+    assert d.waiter.waiting(holder.stem) == 0
+    await d.aclose()
+    await client.aclose()

@@ -29,11 +29,13 @@ from .deduplicator import AsyncDeduplicator
 from .engine import AsyncHandler, decide, execute, run
 from .renewer import AsyncLeaseRenewer
 from .store import AsyncRedisStore
+from .waiter import AsyncKeyWaiter
 
 __all__ = [
     "AsyncClaimClient",
     "AsyncDeduplicator",
     "AsyncHandler",
+    "AsyncKeyWaiter",
     "AsyncLeaseRenewer",
     "AsyncRedisStore",
     "async_redis_from_url",

@@ -26,6 +26,7 @@ from .connection import async_redis_from_url
 from .renewer import AsyncLeaseRenewer
 from .scripts import AsyncRedis
 from .store import AsyncRedisStore
+from .waiter import AsyncKeyWaiter
 
 __all__ = ["AsyncClaimClient"]
 
@@ -71,6 +72,7 @@ class AsyncClaimClient(ClaimCodec):
         self.permanent_errors = permanent_errors
         self.fail_open = fail_open
         self.renewer = AsyncLeaseRenewer(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
+        self.waiter = AsyncKeyWaiter(self.store)
         self._owns_client = False
 
     @classmethod
@@ -88,9 +90,10 @@ class AsyncClaimClient(ClaimCodec):
         return cls.from_url(s.redis_url, **{**s.client_options(), **options})
 
     async def aclose(self) -> None:
-        """Cancel the lease renewer task; close the Redis client if :meth:`from_url` built it.
+        """Cancel the lease renewer and key waiter tasks; close the Redis client if :meth:`from_url` built it.
         Claims still held are no longer renewed: their leases run out."""
         await self.renewer.aclose()
+        await self.waiter.aclose()
         if self._owns_client:
             await self.store.client.aclose()
 
@@ -137,16 +140,15 @@ class AsyncClaimClient(ClaimCodec):
 
     async def wait_for(self, request: Request, claim: Claim, deadline: float) -> Claim:
         """Wait, until ``deadline`` (``time.monotonic()``), on a key that ``claim`` found held:
-        ``watch.lua`` counts us as a waiter, the holder's completion or release pushes a notice we
-        block on (BLPOP, holding one pooled connection), then we claim again. A waiter never holds
-        the claim and the wait never outlasts ``deadline``."""
+        ``watch.lua`` counts a waiter, the holder's completion or release pushes a notice that the
+        loop's :class:`AsyncKeyWaiter` task wakes us on (one task and one blocked connection for
+        every coroutine that waits), or the holder's lease ends; then we claim again. A waiter
+        never holds the claim and the wait never outlasts ``deadline``."""
         while claim.outcome is Outcome.IN_PROGRESS:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            holder_left = await self.store.watch(request.stem)
-            if holder_left > 0:
-                await self.store.wait_notice(request.stem, min(left, holder_left + 0.005))
+            await self.waiter.wait(request.stem, left)
             reply = await self.store.claim_one(request.stem, request.fingerprint, request.original,
                                                self._lease_ms, self._retention_ms)
             claim = self._claim(request, reply)
