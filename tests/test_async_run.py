@@ -208,7 +208,12 @@ async def test_aclose_cancels_the_renewer_task(aredis: redis.asyncio.Redis, name
 
 
 async def test_500_concurrent_runs_of_one_key_run_the_function_once(redis_url: str, namespace: str) -> None:
-    d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=5)
+    async with AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=5) as d:
+        await five_hundred_runs(d)
+    assert d.renewer.tasks() == []  # "async with" closed it
+
+
+async def five_hundred_runs(d: AsyncDeduplicator) -> None:
     calls = []
 
     async def charge() -> str:
@@ -224,7 +229,6 @@ async def test_500_concurrent_runs_of_one_key_run_the_function_once(redis_url: s
     # once stored, every later run answers the stored value without running it
     assert await asyncio.gather(*(d.run("order-500", charge) for _ in range(500))) == ["charged"] * 500
     assert calls == [1]
-    await d.aclose()
 
 
 async def test_concurrent_runs_with_wait_all_get_the_one_value(adedupe: AsyncDeduplicator) -> None:

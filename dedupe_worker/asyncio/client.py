@@ -97,6 +97,12 @@ class AsyncClaimClient(ClaimCodec):
         if self._owns_client:
             await self.store.client.aclose()
 
+    async def __aenter__(self: C) -> C:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def owns(self, claim: Claim, stored: bool) -> bool:
         """Whether a write for ``claim`` that Redis answered ``stored`` counts (the renewer may
         already have seen the lease lost)."""
