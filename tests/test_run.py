@@ -120,7 +120,7 @@ def test_renewer_marks_a_stolen_claim_lost(redis_client: redis.Redis, namespace:
 
 def test_one_renewer_thread_serves_every_claim(redis_client: redis.Redis, namespace: str) -> None:
     d = Deduplicator(redis_client, namespace=namespace, lease=0.3, result_ttl=30)
-    before = {t.ident for t in threading.enumerate()}  # other tests' threads may end meanwhile
+    before = set(threading.enumerate())  # by object: an ended thread's ident may be reused meanwhile
     barrier = threading.Barrier(20)
     inside: list[int] = []
 
@@ -136,7 +136,7 @@ def test_one_renewer_thread_serves_every_claim(redis_client: redis.Redis, namesp
     deadline = time.monotonic() + 10
     while len(inside) < 20 and time.monotonic() < deadline:  # every handler holds its claim now
         time.sleep(0.01)
-    started = [t for t in threading.enumerate() if t.ident not in before]
+    started = [t for t in threading.enumerate() if t not in before]
     assert len(started) == 20 + 1  # the workers, plus one renewer
     assert [t.name for t in started if t not in threads] == ["dedupe-lease-renewer"]
     for t in threads:
