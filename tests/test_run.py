@@ -120,7 +120,7 @@ def test_renewer_marks_a_stolen_claim_lost(redis_client: redis.Redis, namespace:
 
 def test_one_renewer_thread_serves_every_claim(redis_client: redis.Redis, namespace: str) -> None:
     d = Deduplicator(redis_client, namespace=namespace, lease=0.3, result_ttl=30)
-    before = set(threading.enumerate())  # by object: an ended thread's ident may be reused meanwhile
+    before = set(threading.enumerate())  # other tests' threads may end meanwhile (and their idents be reused)
     barrier = threading.Barrier(20)
     inside: list[int] = []
 
