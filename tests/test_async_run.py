@@ -198,6 +198,20 @@ async def test_one_renewer_task_serves_every_claim(
     assert d.renewer.tasks() == []
 
 
+async def test_the_renewer_task_ends_by_itself_once_its_loop_holds_no_lease(
+    aredis: redis.asyncio.Redis, namespace: str
+) -> None:
+    d = AsyncDeduplicator(aredis, namespace=namespace, lease=0.3)  # renewals every 0.1 s
+    claim = await d.begin("k")
+    with d.hold(claim):
+        [task] = d.renewer.tasks()
+        await asyncio.sleep(0.35)  # past the lease: renewed meanwhile
+        assert not task.done()
+    assert (await d.begin("k")).outcome is Outcome.IN_PROGRESS  # the lease was kept
+    await asyncio.wait({task}, timeout=10)
+    assert task.done() and not task.cancelled() and d.renewer.tasks() == []
+
+
 async def test_aclose_cancels_the_renewer_task(aredis: redis.asyncio.Redis, namespace: str) -> None:
     d = AsyncDeduplicator(aredis, namespace=namespace, lease=5)
     claim = await d.begin("k")

@@ -124,14 +124,19 @@ class AsyncLeaseRenewer:
             observer.lease_lost()
 
     async def _renew_while_held(self, leases: _LoopLeases) -> None:
-        while leases.live:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.renew_now()
-            except Exception:  # never let the renewer die silently
-                log.exception("lease renewer failed; continuing")
-        # nothing held: forget this loop (the task would keep it alive); a later track starts afresh
-        self._loops.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        try:
+            while leases.live:
+                await asyncio.sleep(self.interval)
+                try:
+                    await self.renew_now()
+                except Exception:  # never let the renewer die silently
+                    log.exception("lease renewer failed; continuing")
+        finally:
+            # nothing held, or cancelled: forget this loop (its task would keep a closed loop
+            # alive); a later track starts afresh
+            if self._loops.get(loop) is leases:
+                del self._loops[loop]
 
     async def aclose(self) -> None:
         """Cancel the renewer task of the running loop (and ask other loops to cancel theirs)."""

@@ -61,28 +61,35 @@ class AsyncKeyWaiter:
             holder_left = await self.store.watch(stem)
             return holder_left > 0 and await self.store.wait_notice(stem, min(timeout, holder_left + 0.005))
         loop = asyncio.get_running_loop()
-        waits = self._loops.get(loop)
-        if waits is None:
-            waits = self._loops[loop] = _LoopWaits()
-        watched = waits.watched.get(stem)
+        watched = self._waits(loop).watched.get(stem)
+        interrupt = False
         if watched is None:
             holder_left = await self.store.watch(stem)  # counts one waiter: one notice for all of ours
             if holder_left <= 0:
                 return False
-            watched = waits.watched.get(stem)  # another coroutine may have watched it meanwhile
+            waits = self._waits(loop)  # afresh: meanwhile the task may have ended, or another coroutine watched
+            watched = waits.watched.get(stem)
             if watched is None:
                 watched = waits.watched[stem] = _Watched(time.monotonic() + holder_left + 0.005)
                 if waits.task is None or waits.task.done():
                     waits.task = loop.create_task(self._listen(waits), name="dedupe-key-waiter")
                 else:
-                    await self._interrupt()
+                    interrupt = True
         future: asyncio.Future[bool] = loop.create_future()
         watched.waiters.append(future)
         try:
+            if interrupt:
+                await self._interrupt()
             done, _ = await asyncio.wait({future}, timeout=timeout)
             return bool(done) and future.result()
         finally:
             future.cancel()  # no-op once it has a result
+
+    def _waits(self, loop: asyncio.AbstractEventLoop) -> _LoopWaits:
+        waits = self._loops.get(loop)
+        if waits is None:
+            waits = self._loops[loop] = _LoopWaits()
+        return waits
 
     def waiting(self, stem: str) -> int:
         """How many coroutines of the running loop wait on the key of ``stem`` now."""
@@ -109,7 +116,17 @@ class AsyncKeyWaiter:
                     future.set_result(notified)
 
     async def _listen(self, waits: _LoopWaits) -> None:
-        client, loop = self.store.client, asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        try:
+            await self._listen_while_watched(waits)
+        finally:
+            # nothing watched, or cancelled: forget this loop (its task would keep a closed loop
+            # alive); a later wait starts afresh
+            if self._loops.get(loop) is waits:
+                del self._loops[loop]
+
+    async def _listen_while_watched(self, waits: _LoopWaits) -> None:
+        client = self.store.client
         while waits.watched:
             now = time.monotonic()
             self._fire(waits, [s for s, w in waits.watched.items() if w.deadline <= now], notified=False)
@@ -128,8 +145,6 @@ class AsyncKeyWaiter:
                 name = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
                 if name != self.wake:
                     self._fire(waits, [name.removesuffix(":notice")], notified=True)
-        if self._loops.get(loop) is waits:
-            waits.task = None  # nothing watched: a later wait starts a new task
 
     async def aclose(self) -> None:
         """Cancel the waiter task of the running loop; its waiters wake as at their deadline."""
