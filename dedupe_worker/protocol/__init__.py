@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .claim import OMITTED, Claim, Omitted, Outcome, State, Stored
 from .client import KEY_HARD_LIMIT, ClaimClient, Request
+from .codec import ClaimCodec
 from .layout import KeyLayout
 from .store import ClaimReply, KeyState, RedisStore
 
@@ -16,6 +17,7 @@ __all__ = [
     "OMITTED",
     "Claim",
     "ClaimClient",
+    "ClaimCodec",
     "ClaimReply",
     "KeyLayout",
     "KeyState",

@@ -12,20 +12,19 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import ClaimError, InvalidKey, LeaseLost, ResultNotSerializable
+from ..errors import ClaimError, LeaseLost, ResultNotSerializable
 from ..settings import DedupeSettings
-from .claim import OMITTED, Claim, Outcome, Stored
+from .claim import Claim, Outcome, Stored
+from .codec import KEY_HARD_LIMIT, ClaimCodec, Request
 from .connection import redis_from_url
-from .fingerprint import request_fingerprint
-from .layout import KeyLayout
 from .renewer import LeaseRenewer
-from .serialization import JsonSerializer, Serializer
-from .store import ClaimReply, KeyState, RedisStore
+from .serialization import Serializer
+from .store import KeyState, RedisStore
 from .watcher import KeyWatcher
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
@@ -33,21 +32,8 @@ __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
 log = logging.getLogger(__name__)
 C = TypeVar("C", bound="ClaimClient")
 
-#: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
-KEY_HARD_LIMIT = 8192
 
-
-class Request(NamedTuple):
-    """A key made ready for ``claim.lua``: the key as text, its Redis stem, the fingerprint as
-    sent, and the original key when the stem holds its hash (else ``""``)."""
-
-    key: str
-    stem: str
-    fingerprint: str
-    original: str
-
-
-class ClaimClient:
+class ClaimClient(ClaimCodec):
     """The claim protocol's client, with Redis as the store of claims and outcomes.
 
     What is guaranteed: while a key's records live (``result_ttl`` after completion), at most one
@@ -91,20 +77,12 @@ class ClaimClient:
         wait_replicas: int = 0,
         wait_timeout: float = 0.1,
     ) -> None:
-        if lease <= 0 or result_ttl <= 0:
-            raise ValueError("lease and result_ttl must be positive")
-        self.layout = KeyLayout(namespace, max_key_length)
+        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
+                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
         self.store = RedisStore(redis_client, self.layout)
         self.store.require_replicas(wait_replicas, wait_timeout)
-        self.lease = lease
-        self.result_ttl = result_ttl
-        self.max_result_bytes = max_result_bytes
         self.permanent_errors = permanent_errors
         self.fail_open = fail_open
-        self.serializer: Serializer = serializer or JsonSerializer()
-        self._lease_ms = max(1, int(lease * 1000))
-        self._result_ttl_ms = max(1, int(result_ttl * 1000))
-        self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
         self.renewer = LeaseRenewer(
             self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3
         )
@@ -147,68 +125,6 @@ class ClaimClient:
             self._watcher.close()
 
     # -- requests and replies -------------------------------------------------------------------
-
-    def check_key(self, key: str | bytes) -> tuple[str, str]:
-        """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
-        for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT``."""
-        if isinstance(key, (str, bytes)) and len(key) > KEY_HARD_LIMIT:
-            raise InvalidKey(f"idempotency key is {len(key)} long; the limit is {KEY_HARD_LIMIT}")
-        return self.layout.stored_key(key)
-
-    def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
-        """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
-        stored, original = self.check_key(key)
-        text = key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")
-        return Request(text, self.layout.stem(stored), request_fingerprint(fingerprint), original)
-
-    def _claim(self, request: Request, reply: ClaimReply) -> Claim:
-        key, stem, fp = request.key, request.stem, request.fingerprint
-        outcome = reply.outcome
-        if outcome is Outcome.DUPLICATE:
-            if reply.status is Stored.FAILED:
-                error = self._stored(key, reply)
-                return Claim(key, outcome, reply.token, failed=True, error=error, stem=stem, fingerprint=fp)
-            result = OMITTED if reply.status is Stored.OMITTED else self._stored(key, reply)
-            return Claim(key, outcome, reply.token, result=result, stem=stem, fingerprint=fp)
-        if outcome is Outcome.IN_PROGRESS:
-            return Claim(key, outcome, reply.token, retry_after=reply.remaining_ms / 1000,
-                         stem=stem, fingerprint=fp)
-        return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp)
-
-    def _stored(self, key: str, reply: ClaimReply) -> Any:
-        """Decode a stored value. One that does not parse (written by something else, or
-        corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
-        executed or unpickled."""
-        try:
-            return self.serializer.loads(reply.value or b"null")
-        except Exception as exc:
-            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
-                      key, reply.token, exc)
-            return OMITTED
-
-    def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
-        """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``; a value JSON
-        cannot hold, or one over ``max_result_bytes``, is stored as omitted."""
-        try:
-            data = self.serializer.dumps(value)
-        except ResultNotSerializable as exc:
-            log.error("result of key=%s token=%s not serialisable, stored as omitted: %s",
-                      claim.key, claim.token, exc)
-            return Stored.OMITTED, b"", exc
-        if len(data) > self.max_result_bytes:
-            log.info("result of key=%s token=%s is %d bytes, stored as omitted",
-                     claim.key, claim.token, len(data))
-            return Stored.OMITTED, b"", None
-        return Stored.COMPLETED, data, None
-
-    def encode_failure(self, error: BaseException | str) -> bytes:
-        """How a permanent failure is stored: its type and message as JSON."""
-        detail = (
-            {"type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)}
-            if isinstance(error, BaseException)
-            else {"type": "error", "message": str(error)}
-        )
-        return self.serializer.dumps(detail)
 
     def owns(self, claim: Claim, stored: bool) -> bool:
         """Whether a write for ``claim`` that Redis answered ``stored`` counts: the renewer may

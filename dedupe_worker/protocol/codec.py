@@ -1,0 +1,125 @@
+"""The I/O-free half of the protocol client: keys into requests, replies into claims, values
+into stored records. Shared by :class:`~dedupe_worker.protocol.ClaimClient` and the asyncio client
+(:mod:`dedupe_worker.asyncio`), so both check keys, decode outcomes and encode results alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+from ..errors import InvalidKey, ResultNotSerializable
+from .calls import ClaimReply
+from .claim import OMITTED, Claim, Outcome, Stored
+from .fingerprint import request_fingerprint
+from .layout import KeyLayout
+from .serialization import JsonSerializer, Serializer
+
+__all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request"]
+
+log = logging.getLogger(__name__)
+
+#: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
+KEY_HARD_LIMIT = 8192
+
+class Request(NamedTuple):
+    """A key made ready for ``claim.lua``: the key as text, its Redis stem, the fingerprint as
+    sent, and the original key when the stem holds its hash (else ``""``)."""
+
+    key: str
+    stem: str
+    fingerprint: str
+    original: str
+
+
+class ClaimCodec:
+    """Key checking, claim replies and outcome encoding for one namespace and set of options.
+
+    Nothing here talks to Redis; the clients hold a codec's fields (they subclass it) and add the
+    round trips. ``lease``, ``result_ttl`` and ``retention`` are kept in milliseconds as the
+    scripts take them (``_lease_ms``, ``_result_ttl_ms``, ``_retention_ms``).
+    """
+
+    def __init__(
+        self,
+        *,
+        namespace: str = "dedupe",
+        lease: float = 30.0,
+        result_ttl: float = 86400.0,
+        retention: float | None = None,
+        max_key_length: int = 200,
+        max_result_bytes: int = 1_000_000,
+        serializer: Serializer | None = None,
+    ) -> None:
+        if lease <= 0 or result_ttl <= 0:
+            raise ValueError("lease and result_ttl must be positive")
+        self.layout = KeyLayout(namespace, max_key_length)
+        self.lease = lease
+        self.result_ttl = result_ttl
+        self.max_result_bytes = max_result_bytes
+        self.serializer: Serializer = serializer or JsonSerializer()
+        self._lease_ms = max(1, int(lease * 1000))
+        self._result_ttl_ms = max(1, int(result_ttl * 1000))
+        self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
+
+    def check_key(self, key: str | bytes) -> tuple[str, str]:
+        """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
+        for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT``."""
+        if isinstance(key, (str, bytes)) and len(key) > KEY_HARD_LIMIT:
+            raise InvalidKey(f"idempotency key is {len(key)} long; the limit is {KEY_HARD_LIMIT}")
+        return self.layout.stored_key(key)
+
+    def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
+        """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
+        stored, original = self.check_key(key)
+        text = key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")
+        return Request(text, self.layout.stem(stored), request_fingerprint(fingerprint), original)
+
+    def _claim(self, request: Request, reply: ClaimReply) -> Claim:
+        key, stem, fp = request.key, request.stem, request.fingerprint
+        outcome = reply.outcome
+        if outcome is Outcome.DUPLICATE:
+            if reply.status is Stored.FAILED:
+                error = self._stored(key, reply)
+                return Claim(key, outcome, reply.token, failed=True, error=error, stem=stem, fingerprint=fp)
+            result = OMITTED if reply.status is Stored.OMITTED else self._stored(key, reply)
+            return Claim(key, outcome, reply.token, result=result, stem=stem, fingerprint=fp)
+        if outcome is Outcome.IN_PROGRESS:
+            return Claim(key, outcome, reply.token, retry_after=reply.remaining_ms / 1000,
+                         stem=stem, fingerprint=fp)
+        return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp)
+
+    def _stored(self, key: str, reply: ClaimReply) -> Any:
+        """Decode a stored value. One that does not parse (written by something else, or
+        corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
+        executed or unpickled."""
+        try:
+            return self.serializer.loads(reply.value or b"null")
+        except Exception as exc:
+            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
+                      key, reply.token, exc)
+            return OMITTED
+
+    def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
+        """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``; a value JSON
+        cannot hold, or one over ``max_result_bytes``, is stored as omitted."""
+        try:
+            data = self.serializer.dumps(value)
+        except ResultNotSerializable as exc:
+            log.error("result of key=%s token=%s not serialisable, stored as omitted: %s",
+                      claim.key, claim.token, exc)
+            return Stored.OMITTED, b"", exc
+        if len(data) > self.max_result_bytes:
+            log.info("result of key=%s token=%s is %d bytes, stored as omitted",
+                     claim.key, claim.token, len(data))
+            return Stored.OMITTED, b"", None
+        return Stored.COMPLETED, data, None
+
+    def encode_failure(self, error: BaseException | str) -> bytes:
+        """How a permanent failure is stored: its type and message as JSON."""
+        detail = (
+            {"type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)}
+            if isinstance(error, BaseException)
+            else {"type": "error", "message": str(error)}
+        )
+        return self.serializer.dumps(detail)
