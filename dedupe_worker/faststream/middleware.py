@@ -38,7 +38,7 @@ unserializable_result
 **The key.** ``key`` is a strategy from :mod:`dedupe_worker.messages.keys`
 (``header_key("idempotency-key")``, ``field_key("order.id")``, ``message_id_key()``,
 ``first_of(...)``). By default: the ``idempotency-key`` header, else the message id (RabbitMQ's
-``message_id``; NATS' ``Nats-Msg-Id`` or FastStream's ``message_id`` header), else a hash of the
+``message_id`` property; NATS' ``Nats-Msg-Id`` or a ``message_id`` header), else a hash of the
 body; on Kafka the header, else the record key with a body hash, else a body hash.
 
 **Crash safety.** A consumer killed mid-handler has not acked: the broker redelivers the message.
