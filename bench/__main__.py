@@ -14,8 +14,8 @@ import sys
 
 import redis
 
-BENCHES = ("bench.core", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.replay",
-           "bench.settle", "bench.durability")
+BENCHES = ("bench.core", "bench.asyncio_paths", "bench.celery_tasks", "bench.rabbitmq_consumer",
+           "bench.kafka_consumer", "bench.replay", "bench.settle", "bench.durability")
 
 
 def redis_pid(url: str) -> int | None:

@@ -275,12 +275,39 @@ async def test_begin_with_wait_takes_a_released_key_and_never_outlasts_its_bound
 
 
 async def test_redis_down_is_store_unavailable(namespace: str) -> None:
-    port = services.free_port()  # nothing listens there
-    client = redis.asyncio.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
-    d = AsyncDeduplicator(client, namespace=namespace)
+    d = AsyncDeduplicator.from_url(f"redis://127.0.0.1:{services.free_port()}/0", namespace=namespace)
     with pytest.raises(StoreUnavailable):
         await d.begin("k")
     with pytest.raises(StoreUnavailable):
         await d.begin_many(["a", "b"])
     await d.aclose()
-    await client.aclose()
+
+
+async def test_from_settings_reads_the_environment(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    monkeypatch.setenv("DEDUPE_REDIS_URL", redis_url)
+    monkeypatch.setenv("DEDUPE_LEASE", "2.5")
+    monkeypatch.setenv("DEDUPE_NAMESPACE", "billing-async")
+    d = AsyncDeduplicator.from_settings(result_ttl=7)
+    assert d.lease == 2.5 and d.result_ttl == 7 and d.layout.namespace == "billing-async"
+    assert d.store.client.connection_pool.max_connections == 64  # a bounded pool that queues
+    await d.aclose()
+
+
+async def test_wait_replicas_refuses_a_claim_no_replica_acknowledged_and_gives_it_back(
+    private_redis: services.RedisServer,
+) -> None:
+    """A redis-server of the test's own, without replicas: ``WAIT 1`` in the claim's pipeline is
+    never acknowledged, so the claim is refused as not durable and given back."""
+    d = AsyncDeduplicator.from_url(private_redis.url, namespace="w", wait_replicas=1, wait_timeout=0.05)
+    calls = []
+
+    async def never() -> None:
+        calls.append(1)
+
+    with pytest.raises(StoreUnavailable, match="not durable"):
+        await d.begin("k")
+    assert (await d.status("k")).state == "free"  # the claim it took was given back
+    with pytest.raises(StoreUnavailable, match="not durable"):
+        await d.run("k2", never)
+    assert calls == [] and (await d.status("k2")).state == "free"
+    await d.aclose()

@@ -21,6 +21,7 @@ from ..protocol.calls import KeyState
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.codec import ClaimCodec, Request
 from ..protocol.serialization import Serializer
+from ..settings import DedupeSettings
 from .connection import async_redis_from_url
 from .renewer import AsyncLeaseRenewer
 from .scripts import AsyncRedis
@@ -79,6 +80,12 @@ class AsyncClaimClient(ClaimCodec):
         client = cls(async_redis_from_url(url), **options)
         client._owns_client = True
         return client
+
+    @classmethod
+    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
+        s = settings or DedupeSettings()
+        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
 
     async def aclose(self) -> None:
         """Cancel the lease renewer task; close the Redis client if :meth:`from_url` built it.
@@ -159,8 +166,11 @@ class AsyncClaimClient(ClaimCodec):
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key. Raises
         :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted)."""
         status, data, problem = self.encode(claim, value)
-        if self.renewer.is_lost(claim.stem, claim.token) or not (await self.store.complete(
-                [(claim.stem, claim.token, status, data)], self._result_ttl_ms))[0]:
+        if self.renewer.is_lost(claim.stem, claim.token):
+            raise LeaseLost(claim.key, claim.token)
+        with self.renewer.settling([(claim.stem, claim.token)]):
+            stored = await self.store.complete([(claim.stem, claim.token, status, data)], self._result_ttl_ms)
+        if not stored[0]:
             raise LeaseLost(claim.key, claim.token)
         if problem is not None:
             raise problem
@@ -169,15 +179,18 @@ class AsyncClaimClient(ClaimCodec):
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
         Values that cannot be serialised are stored as omitted (and logged)."""
         encoded = [self.encode(claim, value) for claim, value in items]
-        stored = await self.store.complete([(claim.stem, claim.token, status, data)
-                                            for (claim, _), (status, data, _) in zip(items, encoded, strict=True)],
-                                           self._result_ttl_ms)
+        with self.renewer.settling([(claim.stem, claim.token) for claim, _ in items]):
+            stored = await self.store.complete([(claim.stem, claim.token, status, data)
+                                                for (claim, _), (status, data, _) in zip(items, encoded, strict=True)],
+                                               self._result_ttl_ms)
         return [self.owns(claim, ok) for (claim, _), ok in zip(items, stored, strict=True)]
 
     async def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome; raises :class:`LeaseLost` when fenced off."""
         data = self.encode_failure(error)
-        if not (await self.store.complete([(claim.stem, claim.token, Stored.FAILED, data)], self._result_ttl_ms))[0]:
+        with self.renewer.settling([(claim.stem, claim.token)]):
+            stored = await self.store.complete([(claim.stem, claim.token, Stored.FAILED, data)], self._result_ttl_ms)
+        if not stored[0]:
             raise LeaseLost(claim.key, claim.token)
         log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
 
@@ -188,7 +201,9 @@ class AsyncClaimClient(ClaimCodec):
 
     async def release_many(self, claims: Sequence[Claim]) -> list[bool]:
         """:meth:`release` for a batch, in one round trip."""
-        return await self.store.release([(c.stem, c.token) for c in claims], self._retention_ms)
+        items = [(c.stem, c.token) for c in claims]
+        with self.renewer.settling(items):
+            return await self.store.release(items, self._retention_ms)
 
     async def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""

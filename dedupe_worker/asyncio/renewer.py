@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import StoreUnavailable
@@ -35,6 +37,9 @@ class _LoopLeases:
 
     live: dict[tuple[str, int], int] = field(default_factory=dict)  # (stem, token) -> how many holders
     lost: set[tuple[str, int]] = field(default_factory=set)
+    #: Claims whose completion or release is in flight: a renewal refused meanwhile is that write's
+    #: doing, not a loss (the write itself tells whether the claim was still ours).
+    settling: set[tuple[str, int]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
 
 
@@ -59,6 +64,7 @@ class AsyncLeaseRenewer:
         return leases
 
     def track(self, stem: str, token: int) -> None:
+        """Keep this claim's lease alive from now on; starts the loop's renewer task if none runs."""
         leases = self._leases()
         leases.live[(stem, token)] = leases.live.get((stem, token), 0) + 1
         if leases.task is None or leases.task.done():
@@ -66,6 +72,7 @@ class AsyncLeaseRenewer:
                                                                  name="dedupe-lease-renewer")
 
     def untrack(self, stem: str, token: int) -> None:
+        """Stop renewing this claim (once every holder that tracked it has untracked it)."""
         leases = self._leases()
         left = leases.live.get((stem, token), 0) - 1
         if left > 0:
@@ -78,6 +85,18 @@ class AsyncLeaseRenewer:
         """Whether renewal found the claim taken by another token (this loop's claims)."""
         leases = self._loops.get(asyncio.get_running_loop())
         return leases is not None and (stem, token) in leases.lost
+
+    @contextmanager
+    def settling(self, claims: Iterable[tuple[str, int]]) -> Iterator[None]:
+        """While inside, a renewal of one of ``claims`` (``(stem, token)``) that Redis refuses does
+        not mark it lost: our own completion or release, in flight, is what ends the lease."""
+        leases = self._leases()
+        mine = set(claims) - leases.settling
+        leases.settling |= mine
+        try:
+            yield
+        finally:
+            leases.settling -= mine
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The renewer tasks running now (at most one per event loop)."""
@@ -98,7 +117,7 @@ class AsyncLeaseRenewer:
             observer.renewal_failed(len(items))
             return
         for (stem, token), ok in zip(items, renewed, strict=True):
-            if ok or (stem, token) not in leases.live:  # renewed, or completed meanwhile
+            if ok or (stem, token) not in leases.live or (stem, token) in leases.settling:
                 continue
             leases.lost.add((stem, token))
             log.warning("lease lost: key=%s token=%s", stem, token)
