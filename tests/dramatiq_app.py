@@ -70,7 +70,8 @@ def build(rabbitmq_url: str, dedupe: Deduplicator, queue: str, record: str, slee
     * ``apply(order_id, amount)``, key ``order:<order_id>``, ``max_retries=0`` (a deferral that
       spent a retry would dead-letter it), sleeps ``sleep`` seconds mid-actor;
     * ``by_message_id(order_id)``, no key option: the message id is the key;
-    * ``picky(payload)``, key ``payload["id"]`` (a payload without it is poison).
+    * ``picky(payload)``, key ``payload["id"]`` (a payload without it is poison);
+    * ``flaky(order_id)``, key ``flaky:<order_id>``, raises on its first run (Dramatiq retries it).
     """
     broker = RabbitmqBroker(url=pika_url(rabbitmq_url))
     middleware = RecordingMiddleware(dedupe, **options)
@@ -93,11 +94,21 @@ def build(rabbitmq_url: str, dedupe: Deduplicator, queue: str, record: str, slee
         client.rpush(record, f"applied:{payload['id']}:0")
         return str(payload["id"])
 
+    def flaky(order_id: int) -> int:
+        token = current_claim().token  # type: ignore[union-attr]
+        client.rpush(record, f"started:{order_id}:{token}")
+        if client.incr(f"{record}:flaky:{order_id}") == 1:
+            raise RuntimeError("first run fails")
+        client.rpush(record, f"applied:{order_id}:{token}")
+        return order_id
+
     app.actors["apply"] = dramatiq.actor(apply, broker=broker, queue_name=queue, max_retries=0,
                                          idempotency_key=lambda order_id, amount: f"order:{order_id}")
     app.actors["by_message_id"] = dramatiq.actor(by_message_id, broker=broker, queue_name=queue)
     app.actors["picky"] = dramatiq.actor(picky, broker=broker, queue_name=queue, max_retries=0,
                                          idempotency_key=lambda payload: payload["id"])
+    app.actors["flaky"] = dramatiq.actor(flaky, broker=broker, queue_name=queue, max_retries=3, min_backoff=10,
+                                         max_backoff=50, idempotency_key=lambda order_id: f"flaky:{order_id}")
     return app
 
 

@@ -145,6 +145,20 @@ def test_poison_is_dead_lettered_with_the_reason(rabbitmq_url: str, dedupe: Dedu
     assert entries(redis_client, record, "applied") == [("7", entries(redis_client, record, "applied")[0][1])]
 
 
+def test_a_failing_actor_releases_its_claim_and_is_retried_by_dramatiq(rabbitmq_url: str, dedupe: Deduplicator,
+                                                                    redis_client: redis.Redis, queue: str,
+                                                                    record: str) -> None:
+    app = build(rabbitmq_url, dedupe, queue, record)
+    with running(app):
+        app.actors["flaky"].send(9)
+        wait_for(lambda: app.middleware.count("applied") == 1, what="the retry to be applied")
+    (first, second) = entries(redis_client, record, "started")
+    assert entries(redis_client, record, "applied") == [second]
+    assert second[1] > first[1]  # the failed run released the key; the retry claimed it anew
+    assert dedupe.status("flaky:9").state == "done"
+    assert dead_letters(rabbitmq_url, queue) == []
+
+
 @pytest.mark.slow
 def test_worker_killed_mid_actor_loses_nothing(rabbitmq_url: str, redis_url: str, redis_client: redis.Redis,
                                                namespace: str, queue: str, record: str) -> None:
