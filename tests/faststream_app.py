@@ -31,10 +31,12 @@ NATS_URL = "nats://127.0.0.1:4222"
 
 
 class RecordingMiddleware(DedupeMiddleware):
-    """Keeps each hook call as ``(hook, reason, value)``."""
+    """Keeps each hook call as ``(hook, reason, value)``. The key is the body's ``id`` unless
+    ``key`` is given (``key=None``: the middleware's default for the broker)."""
 
     def __init__(self, dedupe: AsyncDeduplicator, **options: Any) -> None:
-        super().__init__(dedupe, key=field_key("id"), **options)
+        options.setdefault("key", field_key("id"))
+        super().__init__(dedupe, **options)
         self.events: list[tuple[str, str, Any]] = []
 
     def on_applied(self, message: Any, decision: Decision) -> None:

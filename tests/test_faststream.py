@@ -134,13 +134,13 @@ async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-async def publish(app: App, target: Target, body: dict[str, Any]) -> None:
+async def publish(app: App, target: Target, body: dict[str, Any], **options: Any) -> None:
     if target.kind == "rabbit":
-        await app.broker.publish(body, queue=target.source)
+        await app.broker.publish(body, queue=target.source, **options)
     elif target.kind == "kafka":
-        await app.broker.publish(body, topic=target.source)
+        await app.broker.publish(body, topic=target.source, **options)
     else:
-        await app.broker.publish(body, subject=target.source, stream=app.stream)
+        await app.broker.publish(body, subject=target.source, stream=app.stream, **options)
 
 
 def scenario(target: Target, redis_url: str, namespace: str, record: str,
@@ -175,6 +175,31 @@ def test_duplicates_are_applied_once(target: Target, redis_url: str, redis_clien
     scenario(target, redis_url, namespace, record, body)
     assert entries(redis_client, record, "applied") == entries(redis_client, record, "started")
     assert [ident for ident, _ in entries(redis_client, record, "applied")] == ["a1"]
+    assert target.dead_letters(0) == []
+
+
+def test_the_default_key_is_the_header_else_the_message_id(target: Target, redis_url: str,
+                                                           redis_client: redis.Redis, dedupe: Deduplicator,
+                                                           namespace: str, record: str) -> None:
+    # The broker's own message identity: RabbitMQ's message_id property, NATS' message_id header;
+    # Kafka's record key goes with a hash of the body, so only there the copies' bodies are equal.
+    identity = {"rabbit": {"message_id": "m-1"}, "kafka": {"key": b"k-1"},
+                "nats": {"headers": {"message_id": "m-1"}}}[target.kind]
+
+    async def body(app: App) -> None:
+        for amount in (1, 2):  # other bodies, same key: with the fingerprint off, applied once
+            await publish(app, target, {"id": "by-header", "amount": amount}, headers={"idempotency-key": "h-1"})
+            await publish(app, target, {"id": "by-identity", "amount": 1 if target.kind == "kafka" else amount},
+                          **identity)
+        await until(lambda: app.middleware.count("applied") + app.middleware.count("duplicate") == 4,
+                    what="four verdicts")
+        assert app.middleware.count("applied") == 2
+
+    scenario(target, redis_url, namespace, record, body, key=None, fingerprint=None)
+    assert sorted(ident for ident, _ in entries(redis_client, record, "applied")) == ["by-header", "by-identity"]
+    assert dedupe.status("h-1").state == "done"
+    if target.kind != "kafka":
+        assert dedupe.status("message-id:m-1").state == "done"
     assert target.dead_letters(0) == []
 
 
