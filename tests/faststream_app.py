@@ -27,8 +27,6 @@ from dedupe_worker.engine import Decision
 from dedupe_worker.faststream import DedupeMiddleware
 from dedupe_worker.messages.keys import field_key
 
-NATS_URL = "nats://127.0.0.1:4222"
-
 
 class RecordingMiddleware(DedupeMiddleware):
     """Keeps each hook call as ``(hook, reason, value)``. The key is the body's ``id`` unless

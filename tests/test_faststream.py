@@ -30,7 +30,7 @@ from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.messages import deadletter
 
 from . import services
-from .faststream_app import NATS_URL, App, build
+from .faststream_app import App, build
 from .kafka_fixtures import Topics, headers_of, read_topic
 from .rabbitmq_fixtures import dead_letters as rabbit_dead_letters
 from .rabbitmq_fixtures import depth, stop_process
@@ -57,11 +57,11 @@ class Target:
                 return [{k: str(v) for k, v in m.headers.items()} for m in rabbit_dead_letters(conn, self.source)]
         if self.kind == "kafka":
             return [headers_of(m) for m in read_topic(self.url, self.source + ".dlq", expected, idle=3.0)]
-        return asyncio.run(_nats_dead_letters(self.source, expected))
+        return asyncio.run(_nats_dead_letters(self.url, self.source, expected))
 
 
-async def _nats_dead_letters(subject: str, expected: int) -> list[dict[str, str]]:
-    client = await nats.connect(NATS_URL)
+async def _nats_dead_letters(url: str, subject: str, expected: int) -> list[dict[str, str]]:
+    client = await nats.connect(url)
     try:
         sub = await client.jetstream().pull_subscribe(subject + ".dlq", stream=subject.replace(".", "_"))
         try:
@@ -93,15 +93,14 @@ def target(request: pytest.FixtureRequest, rabbitmq_url: str) -> Iterator[Target
         yield Target(kind, bootstrap, topics.create(prefix="fs"))
         topics.delete_all()
     else:
-        if not services.port_open("127.0.0.1", 4222):
-            services.unavailable("NATS at 127.0.0.1:4222")
+        url = request.getfixturevalue("nats_url")
         name = f"fs.{uuid.uuid4().hex[:10]}"
-        yield Target(kind, NATS_URL, name)
-        asyncio.run(_delete_stream(name.replace(".", "_")))
+        yield Target(kind, url, name)
+        asyncio.run(_delete_stream(url, name.replace(".", "_")))
 
 
-async def _delete_stream(stream: str) -> None:
-    client = await nats.connect(NATS_URL)
+async def _delete_stream(url: str, stream: str) -> None:
+    client = await nats.connect(url)
     try:
         await client.jetstream().delete_stream(stream)
     except nats.js.errors.NotFoundError:
