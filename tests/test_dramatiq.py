@@ -24,6 +24,7 @@ from dramatiq.common import dq_name, xq_name
 
 from dedupe_worker import Deduplicator
 from dedupe_worker.messages import deadletter
+from dedupe_worker.messages.keys import fingerprint_of
 
 from . import services
 from .dramatiq_app import App, build, pika_url
@@ -108,21 +109,22 @@ def test_duplicates_are_applied_once(rabbitmq_url: str, dedupe: Deduplicator, re
 def test_in_progress_copy_is_deferred_without_spending_retries(rabbitmq_url: str, dedupe: Deduplicator,
                                                                redis_client: redis.Redis, queue: str,
                                                                record: str) -> None:
-    # defer_wait=0: the copy does not wait on the key, it goes back through Retries at once. The
-    # actor has max_retries=0, so a deferral that spent a retry would be dead-lettered instead.
-    app = build(rabbitmq_url, dedupe, queue, record, sleep=1.0, defer_wait=0.0)
+    # Another worker holds the key (same payload fingerprint as the actor's). defer_wait=0: the
+    # copy does not wait on the key, it goes back through Retries each time. The actor has
+    # max_retries=0, so a deferral that spent a retry would be dead-lettered instead.
+    holder = dedupe.begin("order:3", fingerprint=fingerprint_of(["apply", [3, 5], {}]))
+    app = build(rabbitmq_url, dedupe, queue, record, defer_wait=0.0)
     with running(app):
         app.actors["apply"].send(3, 5)
-        wait_for(lambda: entries(redis_client, record, "started"), what="the first copy to start")
-        app.actors["apply"].send(3, 5)
+        wait_for(lambda: app.middleware.count("deferred") >= 2, what="the copy to come back deferred twice")
+        dedupe.complete(holder, 42)
         wait_for(lambda: app.middleware.count("duplicate") == 1, timeout=30, what="the copy to be answered")
     deferred = [e for e in app.middleware.events if e[0] == "deferred"]
-    assert deferred and all(e[2] == "in_progress" for e in deferred)
+    assert all(e[2] == "in_progress" for e in deferred)
     (duplicate,) = [e for e in app.middleware.events if e[0] == "duplicate"]
     _, copy_id, _, retries, deferrals, value = duplicate
-    assert copy_id == deferred[0][1] and retries == 0 and deferrals == len(deferred) and value == 10
-    assert entries(redis_client, record, "applied") == entries(redis_client, record, "started")
-    assert len(entries(redis_client, record, "applied")) == 1
+    assert copy_id == deferred[0][1] and retries == 0 and deferrals == len(deferred) and value == 42
+    assert entries(redis_client, record, "started") == []  # the holder's outcome answered it
     assert dead_letters(rabbitmq_url, queue) == []
 
 
