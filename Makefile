@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,testing,metrics,otel,asyncio,test,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,faststream,dramatiq,testing,metrics,otel,asyncio,test,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -15,7 +15,7 @@ import sys
 import redis
 
 BENCHES = ("bench.core", "bench.asyncio_paths", "bench.celery_tasks", "bench.rabbitmq_consumer",
-           "bench.kafka_consumer", "bench.replay", "bench.settle", "bench.durability")
+           "bench.kafka_consumer", "bench.frameworks", "bench.replay", "bench.settle", "bench.durability")
 
 
 def redis_pid(url: str) -> int | None:

@@ -107,6 +107,8 @@ def test_claim_errors_rebuild_from_their_args() -> None:
     ("dedupe_worker.rabbitmq", "amqp", "rabbitmq"),
     ("dedupe_worker.kafka", "confluent_kafka", "kafka"),
     ("dedupe_worker.celery", "celery", "celery"),
+    ("dedupe_worker.dramatiq", "dramatiq", "dramatiq"),
+    ("dedupe_worker.faststream", "faststream", "faststream"),
 ])
 def test_an_integration_without_its_extra_names_the_extra_to_install(module: str, missing: str, extra: str) -> None:
     import subprocess
