@@ -13,7 +13,7 @@ PIN ?= both
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,testing,metrics,otel,test,dev,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,faststream,dramatiq,testing,metrics,otel,asyncio,test,dev,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)

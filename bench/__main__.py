@@ -27,11 +27,15 @@ import sys
 import tempfile
 import time
 
-BENCHES = ("bench.core", "bench.lua_cost", "bench.celery_tasks", "bench.rabbitmq_consumer", "bench.kafka_consumer",
-           "bench.replay", "bench.settle", "bench.durability")
+BENCHES = ("bench.core", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks", "bench.rabbitmq_consumer",
+           "bench.kafka_consumer", "bench.frameworks", "bench.replay", "bench.settle", "bench.durability")
 #: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
-TAKES_REDIS_URL = ("bench.core", "bench.lua_cost", "bench.celery_tasks", "bench.rabbitmq_consumer",
-                   "bench.kafka_consumer", "bench.replay", "bench.settle")
+TAKES_REDIS_URL = ("bench.core", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
+                   "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks", "bench.replay",
+                   "bench.settle")
+#: The benches that print a ``--label`` (where they ran).
+TAKES_LABEL = ("bench.core", "bench.asyncio_paths", "bench.rabbitmq_consumer", "bench.kafka_consumer",
+               "bench.frameworks", "bench.settle", "bench.durability")
 
 
 def free_port() -> int:
@@ -62,8 +66,7 @@ def start_redis(cpu: int) -> tuple[subprocess.Popen[bytes], str]:
 
 def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extra: list[str]) -> int:
     cmd = [sys.executable, "-m", module, *extra]
-    if label and module in ("bench.core", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.settle",
-                            "bench.durability"):
+    if label and module in TAKES_LABEL:
         cmd += ["--label", label]
     if redis_url and module in TAKES_REDIS_URL:
         cmd += ["--redis-url", redis_url]

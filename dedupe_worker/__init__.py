@@ -11,7 +11,8 @@ The layers, from the bottom up:
 - :mod:`.engine`: the one place that runs work (claim, run, store, verdict) for every path;
 - the integrations: :mod:`.celery`, :mod:`.rabbitmq`, :mod:`.kafka`, :mod:`.replay`, :mod:`.cli`.
 
-:class:`Deduplicator` is the protocol client with the engine's ``run()`` on top. The modules
+:class:`Deduplicator` is the protocol client with the engine's ``run()`` on top;
+:class:`dedupe_worker.asyncio.AsyncDeduplicator` is the same on ``redis.asyncio``. The modules
 ``handling``, ``keys``, ``envelope`` and ``context`` at this level are the import paths of earlier
 releases, kept working.
 """

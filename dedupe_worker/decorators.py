@@ -1,14 +1,17 @@
-"""``@idempotent``: deduplicate calls of a plain function."""
+"""``@idempotent``: deduplicate calls of a plain function or of an ``async def``."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .deduplicator import Deduplicator
 from .protocol.fingerprint import fingerprint_of
+
+if TYPE_CHECKING:
+    from .asyncio.deduplicator import AsyncDeduplicator
 
 __all__ = ["idempotent"]
 
@@ -16,7 +19,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def idempotent(
-    deduplicator: Deduplicator,
+    deduplicator: Deduplicator | AsyncDeduplicator,
     key: str | Callable[..., str],
     fingerprint: Callable[..., Any] | bool = True,
 ) -> Callable[[F], F]:
@@ -27,23 +30,39 @@ def idempotent(
     (default: a hash of the function's name and bound arguments, so a key reused with other
     arguments raises :class:`~dedupe_worker.KeyConflict`) or ``False`` (no check). Raises as
     :meth:`Deduplicator.run` does.
+
+    An ``async def`` needs an :class:`~dedupe_worker.asyncio.AsyncDeduplicator` (and a plain
+    function a :class:`Deduplicator`); the wrapper is then a coroutine function too, and
+    ``current_claim()`` is set inside the coroutine. A mismatch raises ``TypeError`` at once.
     """
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
         name = f"{fn.__module__}.{fn.__qualname__}"
+        is_async = inspect.iscoroutinefunction(fn)
+        if is_async != inspect.iscoroutinefunction(deduplicator.run):
+            wanted = "an AsyncDeduplicator" if is_async else "a Deduplicator"
+            raise TypeError(f"@idempotent on {name} ({'async' if is_async else 'plain'} function) needs {wanted}")
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def key_and_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             k = key(*args, **kwargs) if callable(key) else key.format(**bound.arguments)
             if callable(fingerprint):
-                fp: Any = fingerprint(*args, **kwargs)
-            elif fingerprint:
-                fp = fingerprint_of([name, bound.arguments])
-            else:
-                fp = None
+                return k, fingerprint(*args, **kwargs)
+            return k, fingerprint_of([name, bound.arguments]) if fingerprint else None
+
+        if is_async:
+            @functools.wraps(fn)
+            async def coroutine(*args: Any, **kwargs: Any) -> Any:
+                k, fp = key_and_fingerprint(args, kwargs)
+                return await deduplicator.run(k, fn, *args, fingerprint=fp, **kwargs)
+
+            return coroutine  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            k, fp = key_and_fingerprint(args, kwargs)
             return deduplicator.run(k, fn, *args, fingerprint=fp, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -37,3 +39,9 @@ class DedupeSettings(BaseSettings):
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).
     kafka_bootstrap: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """The options of a claim client (sync or asyncio) these settings set."""
+        return dict(namespace=self.namespace, lease=self.lease, result_ttl=self.result_ttl,
+                    max_key_length=self.max_key_length, max_result_bytes=self.max_result_bytes,
+                    fail_open=self.fail_open, wait_replicas=self.wait_replicas, wait_timeout=self.wait_timeout)

@@ -12,17 +12,22 @@ It is backed by fakeredis with Lua (``pip install 'dedupe-worker[testing]'``), s
 scripts run as on Redis: claims, fencing tokens, leases (on the real clock), conflicts, stored
 failures and waiting on keys behave exactly as in production. Each call starts an empty store of
 its own. With the package installed, pytest gets a ``dedupe`` fixture built this way (see
-:mod:`dedupe_worker.pytest_plugin`). Not for production: nothing is shared between processes.
+:mod:`dedupe_worker.pytest_plugin`). :func:`in_memory_async` is the same for
+:class:`~dedupe_worker.asyncio.AsyncDeduplicator`. Not for production: nothing is shared between
+processes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .deduplicator import Deduplicator
 from .extras import require
 
-__all__ = ["in_memory"]
+if TYPE_CHECKING:
+    from .asyncio import AsyncDeduplicator
+
+__all__ = ["in_memory", "in_memory_async"]
 
 
 def in_memory(namespace: str = "test", **options: Any) -> Deduplicator:
@@ -30,3 +35,13 @@ def in_memory(namespace: str = "test", **options: Any) -> Deduplicator:
     fakeredis = require("fakeredis", "testing")
     require("lupa", "testing")  # fakeredis runs Lua through lupa
     return Deduplicator(fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=namespace, **options)
+
+
+def in_memory_async(namespace: str = "test", **options: Any) -> AsyncDeduplicator:
+    """An :class:`~dedupe_worker.asyncio.AsyncDeduplicator` on a fresh in-memory store (fakeredis'
+    asyncio client, the same Lua scripts); ``options`` as for the constructor."""
+    from .asyncio import AsyncDeduplicator
+
+    fakeredis = require("fakeredis", "testing")
+    require("lupa", "testing")
+    return AsyncDeduplicator(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()), namespace=namespace, **options)

@@ -65,5 +65,10 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    yield from services.find_nats_url()
+
+
+@pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     yield from services.find_postgres_dsn()

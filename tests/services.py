@@ -205,6 +205,35 @@ def find_rabbitmq_url() -> Iterator[str]:
     unavailable("RabbitMQ")
 
 
+# -- NATS (JetStream) -----------------------------------------------------------------------------
+
+
+def find_nats_url() -> Iterator[str]:
+    """A NATS server with JetStream: the URL in the environment, the local server on 4222, else a
+    private ``nats-server -js`` on a free port (its store in a temporary folder)."""
+    url = os.environ.get("DEDUPE_TEST_NATS_URL") or os.environ.get("NATS_URL")
+    if url:
+        yield url
+        return
+    if port_open("127.0.0.1", 4222):
+        yield "nats://127.0.0.1:4222"
+        return
+    binary = shutil.which("nats-server")
+    if binary is None:
+        unavailable("NATS (nats-server with JetStream)")
+        return
+    port, store = free_port(), tempfile.mkdtemp(prefix="dedupe-nats-")
+    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", port, 20)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(store, ignore_errors=True)
+
+
 # -- Kafka (tansu) --------------------------------------------------------------------------------
 
 

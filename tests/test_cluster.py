@@ -76,3 +76,41 @@ def test_scripts_reload_on_every_master(cluster_dedupe: Deduplicator, cluster_po
     for port in cluster_ports:
         redis.Redis(port=port).script_flush()
     assert all(c.acquired for c in cluster_dedupe.begin_many([f"after-flush-{i}" for i in range(20)]))
+
+
+def test_the_asyncio_client_on_a_cluster(cluster_ports: list[int], namespace: str) -> None:
+    import asyncio
+
+    import redis
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    from dedupe_worker.asyncio import AsyncDeduplicator
+
+    async def scenario() -> None:
+        d = AsyncDeduplicator.from_url(f"redis://127.0.0.1:{cluster_ports[0]}/0?cluster=1", namespace=namespace,
+                                       lease=0.3, result_ttl=30)
+        assert isinstance(d.store.client, AsyncRedisCluster)
+        a = await d.begin("k", fingerprint="x")
+        assert a.acquired and (await d.begin("k", fingerprint="y")).outcome is Outcome.CONFLICT
+        await asyncio.sleep(0.4)
+        b = await d.begin("k", fingerprint="x")
+        assert b.token > a.token
+        await d.complete(b, {"by": "b"})
+        with pytest.raises(LeaseLost):
+            await d.complete(a, {"by": "a"})
+        for port in cluster_ports:
+            redis.Redis(port=port).script_flush()
+        keys = [f"m{i}" for i in range(50)]
+        claims = await d.begin_many(keys)  # one pipelined EVALSHA per key, over every master
+        assert all(c.acquired for c in claims)
+        assert await d.complete_many([(c, i) for i, c in enumerate(claims)]) == [True] * 50
+        assert [c.result for c in await d.begin_many(keys)] == list(range(50))
+
+        async def slow() -> str:
+            await asyncio.sleep(0.5)  # past the 0.3 s lease: renewed on the cluster
+            return "renewed"
+
+        assert await d.run("long", slow) == "renewed"
+        await d.aclose()
+
+    asyncio.run(scenario())

@@ -147,6 +147,37 @@ def test_sentinel_url_finds_the_primary_and_run_carries_on_after_it_dies(topolog
         dedupe.close()
 
 
+def test_the_asyncio_client_finds_the_primary_through_sentinel_and_carries_on_after_it_dies(
+        topology: Topology) -> None:
+    import asyncio
+
+    from dedupe_worker.asyncio import AsyncDeduplicator
+
+    topology.start_sentinels()
+
+    async def value(text: str) -> str:
+        return text
+
+    async def scenario() -> None:
+        async with AsyncDeduplicator.from_url(topology.sentinel_url, namespace="ha-async", lease=5,
+                                              wait_replicas=1, wait_timeout=1) as durable, \
+                AsyncDeduplicator.from_url(topology.sentinel_url, namespace="ha-async", lease=5) as dedupe:
+            assert await durable.run("before", value, "done before") == "done before"
+            topology.primary.stop()  # the primary dies; the sentinels promote the replica
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    assert await dedupe.run("after", value, "done after") == "done after"
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "run() on the new primary"
+                    await asyncio.sleep(0.1)
+            assert redis.Redis(port=topology.replica.port).info("replication")["role"] == "master"
+            assert await dedupe.run("before", value, "ran again") == "done before"  # survived the failover
+
+    asyncio.run(scenario())
+
+
 def test_wait_replicas_refuses_a_claim_no_replica_acknowledged_and_gives_it_back(topology: Topology) -> None:
     durable = Deduplicator(redis.Redis(port=topology.primary.port), namespace="w", wait_replicas=1, wait_timeout=0.5)
     assert durable.begin("k1").acquired  # the replica acknowledges
@@ -173,6 +204,16 @@ def test_a_sentinel_url_is_parsed_with_password_and_tls_options() -> None:
     assert sentinel.sentinels[0].connection_pool.connection_kwargs["password"] == "spw"
     with pytest.raises(ValueError, match="service"):
         redis_from_url("redis+sentinel://127.0.0.1:26379")
+    from dedupe_worker.asyncio import async_redis_from_url
+
+    primary = async_redis_from_url("rediss+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2/mymaster/2"
+                                   "?sentinel_password=spw&ssl_cert_reqs=none")
+    pool = primary.connection_pool
+    assert pool.service_name == "mymaster"  # type: ignore[attr-defined]
+    assert pool.connection_kwargs["password"] == "s3cret" and pool.connection_kwargs["db"] == 2
+    assert pool.connection_kwargs["ssl_cert_reqs"] == "none"
+    assert [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+            for s in pool.sentinel_manager.sentinels] == [("10.0.0.1", 26379), ("10.0.0.2", 26379)]  # type: ignore[attr-defined]
 
 
 def test_wait_replicas_is_refused_on_a_cluster() -> None:

@@ -107,6 +107,8 @@ def test_claim_errors_rebuild_from_their_args() -> None:
     ("dedupe_worker.rabbitmq", "amqp", "rabbitmq"),
     ("dedupe_worker.kafka", "confluent_kafka", "kafka"),
     ("dedupe_worker.celery", "celery", "celery"),
+    ("dedupe_worker.dramatiq", "dramatiq", "dramatiq"),
+    ("dedupe_worker.faststream", "faststream", "faststream"),
 ])
 def test_an_integration_without_its_extra_names_the_extra_to_install(module: str, missing: str, extra: str) -> None:
     import subprocess
@@ -137,3 +139,24 @@ def test_the_layers_import_only_downwards() -> None:
                 first = [*base, *(node.module or "").split(".")][0]
                 assert first in leaves or rank.get(first, 99) <= own, \
                     f"{layer}/{path.name} imports {'.' * node.level}{node.module}, above its layer"
+
+
+def test_the_asyncio_package_sits_beside_the_deduplicator() -> None:
+    """``dedupe_worker.asyncio`` imports the layers below (protocol, messages, engine), the leaves
+    and its sibling ``deduplicator``/``decorators`` only; and no layer below imports it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(dedupe_worker.__file__).parent
+    allowed = {"protocol", "messages", "engine", "errors", "settings", "backoff", "extras", "observe",
+               "deduplicator", "decorators", "asyncio"}
+    for path in (root / "asyncio").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                first = (node.module or "").split(".")[0] if node.level == 2 else "asyncio"
+                assert first in allowed, f"asyncio/{path.name} imports {'.' * node.level}{node.module}"
+    for layer in ("protocol", "messages", "engine"):
+        for path in (root / layer).glob("*.py"):
+            assert "asyncio" not in {
+                part for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+                and node.level for part in (node.module or "").split(".")}, f"{layer}/{path.name} imports asyncio"

@@ -3,6 +3,7 @@ the docs tell Celery and consumer users to test with it."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from dedupe_worker import Outcome, decide_many
-from dedupe_worker.testing import in_memory
+from dedupe_worker.testing import in_memory, in_memory_async
 
 
 def test_each_in_memory_store_is_its_own() -> None:
@@ -21,6 +22,28 @@ def test_each_in_memory_store_is_its_own() -> None:
     assert a.begin("k").outcome is Outcome.ACQUIRED
     assert b.begin("k").outcome is Outcome.ACQUIRED  # nothing shared
     assert a.begin("k").outcome is Outcome.IN_PROGRESS
+
+
+def test_the_async_double_runs_the_same_protocol() -> None:
+    async def scenario() -> None:
+        a, b = in_memory_async(lease=5), in_memory_async()
+        calls: list[int] = []
+
+        async def charge() -> str:
+            calls.append(1)
+            return "charged"
+
+        assert await a.run("k", charge) == "charged" and await a.run("k", charge) == "charged"
+        assert calls == [1]
+        assert (await b.begin("k")).outcome is Outcome.ACQUIRED  # nothing shared
+        held = await a.begin("held", fingerprint="p")
+        assert (await a.begin("held", fingerprint="q")).outcome is Outcome.CONFLICT
+        asyncio.get_running_loop().call_later(0.1, lambda: asyncio.ensure_future(a.complete(held, 1)))
+        assert (await a.begin("held", fingerprint="p", wait=5)).result == 1  # woken by the completion
+        await a.aclose()
+        await b.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_the_pytest_plugin_gives_a_dedupe_fixture(tmp_path: Path) -> None:

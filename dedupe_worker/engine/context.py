@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Protocol
 
 from ..protocol.claim import Claim
-from ..protocol.renewer import LeaseRenewer
 
-__all__ = ["Holding", "bind_claim", "current_claim"]
+__all__ = ["Holding", "Tracker", "bind_claim", "current_claim"]
 
 _current: ContextVar[Claim | None] = ContextVar("dedupe_worker_current_claim", default=None)
 
@@ -38,6 +38,14 @@ def bind_claim(claim: Claim) -> Iterator[Claim]:
         _current.reset(reset)
 
 
+class Tracker(Protocol):
+    """What keeps leases alive: the sync :class:`~dedupe_worker.protocol.renewer.LeaseRenewer`, or
+    the asyncio one (:mod:`dedupe_worker.asyncio`)."""
+
+    def track(self, stem: str, token: int) -> None: ...
+    def untrack(self, stem: str, token: int) -> None: ...
+
+
 class Holding:
     """While inside: the lease of ``claim`` is renewed and ``current_claim()`` is ``claim``.
 
@@ -47,7 +55,7 @@ class Holding:
 
     __slots__ = ("claim", "renewer", "reset")
 
-    def __init__(self, renewer: LeaseRenewer, claim: Claim) -> None:
+    def __init__(self, renewer: Tracker, claim: Claim) -> None:
         self.renewer = renewer
         self.claim = claim
 

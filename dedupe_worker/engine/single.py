@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
 from ..observe.base import current as observer
@@ -25,13 +25,25 @@ from ..protocol.client import ClaimClient
 from .context import Holding
 from .decision import Decision, Reason, outcome, poison, settle
 
-__all__ = ["decide", "execute", "failure_reason", "refused", "run", "settle_failure", "unavailable"]
+__all__ = ["ClientOptions", "decide", "execute", "failure_reason", "not_stored", "outage", "refused", "run",
+           "settle_failure", "unavailable"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def failure_reason(dedupe: ClaimClient, exc: BaseException) -> Reason:
+class ClientOptions(Protocol):
+    """The options of a client (sync or asyncio) that the verdicts depend on."""
+
+    @property
+    def lease(self) -> float: ...
+    @property
+    def fail_open(self) -> bool: ...
+    @property
+    def permanent_errors(self) -> tuple[type[BaseException], ...]: ...
+
+
+def failure_reason(dedupe: ClientOptions, exc: BaseException) -> Reason:
     """PERMANENT_FAILURE for the client's ``permanent_errors`` (stored as the outcome), else
     HANDLER_ERROR (the claim is released so a retry may claim again)."""
     return Reason.PERMANENT_FAILURE if isinstance(exc, dedupe.permanent_errors) else Reason.HANDLER_ERROR
@@ -57,10 +69,9 @@ def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[C
     """
     if not handlers:
         return []
-    if not dedupe.fail_open:
-        log.warning("Redis unavailable, deferring %d message(s): %s", len(handlers), exc)
-        return [Decision(Reason.STORE_UNAVAILABLE, error=exc, retry_after=1.0)] * len(handlers)
-    log.error("Redis unavailable; fail_open runs %d handler(s) WITHOUT deduplication: %s", len(handlers), exc)
+    deferred = outage(dedupe, exc, len(handlers))
+    if deferred is not None:
+        return deferred
     decisions = []
     for handler in handlers:
         try:
@@ -68,6 +79,28 @@ def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[C
         except Exception as err:
             decisions.append(Decision(Reason.HANDLER_ERROR, error=err))
     return decisions
+
+
+def outage(dedupe: ClientOptions, exc: StoreUnavailable, count: int) -> list[Decision] | None:
+    """The verdicts on ``count`` messages whose claims could not be made (logged once for all):
+    STORE_UNAVAILABLE each, or ``None`` under ``fail_open`` (the caller runs them unclaimed)."""
+    if not dedupe.fail_open:
+        log.warning("Redis unavailable, deferring %d message(s): %s", count, exc)
+        return [Decision(Reason.STORE_UNAVAILABLE, error=exc, retry_after=1.0)] * count
+    log.error("Redis unavailable; fail_open runs %d handler(s) WITHOUT deduplication: %s", count, exc)
+    return None
+
+
+def not_stored(dedupe: ClientOptions, claim: Claim,
+               exc: LeaseLost | ResultNotSerializable | StoreUnavailable) -> Decision:
+    """The verdict when storing a handler's outcome raised ``exc`` (the handler did run)."""
+    if isinstance(exc, LeaseLost):
+        return Decision(Reason.LEASE_LOST, claim, error=exc, retry_after=dedupe.lease)
+    if isinstance(exc, ResultNotSerializable):  # stored as "completed, body omitted"
+        return Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=exc)
+    # StoreUnavailable: the outcome may not be stored; the claim stays held until its lease runs
+    # out, then a redelivery may run the handler again (fence side effects).
+    return Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
 
 
 def stored(dedupe: ClaimClient, claim: Claim, value: Any, integration: str = "run") -> Decision:
@@ -80,14 +113,8 @@ def stored(dedupe: ClaimClient, claim: Claim, value: Any, integration: str = "ru
                 observer.round_trip("complete", time.perf_counter() - began)
         else:
             dedupe.complete(claim, value)
-    except LeaseLost as exc:
-        return Decision(Reason.LEASE_LOST, claim, error=exc, retry_after=dedupe.lease)
-    except ResultNotSerializable as exc:  # stored as "completed, body omitted"
-        return Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=exc)
-    except StoreUnavailable as exc:
-        # The handler ran but its outcome may not be stored: the claim stays held until its lease
-        # runs out, then a redelivery may run the handler again (fence side effects).
-        return Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
+    except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
+        return not_stored(dedupe, claim, exc)
     return Decision(Reason.APPLIED, claim, value)
 
 

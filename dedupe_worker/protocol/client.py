@@ -99,17 +99,7 @@ class ClaimClient(ClaimCodec):
     def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
         """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
         s = settings or DedupeSettings()
-        base: dict[str, Any] = dict(
-            namespace=s.namespace,
-            lease=s.lease,
-            result_ttl=s.result_ttl,
-            max_key_length=s.max_key_length,
-            max_result_bytes=s.max_result_bytes,
-            fail_open=s.fail_open,
-            wait_replicas=s.wait_replicas,
-            wait_timeout=s.wait_timeout,
-        )
-        return cls.from_url(s.redis_url, **{**base, **options})
+        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
 
     @property
     def watcher(self) -> KeyWatcher:

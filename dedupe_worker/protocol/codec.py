@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 #: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
 
+
 class Request(NamedTuple):
     """A key made ready for ``claim.lua``: the key as text, its Redis stem, the fingerprint as
     sent, and the original key when the stem holds its hash (else ``""``)."""
@@ -36,8 +37,8 @@ class ClaimCodec:
     """Key checking, claim replies and outcome encoding for one namespace and set of options.
 
     Nothing here talks to Redis; the clients hold a codec's fields (they subclass it) and add the
-    round trips. ``lease``, ``result_ttl`` and ``retention`` are kept in milliseconds as the
-    scripts take them (``_lease_ms``, ``_result_ttl_ms``, ``_retention_ms``).
+    round trips. ``lease`` and ``result_ttl`` are kept in seconds, and with ``retention`` also in
+    milliseconds as the scripts take them (``_lease_ms``, ``_result_ttl_ms``, ``_retention_ms``).
     """
 
     def __init__(

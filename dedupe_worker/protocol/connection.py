@@ -19,7 +19,7 @@ lease ends; a retried completion finds our outcome stored and answers stored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-__all__ = ["redis_from_url"]
+__all__ = ["SentinelOptions", "redis_from_url", "sentinel_options"]
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
@@ -50,8 +50,21 @@ def redis_from_url(url: str) -> redis.Redis | RedisCluster:
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=_retry())
 
 
-def _sentinel_primary(url: str) -> redis.Redis:
-    """The Sentinel-managed primary named in ``url``."""
+class SentinelOptions(NamedTuple):
+    """A ``redis+sentinel://`` URL taken apart: what a sync or asyncio ``Sentinel`` needs."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    sentinel_password: str | None
+    #: ``ssl=True`` and the ``ssl_*`` query options for ``rediss+sentinel``, else empty.
+    tls: dict[str, Any]
+
+
+def sentinel_options(url: str) -> SentinelOptions:
+    """Parse a Sentinel URL (see the module doc); ``ValueError`` without hosts or a service."""
     scheme, rest = url.split("://", 1)
     netloc, _, tail = rest.partition("/")
     path, _, query = tail.partition("?")
@@ -68,14 +81,20 @@ def _sentinel_primary(url: str) -> redis.Redis:
     tls: dict[str, Any] = {}
     if scheme == "rediss+sentinel":
         tls = {"ssl": True, **{k: options.pop(k) for k in list(options) if k.startswith("ssl_")}}
-    sentinel_password = options.pop("sentinel_password", None)
-    common = {"socket_connect_timeout": 2, "socket_timeout": 10, "retry": _retry(), **tls}
+    return SentinelOptions(sentinels, service, int(db or 0), unquote(username) or None, unquote(password) or None,
+                           options.pop("sentinel_password", None), tls)
+
+
+def _sentinel_primary(url: str) -> redis.Redis:
+    """The Sentinel-managed primary named in ``url``."""
+    o = sentinel_options(url)
+    common = {"socket_connect_timeout": 2, "socket_timeout": 10, "retry": _retry(), **o.tls}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        sentinels,
-        sentinel_kwargs={"password": sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2, **tls},
+        o.sentinels,
+        sentinel_kwargs={"password": o.sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2, **o.tls},
         **common,
     )
     primary: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        service, db=int(db or 0), username=unquote(username) or None, password=unquote(password) or None,
+        o.service, db=o.db, username=o.username, password=o.password,
     )
     return primary

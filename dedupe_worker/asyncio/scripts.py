@@ -1,0 +1,84 @@
+"""The protocol's Lua scripts on ``redis.asyncio``: EVALSHA, loaded again on ``NOSCRIPT``.
+
+The same scripts and the same rules as :class:`~dedupe_worker.protocol.scripts.ScriptRunner`:
+one EVALSHA per call in the common case, several calls in one pipelined round trip, only the
+calls that failed with ``NOSCRIPT`` (which ran nothing) sent again, ``WAIT`` in the same pipeline
+when durability is asked, and every Redis failure raised as
+:class:`~dedupe_worker.StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisError
+
+from ..errors import StoreUnavailable
+from ..protocol.scripts import SCRIPT_NAMES, Call, NotDurable, load_script
+
+__all__ = ["AsyncRedis", "AsyncScriptRunner"]
+
+#: The clients the asyncio store runs on.
+AsyncRedis = redis.asyncio.Redis | RedisCluster
+
+
+class AsyncScriptRunner:
+    """Runs the protocol scripts on a ``redis.asyncio`` client (standalone or Cluster)."""
+
+    def __init__(self, client: AsyncRedis) -> None:
+        self.client = client
+        self.is_cluster = isinstance(client, RedisCluster)
+        self._text = {name: load_script(name) for name in SCRIPT_NAMES}
+        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+
+    async def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+
+    async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
+        try:
+            try:
+                return await self._evalsha(name, keys, args)
+            except NoScriptError:
+                await self.client.script_load(self._text[name])
+                return await self._evalsha(name, keys, args)
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
+
+    async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
+        """Several EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
+        ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and :class:`NotDurable`
+        (with the replies) when fewer replicas acknowledged."""
+        if len(calls) == 1 and wait is None:
+            return [await self.call(*calls[0])]
+        if not calls:
+            return []
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name, keys, args in calls:
+                pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)
+            if wait is not None:
+                pipe.execute_command("WAIT", *wait)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            acked: Any = replies.pop() if wait is not None else None
+            reloaded = False
+            for i, reply in enumerate(replies):
+                if isinstance(reply, NoScriptError):
+                    name, keys, args = calls[i]
+                    await self.client.script_load(self._text[name])
+                    replies[i] = await self._evalsha(name, keys, args)
+                    reloaded = True
+            if wait is not None and (reloaded or isinstance(acked, Exception)):
+                acked = await self.client.execute_command("WAIT", *wait)
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
+        for (name, _, _), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
+        if wait is not None and int(acked) < wait[0]:
+            raise NotDurable(int(acked), wait[0], wait[1], replies)
+        return replies

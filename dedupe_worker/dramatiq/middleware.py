@@ -1,0 +1,281 @@
+"""``DedupeMiddleware``: every actor on a Dramatiq broker applies its work once per idempotency key.
+
+Usage::
+
+    broker = RabbitmqBroker(url="amqp://...")
+    broker.add_middleware(DedupeMiddleware(Deduplicator.from_url("redis://...")))
+
+    @dramatiq.actor(idempotency_key=lambda order_id, amount: f"charge:{order_id}")
+    def charge(order_id, amount):
+        token = current_claim().token       # fence your writes with it
+        ...
+
+The middleware wraps each actor's function: the worker's call goes through the engine
+(:func:`dedupe_worker.engine.decide`), which claims the key, runs the actor with its lease renewed
+and ``current_claim()`` set, stores its return value, and gives a verdict. The middleware maps the
+verdict onto Dramatiq and holds no dedupe logic of its own:
+
+===================  ======================================================================
+verdict              the message ...
+===================  ======================================================================
+applied              is acked; the actor's return value is stored (and is the result)
+duplicate            is acked without running the actor; the stored value is the result
+previously_failed    is acked without running the actor (its result is ``None``)
+in_progress          first waits up to ``defer_wait`` on the key (the worker thread stays
+                     busy): acked as a duplicate as soon as the holder stores its outcome, or
+                     run if the holder released the key or its lease ran out; then, as below
+lease_lost,          goes back through Dramatiq's ``Retries`` with a delay that starts at tens
+store_unavailable    of ms and never outlasts the holder's lease; it does not spend
+                     ``max_retries`` and is repeated until it runs
+handler_error        the claim is released and the exception is Dramatiq's as usual:
+                     ``Retries`` retries it (``max_retries``, ``min_backoff``, ``throws``) and
+                     dead-letters it when they are spent
+conflict, invalid_    is dead-lettered with the reason: on ``RabbitmqBroker`` a copy goes to the
+key, permanent_       queue's ``.XQ`` with ``x-dedupe-*`` headers and ``dedupe_*`` options, and
+failure, unserial-    the original is acked; on other brokers the message is failed into the
+izable_result         broker's own dead-letter queue and the reason is logged
+===================  ======================================================================
+
+**The key.** The actor option ``idempotency_key`` is called with the message's arguments
+(``*args, **kwargs``) and returns the key. Without it the key is the message id: Dramatiq keeps
+``message_id`` through its retries, delays and redeliveries, so the actor runs once per *sent*
+message, but a producer that sends the same work twice sends two ids (give a key for that).
+``idempotency_fingerprint`` (a callable over the arguments, or ``False`` for no check) says what
+payload a key stands for; by default a hash of the actor name and the arguments, so a key reused
+with other arguments is dead-lettered as ``conflict`` instead of answered with a wrong result.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import dramatiq
+from dramatiq.common import q_name, xq_name
+from dramatiq.middleware import Middleware, Retries, SkipMessage
+
+try:
+    import pika
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+except ImportError:  # dramatiq without its rabbitmq extra: other brokers dead-letter by failing
+    RabbitmqBroker = None  # type: ignore[assignment,misc]
+
+from ..deduplicator import Deduplicator
+from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, refused
+from ..engine.hooks import call_hook
+from ..errors import InvalidKey
+from ..messages.deadletter import dead_letter_headers
+from ..messages.envelope import Envelope
+from ..messages.keys import fingerprint_of, message_id_key
+
+__all__ = ["DEFERRALS_OPTION", "DeadLettered", "DedupeMiddleware"]
+
+log = logging.getLogger(__name__)
+
+#: Message option counting how often a message was deferred (drives the backoff, not max_retries).
+DEFERRALS_OPTION = "dedupe_deferrals"
+
+#: Set on an actor function once it is wrapped.
+_WRAPPED = "__dedupe_wrapped__"
+
+_message: contextvars.ContextVar[Any] = contextvars.ContextVar("dedupe_dramatiq_message", default=None)
+
+
+class DeadLettered(SkipMessage):
+    """Raised out of the actor call once a message was dead-lettered: Dramatiq then skips it (no
+    retry, no result) and acks it, or nacks it into the broker's dead-letter queue when the
+    copy could not be published (``message.failed``)."""
+
+    def __init__(self, decision: Decision, key: str | None) -> None:
+        super().__init__(f"{decision.reason.value}: {decision.detail}")
+        self.decision = decision
+        self.key = key
+
+
+class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
+    """Applies every actor of the broker once per idempotency key (see the module doc).
+
+    **Crash safety.** Dramatiq acks a message after the actor returned, so a worker that dies
+    mid-actor (SIGKILL, OOM) leaves it un-acked and the broker redelivers it. The dead worker's
+    claim stays held until its lease runs out (nobody renews it), so the redelivery is deferred
+    until then and runs the actor again under a larger fencing token. Effects the dead worker made
+    before dying are not undone: fence them with ``current_claim().token``.
+
+    **Deferral without spending retries.** A deferral raises ``dramatiq.Retry(delay=...)``, which
+    Dramatiq's ``Retries`` middleware (required) re-enqueues with the delay; the message's
+    ``retries`` is lowered by one first, so the re-sent copy carries the count it came with and
+    ``max_retries`` is left whole for real failures. An actor ``retry_when`` predicate is asked
+    about the ``Retry`` too: it must not refuse it.
+
+    **Options.** ``defer_base``, ``defer_cap`` and ``defer_wait`` as in every integration
+    (:class:`~dedupe_worker.engine.RetryPolicy`); handler errors follow Dramatiq's own
+    ``max_retries``/``min_backoff``/``max_backoff``/``throws``, so ``max_attempts``, ``retry_base``
+    and ``retry_cap`` are not used here. Hooks: :class:`~dedupe_worker.Hooks`, ``message`` being
+    Dramatiq's message.
+
+    **Not guaranteed.** An actor called directly (``charge(1, 5)``, not through a worker) runs as
+    a plain function, without a claim. ``async def`` actors are claimed and completed, but their
+    coroutine runs on Dramatiq's event loop thread, where ``current_claim()`` is ``None``.
+    """
+
+    def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,
+                 defer_wait: float | None = None) -> None:
+        self.dedupe = dedupe
+        for name, value in (("defer_base", defer_base), ("defer_cap", defer_cap), ("defer_wait", defer_wait)):
+            if value is not None:
+                setattr(self, name, value)
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"idempotency_key", "idempotency_fingerprint"}
+
+    # -- Dramatiq's hooks -----------------------------------------------------------------------
+
+    def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Wrap the actor's function so that the worker's call goes through the engine."""
+        self.wrap(actor)
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        """Refuse to start without ``Retries`` (deferrals go through it); wrap actors declared
+        before this middleware was added."""
+        if not any(isinstance(m, Retries) for m in broker.middleware):
+            raise RuntimeError("DedupeMiddleware defers messages through dramatiq's Retries middleware: add it")
+        for name in broker.get_declared_actors():
+            self.wrap(broker.get_actor(name))
+
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        """Remember the message for the wrapped actor function (same worker thread)."""
+        _message.set(message)
+
+    def after_process_message(self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        _message.set(None)
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        _message.set(None)
+
+    # -- machinery ------------------------------------------------------------------------------
+
+    def wrap(self, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Route ``actor``'s calls by a worker through :meth:`process` (once per actor)."""
+        fn = actor.fn
+        if getattr(fn, _WRAPPED, False):
+            return
+
+        @functools.wraps(fn)
+        def once(*args: Any, **kwargs: Any) -> Any:
+            message = _message.get()
+            if message is None or message.actor_name != actor.actor_name:  # a direct call
+                return fn(*args, **kwargs)
+            return self.process(actor, message, fn, args, kwargs)
+
+        setattr(once, _WRAPPED, True)
+        actor.fn = once
+
+    def process(self, actor: dramatiq.Actor[Any, Any], message: Any, fn: Callable[..., Any],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Derive the key, let :func:`decide` claim it and run ``fn``, and act on its verdict."""
+        try:
+            key = self.key_for(actor, message, args, kwargs)
+            fingerprint = self.fingerprint_for(actor, args, kwargs)
+        except InvalidKey as exc:
+            return self.dead_letter(actor.broker, message, refused(exc, "dramatiq"), None)
+        body = functools.partial(fn, *args, **kwargs)
+        decision = decide(self.dedupe, key, body, fingerprint=fingerprint, wait=self.defer_wait,
+                          integration="dramatiq")
+        return self.settle(actor.broker, message, decision, key)
+
+    @staticmethod
+    def key_for(actor: dramatiq.Actor[Any, Any], message: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> str:
+        """The ``idempotency_key`` option's key for these arguments, else the message id.
+        Raises :class:`InvalidKey` when the option fails or gives no key."""
+        option = actor.options.get("idempotency_key")
+        if option is None:
+            return message_id_key()(Envelope(b"", message_id=message.message_id))
+        try:
+            key = option(*args, **kwargs)
+        except Exception as exc:  # a key function that fails on this input: dead-letter it
+            raise InvalidKey(f"idempotency_key of {actor.actor_name} failed on these arguments: {exc!r}") from exc
+        if key is None or key == "":
+            raise InvalidKey(f"idempotency_key of {actor.actor_name} gave no key for these arguments")
+        return key if isinstance(key, str) else str(key)
+
+    @staticmethod
+    def fingerprint_for(actor: dramatiq.Actor[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``None`` (no check) when the option is ``False``; the option's value when callable;
+        else a hash of the actor name and the arguments."""
+        option = actor.options.get("idempotency_fingerprint")
+        if option is False:
+            return None
+        try:
+            if callable(option):
+                return option(*args, **kwargs)
+            return fingerprint_of([actor.actor_name, list(args), kwargs])
+        except Exception as exc:
+            raise InvalidKey(f"idempotency_fingerprint of {actor.actor_name} failed: {exc!r}") from exc
+
+    def settle(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str) -> Any:
+        """Act on the engine's verdict: return the value, defer through ``Retries``, or raise."""
+        reason, action = decision.reason, decision.action
+        if reason is Reason.APPLIED:
+            call_hook(self.on_applied, message, decision)
+            return decision.value
+        if action is Action.ACK:
+            log.info("duplicate message_id=%s key=%s token=%s reason=%s", message.message_id, key,
+                     decision.token, reason.value)
+            call_hook(self.on_duplicate, message, decision)
+            return decision.value
+        if action is Action.DEFER:
+            if reason is Reason.LEASE_LOST:
+                call_hook(self.on_lease_lost, message, decision)
+            self.defer(message, decision, key)
+        if action is Action.RETRY:  # Dramatiq's Retries counts it, backs off, dead-letters when spent
+            log.info("actor failed, claim released message_id=%s key=%s token=%s: %s", message.message_id, key,
+                     decision.token, decision.detail)
+            assert decision.error is not None
+            raise decision.error
+        self.dead_letter(broker, message, decision, key)
+
+    def defer(self, message: Any, decision: Decision, key: str) -> NoReturn:
+        """Raise ``Retry`` so that ``Retries`` re-sends the message later, without spending
+        ``max_retries`` (see the class doc)."""
+        deferrals = int(message.options.get(DEFERRALS_OPTION, 0)) + 1
+        delay = self.defer_delay(deferrals, decision.retry_after or None)
+        log.info("deferring message_id=%s key=%s token=%s reason=%s by %.3fs (deferral %d)", message.message_id,
+                 key, decision.token, decision.reason.value, delay, deferrals)
+        message.options[DEFERRALS_OPTION] = deferrals
+        message.options["retries"] = message.options.get("retries", 0) - 1  # Retries adds it back
+        call_hook(self.on_deferred, message, decision, delay)
+        raise dramatiq.Retry(delay=max(1, round(delay * 1000)))
+
+    def dead_letter(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str | None) -> NoReturn:
+        """Set the message aside with its reason (see the module doc), call ``on_dead_letter``, and
+        raise :class:`DeadLettered` so that Dramatiq neither retries it nor stores a result."""
+        log.error("dead-lettering message_id=%s key=%s token=%s reason=%s: %s", message.message_id, key,
+                  decision.token, decision.reason.value, decision.detail)
+        headers = dead_letter_headers(decision, key=key, original_queue=q_name(message.queue_name))
+        message.options.update({"dedupe_reason": decision.reason.value, "dedupe_error": decision.detail,
+                                "dedupe_key": key})
+        if not self._publish_dead_letter(broker, message, headers):
+            message.fail()  # the broker's own dead-letter queue, without the headers
+        call_hook(self.on_dead_letter, message, decision)
+        raise DeadLettered(decision, key)
+
+    @staticmethod
+    def _publish_dead_letter(broker: dramatiq.Broker, message: Any, headers: dict[str, str]) -> bool:
+        """Publish a copy with ``headers`` to the RabbitMQ queue's ``.XQ``; ``False`` when the
+        broker is not RabbitMQ or the publish failed (the caller then fails the message)."""
+        if RabbitmqBroker is None or not isinstance(broker, RabbitmqBroker):
+            return False
+        try:
+            broker.channel.basic_publish(exchange="", routing_key=xq_name(q_name(message.queue_name)),
+                                         body=message.encode(),
+                                         properties=pika.BasicProperties(delivery_mode=2, headers=headers))
+        except Exception as exc:  # the caller nacks the original into the XQ instead
+            log.warning("dead-letter publish failed message_id=%s: %s", message.message_id, exc)
+            return False
+        return True
