@@ -176,3 +176,30 @@ def test_a_missing_script_reloads_them_all(private_redis: RedisServer) -> None:
     assert released == [True] and again.outcome is Outcome.ACQUIRED and again.token > first.token
     d.close()
     client.close()
+
+
+def test_a_child_forked_while_a_call_was_running_is_not_locked_out(held: Deduplicator) -> None:
+    """A thread of the parent in the middle of a call at the fork leaves the lock taken in the
+    child's copy: the child must get a fresh lock (and connection), and close() must not hang."""
+    runner = held.store.scripts.held
+    assert runner is not None
+    parent = held_id(held)
+    assert runner._lock.acquire()  # what a parent thread mid-call looks like at the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ok = held.run("child-locked", lambda: "c") == "c" and held_id(held) != parent
+            held.close()
+            code = 0 if ok else 2
+        finally:
+            os.write(write, b"x")
+            os._exit(code)
+    runner._lock.release()
+    os.close(write)
+    os.read(read, 1)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert held_id(held) == parent

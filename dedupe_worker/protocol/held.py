@@ -8,7 +8,7 @@ sends pre-built commands on it.
 What is guaranteed: the same connection settings as the client (it is the client's pool that
 made it); one caller at a time (a lock taken without blocking: a second thread, such as the lease
 renewer or the key watcher, finds it busy and uses the client's ordinary path); never shared with
-a forked child (a child that finds another process id drops it and takes its own). After a
+a forked child (after a fork the child drops it, and its lock, and takes its own). After a
 connection or timeout error the connection is disconnected and the next attempt reconnects,
 under the client's own retry policy, exactly as a plain ``client.evalsha`` would retry; when the
 attempts run out it is given back to the pool. An error reply (``NOSCRIPT``, a script error) is
@@ -91,6 +91,12 @@ class HeldConnection:
             return False
         size = getattr(pool, "max_connections", None)
         return size is None or size >= MIN_POOL_SIZE
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's socket is not ours, and a lock a parent thread held
+        at the fork would stay taken for good."""
+        self._lock = threading.Lock()
+        self._connection, self._pid, self._poller, self._polled = None, os.getpid(), None, None
 
     @property
     def pool(self) -> Any:
@@ -202,3 +208,14 @@ class HeldConnection:
         if connection is not None:
             connection.disconnect()
             self.pool.release(connection)
+
+
+def _after_fork_in_child() -> None:
+    global _by_pool_lock
+    _by_pool_lock = threading.Lock()
+    for held in list(_by_pool.values()):
+        held._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere the process id check in _take remains
+    os.register_at_fork(after_in_child=_after_fork_in_child)
