@@ -338,3 +338,27 @@ async def test_waiters_of_one_loop_share_one_watch_one_task_and_one_connection(
     assert d.waiter.waiting(holder.stem) == 0
     await d.aclose()
     await client.aclose()
+
+
+async def test_a_missing_script_reloads_them_all(private_redis: services.RedisServer) -> None:
+    """As the synchronous runner: after a NOSCRIPT every protocol script is loaded, so a pipeline
+    that gives a claim back and claims the key again never finds release.lua missing while
+    claim.lua is loaded (the retried release would run after the claim: our own lease, IN_PROGRESS)."""
+    from dedupe_worker.protocol.scripts import SCRIPT_NAMES
+
+    sync_client = redis.Redis.from_url(private_redis.url)
+    d = AsyncDeduplicator(redis.asyncio.Redis.from_url(private_redis.url), namespace="reload", lease=5)
+    try:
+        shas = [d.store.scripts.sha[name] for name in SCRIPT_NAMES]
+        sync_client.script_flush()
+        first = await d.begin("given-back")  # NOSCRIPT for claim.lua
+        assert sync_client.script_exists(*shas) == [True] * len(shas)
+        request = d.request("given-back")
+        released, replies = await d.store.run(
+            d.store.release_calls([(first.stem, first.token)], 5000),
+            d.store.claim_calls([(request.stem, request.fingerprint, request.original)], 5000, 60_000))
+        (again,) = d.store.claim_replies(replies)
+        assert released == [1] and again.outcome is Outcome.ACQUIRED and again.token > first.token
+    finally:
+        await d.aclose()
+        sync_client.close()

@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import StoreUnavailable
-from ..protocol.scripts import SCRIPT_NAMES, Call, NotDurable, load_script
+from ..protocol.scripts import LOAD_ORDER, SCRIPT_NAMES, Call, NotDurable, load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -38,13 +38,20 @@ class AsyncScriptRunner:
     async def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self.client.evalsha(self.sha[name], len(keys), *keys, *args)
 
+    async def _load(self) -> None:
+        """After a ``NOSCRIPT``: load every protocol script in :data:`LOAD_ORDER`, for the reason
+        :meth:`ScriptRunner._load <dedupe_worker.protocol.scripts.ScriptRunner._load>` gives (a
+        call sent again runs after the later calls of its pipeline)."""
+        for script in LOAD_ORDER:
+            await self.client.script_load(self._text[script])
+
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
         try:
             try:
                 return await self._evalsha(name, keys, args)
             except NoScriptError:
-                await self.client.script_load(self._text[name])
+                await self._load()
                 return await self._evalsha(name, keys, args)
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
@@ -69,7 +76,8 @@ class AsyncScriptRunner:
             for i, reply in enumerate(replies):
                 if isinstance(reply, NoScriptError):
                     name, keys, args = calls[i]
-                    await self.client.script_load(self._text[name])
+                    if not reloaded:
+                        await self._load()
                     replies[i] = await self._evalsha(name, keys, args)
                     reloaded = True
             if wait is not None and (reloaded or isinstance(acked, Exception)):
