@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .ledger import Ledger
 from .processes import Processes, Worker
 from .proxy import TcpProxy
 
@@ -75,6 +76,8 @@ class FaultScheduler:
     gap: tuple[float, float] = (4.0, 10.0)
     log: list[Fault] = field(default_factory=list)
     add_kafka_consumer: Callable[[], Worker] | None = None
+    ledger: Ledger | None = None
+    work: float = 0.15
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -113,26 +116,40 @@ class FaultScheduler:
         return sorted((w for w in self.processes.workers.values() if w.integration in integrations and w.alive),
                       key=lambda w: w.name)
 
+    def mid_handler(self, pids: tuple[int, ...], wait: float = 5.0) -> str:
+        """Wait (up to ``wait`` s) until one of ``pids`` is inside a handler; say whether it was."""
+        deadline = time.monotonic() + wait
+        while self.ledger is not None and time.monotonic() < deadline:
+            if self.ledger.busy(pids):
+                time.sleep(self.rng.uniform(0.0, self.work * 1.2))  # anywhere in it, or just after
+                return "mid-handler"
+            time.sleep(0.005)
+        return "idle"
+
     def sigkill(self) -> Fault:
         target = self.rng.choice(self.workers("celery", "rabbitmq", "kafka"))
         assert target.proc is not None
         pids = session_pids(target.proc.pid)
+        moment = self.mid_handler(pids)
         fault = Fault("sigkill", target.name, (target.integration,), time.time(), pids=pids)
         target.kill()
+        if self.ledger is not None and moment == "mid-handler" and not self.ledger.busy(pids):
+            moment = "just after a handler"
         time.sleep(self.rng.uniform(0.5, 2.0))
         target.start()
-        fault.detail = f"pids {list(pids)}, restarted as {target.proc.pid}"
+        fault.detail = f"{moment}, pids {list(pids)}, restarted as {target.proc.pid}"
         return fault
 
     def sigstop(self) -> Fault:
         target = self.rng.choice(self.workers("rabbitmq", "kafka"))
         assert target.proc is not None
         pause = self.lease + self.rng.uniform(1.0, 3.0)
+        moment = self.mid_handler((target.proc.pid,))
         fault = Fault("sigstop", target.name, (target.integration,), time.time(), pids=(target.proc.pid,))
         target.pause()
         self.stop.wait(pause)
         target.resume()
-        fault.detail = f"pid {target.proc.pid} stopped {pause:.1f}s (lease {self.lease}s)"
+        fault.detail = f"{moment}, pid {target.proc.pid} stopped {pause:.1f}s (lease {self.lease}s)"
         return fault
 
     def redis_restart(self) -> Fault:

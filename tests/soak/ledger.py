@@ -43,7 +43,8 @@ class Ledger:
         if not re.fullmatch(r"[a-z0-9_]+", run):
             raise ValueError(f"run id must be [a-z0-9_]+, got {run!r}")
         self.dsn, self.run = dsn, run
-        self.accounts, self.invocations, self.events = (f"soak_{run}_{t}" for t in ("accounts", "invocations", "events"))
+        self.accounts, self.invocations, self.events = (f"soak_{run}_{t}"
+                                                        for t in ("accounts", "invocations", "events"))
         self._conn: psycopg.Connection[Any] | None = None
 
     @property
@@ -73,8 +74,8 @@ class Ledger:
             self._conn.close()
 
     def open_account(self, op: Operation) -> None:
-        self.conn.execute(f"INSERT INTO {self.accounts} (id, integration, amount, published_at) VALUES (%s, %s, %s, %s)",
-                          (op.id, op.integration, op.amount, time.time()))
+        self.conn.execute(f"INSERT INTO {self.accounts} (id, integration, amount, published_at) "
+                          "VALUES (%s, %s, %s, %s)", (op.id, op.integration, op.amount, time.time()))
 
     def count_send(self, op_id: str) -> None:
         self.conn.execute(f"UPDATE {self.accounts} SET sends = sends + 1 WHERE id = %s", (op_id,))
@@ -85,13 +86,13 @@ class Ledger:
                           (kind, key, os.getpid(), time.time(), detail))
 
     def started(self, key: str, token: int) -> None:
-        self.conn.execute(f"INSERT INTO {self.invocations} (key, token, pid, at, phase) VALUES (%s, %s, %s, %s, %s)",
-                          (key, token, os.getpid(), time.time(), "started"))
+        self.log(key, token, "started")
 
     def write(self, key: str, amount: int, token: int) -> str:
         """The fenced, idempotent write (see the module docstring); return the phase recorded."""
         with self.conn.transaction():
-            row = self.conn.execute(f"SELECT fence FROM {self.accounts} WHERE id = %s FOR UPDATE", (key,)).fetchone()
+            row = self.conn.execute(f"SELECT fence FROM {self.accounts} WHERE id = %s FOR UPDATE",
+                                    (key,)).fetchone()
             if row is None:
                 raise LookupError(f"no account {key!r}")
             if 0 < row[0] < token:
@@ -101,9 +102,18 @@ class Ledger:
                     f"UPDATE {self.accounts} SET balance = balance + %s, fence = %s, applied_at = %s "
                     "WHERE id = %s AND fence < %s", (amount, token, time.time(), key, token))
                 phase = "applied" if cur.rowcount == 1 else "fenced"
-            self.conn.execute(f"INSERT INTO {self.invocations} (key, token, pid, at, phase) VALUES (%s, %s, %s, %s, %s)",
-                              (key, token, os.getpid(), time.time(), phase))
+            self.log(key, token, phase)
         return phase
+
+    def log(self, key: str, token: int, phase: str) -> None:
+        self.conn.execute(f"INSERT INTO {self.invocations} (key, token, pid, at, phase) VALUES (%s, %s, %s, %s, %s)",
+                          (key, token, os.getpid(), time.time(), phase))
+
+    def busy(self, pids: tuple[int, ...]) -> bool:
+        """Whether one of ``pids`` logged a handler start it has not finished yet."""
+        row = self.conn.execute(f"SELECT phase FROM {self.invocations} WHERE pid = ANY(%s) ORDER BY seq DESC LIMIT 1",
+                                (list(pids),)).fetchone()
+        return row is not None and row[0] == "started"
 
     def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql.format(accounts=self.accounts, invocations=self.invocations, events=self.events),

@@ -16,6 +16,7 @@ integration.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +56,10 @@ class Figures:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
-def attribute(key_pid_at: tuple[int, float], next_at: float, faults: list[Fault], lease: float) -> str:
+def attribute(key_pid_at: tuple[int, float], next_at: float, faults: list[Fault], lease: float,
+              lease_lost: bool = False) -> str:
     """The cause of a re-run: the fault between the earlier invocation (``pid`` began at ``at``)
-    and the next one that explains it, else ``"unexplained"``."""
+    and the next one that explains it, else a lease the key lost, else ``"unexplained"``."""
     pid, at = key_pid_at
     for f in faults:
         if f.kind in ("sigkill", "sigstop") and pid in f.pids and at - 0.05 <= f.start <= next_at:
@@ -66,6 +68,8 @@ def attribute(key_pid_at: tuple[int, float], next_at: float, faults: list[Fault]
     for f in faults:
         if f.kind in ("redis_restart", "redis_unreachable") and at - lease <= f.start <= next_at:
             return f"{f.kind} between the handler and its completion"
+    if lease_lost:
+        return "lease expired while the handler ran (its completion was refused)"
     return "unexplained"
 
 
@@ -97,11 +101,14 @@ def collect(ledger: Ledger, integrations: list[str], faults: list[Fault], lease:
             fig.fenced += 1
         elif phase == "already_applied":
             fig.already_applied += 1
+    events = ledger.rows("SELECT kind, key, detail FROM {events}")
+    lost_leases = {key for kind, key, _ in events if kind == "lease_lost"}
     for key, runs in started.items():
         runs.sort(key=lambda r: r[1])
-        for earlier, later in zip(runs, runs[1:], strict=False):
-            figures[integration_of[key]].reruns.append((key, attribute(earlier, later[1], faults, lease)))
-    for kind, key, detail in ledger.rows("SELECT kind, key, detail FROM {events}"):
+        for earlier, later in itertools.pairwise(runs):
+            cause = attribute(earlier, later[1], faults, lease, key in lost_leases)
+            figures[integration_of[key]].reruns.append((key, cause))
+    for kind, key, detail in events:
         fig = figures[integration_of.get(key, integrations[0])] if key else figures[integrations[0]]
         if kind == "lease_lost":
             fig.lease_lost += 1
@@ -120,6 +127,7 @@ def format_report(figures: dict[str, Figures], seconds: float, details: bool = T
             ("faults", ", ".join(f"{k} {v}" for k, v in sorted(fig.faults.items())) or "none"),
             ("LOST", len(fig.lost)),
             ("APPLIED TWICE", len(fig.applied_twice)),
+            ("UNEXPLAINED RE-RUNS", len(fig.unexplained)),
             ("handler re-runs", f"{len(fig.reruns)} ({', '.join(f'{k}: {v}' for k, v in sorted(causes.items()))})"
              if fig.reruns else 0),
             ("  of which found the effect committed", fig.already_applied),

@@ -82,7 +82,7 @@ class Producer:
             self._celery = Celery("soak-producer", broker=self.targets.rabbitmq_url, set_as_current=False)
         if "kafka" in self.integrations:
             self._kafka = KafkaProducer({"bootstrap.servers": self.targets.kafka_bootstrap, "linger.ms": 5,
-                                         "message.timeout.ms": 300000})
+                                         "log.connection.close": False, "message.timeout.ms": 300000})
 
     def close(self) -> None:
         if self._kafka is not None:
@@ -98,7 +98,7 @@ class Producer:
         """Write ``op``'s ledger row and schedule its copies."""
         copies = 2 if self.rng.random() < 0.7 else self.rng.randint(3, 5)
         now = time.monotonic()
-        offsets = [0.0] + sorted(self.rng.uniform(0.05, self.spread) for _ in range(copies - 1))
+        offsets = [0.0, *sorted(self.rng.uniform(0.05, self.spread) for _ in range(copies - 1))]
         direct_rest = self.rng.random() < 0.5
         self.ledger.open_account(op)
         self.operations[op.integration] += 1
