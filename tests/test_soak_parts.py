@@ -65,9 +65,15 @@ def test_the_ledger_write_is_fenced_and_idempotent(postgres_dsn: str) -> None:
         assert ledger.write("op-1", 7, token=10) == "applied"
         assert ledger.write("op-1", 7, token=9) == "fenced"            # a zombie's late write
         assert ledger.write("op-1", 7, token=11) == "already_applied"  # a re-run after a crash
-        assert ledger.rows("SELECT balance, fence FROM {accounts}") == [(7, 10)]
+        assert ledger.rows("SELECT balance, fence FROM {accounts} WHERE id = 'op-1'") == [(7, 10)]
         assert [r[0] for r in ledger.rows("SELECT phase FROM {invocations} ORDER BY seq")] == [
             "applied", "fenced", "already_applied"]
+        ledger.open_account(Operation("op-2", "rabbitmq", 5))
+        assert ledger.write("op-2", 5, token=10, idempotent=False) == "applied"
+        assert ledger.write("op-2", 5, token=9, idempotent=False) == "fenced"
+        # the bare fenced increment: a re-run under a larger token passes the fence and adds again
+        assert ledger.write("op-2", 5, token=11, idempotent=False) == "applied"
+        assert ledger.rows("SELECT balance FROM {accounts} WHERE id = 'op-2'") == [(10,)]
     finally:
         ledger.drop()
         ledger.close()

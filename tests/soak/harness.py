@@ -47,6 +47,7 @@ class SoakConfig:
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/test"
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     keep: bool = False
+    write: str = "idempotent"    # or "fenced": the bare fenced increment (see tests/soak/ledger.py)
 
 
 @dataclass
@@ -82,7 +83,7 @@ class SoakResult:
 
     def report(self) -> str:
         head = (f"soak: seed {self.config.seed}, {self.seconds:.0f}s of traffic, integrations "
-                f"{','.join(self.config.integrations)}, lease {self.config.lease}s\n"
+                f"{','.join(self.config.integrations)}, lease {self.config.lease}s, {self.config.write} writes\n"
                 f"faults: {', '.join(f'{k} {v}' for k, v in sorted(self.fault_counts().items()))}\n"
                 f"replay runs: {dict(self.replays)}\n")
         if self.producer_errors:
@@ -112,7 +113,8 @@ class Run:
         c = self.config
         self.ledger.create()
         env = {"SOAK_DSN": c.postgres_dsn, "SOAK_RUN": self.id, "SOAK_WORK": str(c.work),
-               "SOAK_NAMESPACE": self.namespace, "SOAK_LEASE": str(c.lease), "SOAK_CELERY_QUEUE": self.queues["celery"]}
+               "SOAK_NAMESPACE": self.namespace, "SOAK_LEASE": str(c.lease),
+               "SOAK_CELERY_QUEUE": self.queues["celery"], "SOAK_WRITE": c.write}
         procs = self.processes = Processes(self.logdir, env)
         redis = procs.start_redis()
         self.proxies["redis"] = TcpProxy(redis.port, "redis")

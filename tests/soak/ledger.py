@@ -7,10 +7,13 @@ and engineers sharing the database never meet. The handler's write is the README
     UPDATE accounts SET balance = balance + :a, fence = :token WHERE id = :id AND fence < :token
 
 preceded, in the same transaction, by ``SELECT fence ... FOR UPDATE``: a fence already set by a
-*smaller* token means an earlier run's effect committed but its outcome never reached Redis (the
-README's "crash mid-handler" window), and the handler skips the write instead of adding the
-amount again (the README's "make effects idempotent"). Every invocation writes a ``started`` row
-before its work (autocommit: it survives a SIGKILL) and, in the transaction of the write, one of
+*smaller* token means an earlier run's effect committed but its outcome never reached Redis (a
+crash or a Redis outage between the handler and ``complete``), and the handler skips the write
+instead of adding the amount again (the README's "make effects idempotent"). The fence alone
+cannot tell that case apart: the re-run holds a *larger* token, so its write passes the fence.
+``SOAK_WRITE=fenced`` (``--write fenced``) leaves the guard out to measure exactly that.
+
+Every invocation writes a ``started`` row before its work (autocommit: it survives a SIGKILL) and, in the transaction of the write, one of
 ``applied`` / ``fenced`` (0 rows: a newer token wrote first) / ``already_applied``.
 """
 
@@ -88,14 +91,15 @@ class Ledger:
     def started(self, key: str, token: int) -> None:
         self.log(key, token, "started")
 
-    def write(self, key: str, amount: int, token: int) -> str:
-        """The fenced, idempotent write (see the module docstring); return the phase recorded."""
+    def write(self, key: str, amount: int, token: int, idempotent: bool = True) -> str:
+        """The fenced write, idempotent unless ``idempotent=False`` (the bare fenced increment);
+        see the module docstring. Return the phase recorded."""
         with self.conn.transaction():
             row = self.conn.execute(f"SELECT fence FROM {self.accounts} WHERE id = %s FOR UPDATE",
                                     (key,)).fetchone()
             if row is None:
                 raise LookupError(f"no account {key!r}")
-            if 0 < row[0] < token:
+            if idempotent and 0 < row[0] < token:
                 phase = "already_applied"
             else:
                 cur = self.conn.execute(
@@ -120,8 +124,8 @@ class Ledger:
                                  params).fetchall()
 
 
-def apply_operation(ledger: Ledger, key: str, amount: int, token: int, work: float) -> str:
+def apply_operation(ledger: Ledger, key: str, amount: int, token: int, work: float, idempotent: bool = True) -> str:
     """What every soak handler does: log the start, work ``work`` seconds, write the ledger."""
     ledger.started(key, token)
     time.sleep(work)
-    return ledger.write(key, amount, token)
+    return ledger.write(key, amount, token, idempotent)
