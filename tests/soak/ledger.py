@@ -13,7 +13,7 @@ instead of adding the amount again (the README's "make effects idempotent"). The
 cannot tell that case apart: the re-run holds a *larger* token, so its write passes the fence.
 ``SOAK_WRITE=fenced`` (``--write fenced``) leaves the guard out to measure exactly that.
 
-Every invocation writes a ``started`` row before its work (autocommit: it survives a SIGKILL) and, in the transaction of the write, one of
+Every invocation writes a ``started`` row before its work (autocommit: it survives a SIGKILL)
 ``applied`` / ``fenced`` (0 rows: a newer token wrote first) / ``already_applied``.
 """
 
