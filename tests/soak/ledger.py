@@ -14,7 +14,8 @@ cannot tell that case apart: the re-run holds a *larger* token, so its write pas
 ``SOAK_WRITE=fenced`` (``--write fenced``) leaves the guard out to measure exactly that.
 
 Every invocation writes a ``started`` row before its work (autocommit: it survives a SIGKILL)
-``applied`` / ``fenced`` (0 rows: a newer token wrote first) / ``already_applied``.
+and, in the transaction of the write, one of ``applied`` / ``fenced`` (0 rows: a newer token wrote
+first) / ``already_applied``.
 """
 
 from __future__ import annotations
