@@ -112,6 +112,13 @@ class FaultScheduler:
                 print(f"[fault {len(self.log):3d}] {time.strftime('%H:%M:%S')} {fault.kind:17s} "
                       f"{fault.target:12s} {fault.detail}", flush=True)
 
+    def served_by(self, worker: Worker) -> tuple[str, ...]:
+        """The integrations whose traffic ``worker`` handles (the RabbitMQ consumers also consume
+        the queue the replay republishes to)."""
+        if worker.integration == "rabbitmq":
+            return tuple(i for i in ("rabbitmq", "replay") if i in self.integrations)
+        return (worker.integration,)
+
     def workers(self, *integrations: str) -> list[Worker]:
         return sorted((w for w in self.processes.workers.values() if w.integration in integrations and w.alive),
                       key=lambda w: w.name)
@@ -131,7 +138,7 @@ class FaultScheduler:
         assert target.proc is not None
         pids = session_pids(target.proc.pid)
         moment = self.mid_handler(pids)
-        fault = Fault("sigkill", target.name, (target.integration,), time.time(), pids=pids)
+        fault = Fault("sigkill", target.name, self.served_by(target), time.time(), pids=pids)
         target.kill()
         if self.ledger is not None and moment == "mid-handler" and not self.ledger.busy(pids):
             moment = "just after a handler"
@@ -145,7 +152,7 @@ class FaultScheduler:
         assert target.proc is not None
         pause = self.lease + self.rng.uniform(1.0, 3.0)
         moment = self.mid_handler((target.proc.pid,))
-        fault = Fault("sigstop", target.name, (target.integration,), time.time(), pids=(target.proc.pid,))
+        fault = Fault("sigstop", target.name, self.served_by(target), time.time(), pids=(target.proc.pid,))
         target.pause()
         self.stop.wait(pause)
         target.resume()
