@@ -5,8 +5,8 @@ integration.
 - **applied twice**: an operation whose balance is not its amount (more than one write added it);
 - **handler re-runs**: every invocation of a key after its first, each attributed to a cause found
   in the fault log (the earlier invocation's process was SIGKILLed or SIGSTOPped after it began,
-  or Redis was restarted or unreachable between the two); one with no such fault is listed as
-  ``unexplained``;
+  or Redis was restarted or unreachable between the two), and listed with what its write did;
+  one with no such fault is listed as ``unexplained``;
 - **fenced**: writes refused by the fence (0 rows: a newer token had written);
 - **already applied**: re-runs that found an earlier token's write committed (the README's crash
   window) and skipped it, as the handler's idempotent write does;
@@ -47,7 +47,7 @@ class Figures:
 
     @property
     def unexplained(self) -> list[str]:
-        return [key for key, cause in self.reruns if cause == "unexplained"]
+        return [key for key, cause in self.reruns if cause.startswith("unexplained")]
 
     def percentile(self, p: float) -> float:
         if not self.latencies:
@@ -92,12 +92,16 @@ def collect(ledger: Ledger, integrations: list[str], faults: list[Fault], lease:
         if applied is not None and published is not None:
             fig.latencies.append(applied - published)
     integration_of = dict(ledger.rows("SELECT id, integration FROM {accounts}"))
-    started: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for key, pid, at, phase in ledger.rows("SELECT key, pid, at, phase FROM {invocations} ORDER BY seq"):
+    started: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+    ended: dict[tuple[str, int], str] = {}
+    for key, token, pid, at, phase in ledger.rows("SELECT key, token, pid, at, phase FROM {invocations} "
+                                                  "ORDER BY seq"):
         fig = figures[integration_of[key]]
         if phase == "started":
-            started[key].append((pid, at))
-        elif phase == "fenced":
+            started[key].append((pid, at, token))
+            continue
+        ended[(key, token)] = phase
+        if phase == "fenced":
             fig.fenced += 1
         elif phase == "already_applied":
             fig.already_applied += 1
@@ -106,8 +110,9 @@ def collect(ledger: Ledger, integrations: list[str], faults: list[Fault], lease:
     for key, runs in started.items():
         runs.sort(key=lambda r: r[1])
         for earlier, later in itertools.pairwise(runs):
-            cause = attribute(earlier, later[1], faults, lease, key in lost_leases)
-            figures[integration_of[key]].reruns.append((key, cause))
+            cause = attribute((earlier[0], earlier[1]), later[1], faults, lease, key in lost_leases)
+            outcome = ended.get((key, later[2]), "no write (killed or stopped)")
+            figures[integration_of[key]].reruns.append((key, f"{cause} -> {outcome}"))
     for kind, key, detail in events:
         fig = figures[integration_of.get(key, integrations[0])] if key else figures[integrations[0]]
         if kind == "lease_lost":
@@ -120,7 +125,7 @@ def collect(ledger: Ledger, integrations: list[str], faults: list[Fault], lease:
 def format_report(figures: dict[str, Figures], seconds: float, details: bool = True) -> str:
     lines: list[str] = []
     for fig in figures.values():
-        causes = Counter(cause.split(" of pid")[0].split(" (")[0] for _, cause in fig.reruns)
+        causes = Counter(cause.split(" of pid")[0].split(" (")[0].split(" ->")[0] for _, cause in fig.reruns)
         rows: list[tuple[str, Any]] = [
             ("operations", fig.operations),
             ("deliveries (copies sent)", fig.deliveries),
