@@ -199,6 +199,24 @@ class Run:
         with Connection(self.config.rabbitmq_url) as conn:
             return depth(conn, f"{self.queues['replay']}.dlq")
 
+    def queued(self) -> int:
+        """Messages still ready in the run's RabbitMQ queues and their delay queues (copies not
+        consumed yet: the drain waits for them too, so a late copy cannot escape the count)."""
+        from amqp.exceptions import NotFound
+        from kombu import Connection
+
+        total = 0
+        with Connection(self.config.rabbitmq_url) as conn:
+            for queue in (q for name in self.queues.values() for q in (name, f"{name}.delay")):
+                channel = conn.channel()  # a passive declare of a missing queue closes its channel
+                try:
+                    total += int(channel.queue_declare(queue=queue, passive=True).message_count)
+                except NotFound:
+                    pass
+                finally:
+                    channel.close()
+        return total
+
     def unapplied(self) -> int:
         return int(self.ledger.rows("SELECT count(*) FROM {accounts} WHERE balance = 0")[0][0])
 
@@ -250,8 +268,9 @@ def run_soak(config: SoakConfig) -> SoakResult:
         while time.monotonic() < drain_until:
             left = run.unapplied()
             dlq = run.dlq_depth() if "replay" in config.integrations else 0
-            print(f"drain: {left} operations not applied yet, {dlq} dead letters", flush=True)
-            if left == 0 and dlq == 0:
+            queued = run.queued()
+            print(f"drain: {left} operations not applied yet, {dlq} dead letters, {queued} queued", flush=True)
+            if left == 0 and dlq == 0 and queued == 0:
                 break
             if dlq:
                 run.replay_once()
