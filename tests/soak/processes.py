@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,3 +155,4 @@ class Processes:
             self.tansu.stop()
         if self.redis is not None:
             self.redis.stop()
+            shutil.rmtree(self.redis.dir, ignore_errors=True)
