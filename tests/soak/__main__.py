@@ -9,6 +9,8 @@ import sys
 
 from .harness import INTEGRATIONS, SoakConfig, run_soak
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__)
