@@ -7,8 +7,12 @@ STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
 # Where `make bench` runs Redis and the client: same, split, both (core both ways) or none.
 PIN ?= both
+# The fault-injection soak (tests/soak): seconds of traffic and faults, seed, integrations.
+SOAK_DURATION ?= 1200
+SOAK_SEED ?= 1
+SOAK_INTEGRATIONS ?= celery,rabbitmq,kafka,replay
 
-.PHONY: install test lint typecheck bench demo clean
+.PHONY: install test lint typecheck bench demo soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +30,9 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak --duration $(SOAK_DURATION) --seed $(SOAK_SEED) --integrations $(SOAK_INTEGRATIONS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --pin $(PIN)
