@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import StoreUnavailable
-from ..protocol.scripts import LOAD_ORDER, SCRIPT_NAMES, Call, NotDurable, load_script
+from ..protocol.scripts import LOAD_ORDER, SCRIPT_NAMES, Call, checked, load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -84,9 +84,4 @@ class AsyncScriptRunner:
                 acked = await self.client.execute_command("WAIT", *wait)
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
-        for (name, _, _), reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
-        if wait is not None and int(acked) < wait[0]:
-            raise NotDurable(int(acked), wait[0], wait[1], replies)
-        return replies
+        return checked(calls, replies, wait, acked)

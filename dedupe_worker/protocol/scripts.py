@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError, RedisError
 from ..errors import StoreUnavailable
 from .held import BUSY, HeldConnection
 
-__all__ = ["SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "load_script"]
+__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "checked", "load_script"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
@@ -40,6 +40,18 @@ class NotDurable(StoreUnavailable):
     def __init__(self, acked: int, wanted: int, timeout_ms: int, replies: list[Any]) -> None:
         super().__init__(f"not durable: {acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms")
         self.replies = replies
+
+
+def checked(calls: Sequence[Call], replies: list[Any], wait: tuple[int, int] | None, acked: Any) -> list[Any]:
+    """The replies of a pipelined round trip once every ``NOSCRIPT`` was retried: raise
+    :class:`StoreUnavailable` for a call that failed, :class:`NotDurable` (with the replies) when
+    fewer replicas than ``wait`` asked acknowledged (``acked``), else return them."""
+    for (name, _, _), reply in zip(calls, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
+    if wait is not None and int(acked) < wait[0]:
+        raise NotDurable(int(acked), wait[0], wait[1], replies)
+    return replies
 
 
 def load_script(name: str) -> str:
@@ -141,9 +153,4 @@ class ScriptRunner:
                 acked = self.client.execute_command("WAIT", *wait)  # type: ignore[no-untyped-call]
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
-        for (name, _, _), reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
-        if wait is not None and int(acked) < wait[0]:
-            raise NotDurable(int(acked), wait[0], wait[1], replies)
-        return replies
+        return checked(calls, replies, wait, acked)
