@@ -29,6 +29,9 @@ from dedupe_worker.messages.keys import fingerprint_of
 from . import services
 from .dramatiq_app import App, build, pika_url
 from .rabbitmq_fixtures import stop_process, wait_for
+from .recording import entries, record
+
+__all__ = ["record"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,20 +50,6 @@ def queue(rabbitmq_url: str) -> Iterator[str]:
         channel.queue_delete(queue=queue_name)
     connection.close()
 
-
-@pytest.fixture
-def record(namespace: str) -> str:
-    return f"{namespace}:record"
-
-
-def entries(client: redis.Redis, record: str, kind: str) -> list[tuple[str, int]]:
-    """``(order, token)`` of every ``kind`` (``started``/``applied``) entry, in order."""
-    out = []
-    for raw in client.lrange(record, 0, -1):
-        entry_kind, order, token = raw.decode().split(":")
-        if entry_kind == kind:
-            out.append((order, int(token)))
-    return out
 
 
 def dead_letters(rabbitmq_url: str, queue: str) -> list[tuple[dict[str, Any], bytes]]:

@@ -34,6 +34,9 @@ from .faststream_app import App, build
 from .kafka_fixtures import Topics, headers_of, read_topic
 from .rabbitmq_fixtures import dead_letters as rabbit_dead_letters
 from .rabbitmq_fixtures import depth, stop_process
+from .recording import entries, record
+
+__all__ = ["record"]
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ["rabbit", "kafka", "nats"]
@@ -108,20 +111,6 @@ async def _delete_stream(url: str, stream: str) -> None:
     finally:
         await client.close()
 
-
-@pytest.fixture
-def record(namespace: str) -> str:
-    return f"{namespace}:record"
-
-
-def entries(client: redis.Redis, record: str, kind: str) -> list[tuple[str, int]]:
-    """``(id, token)`` of every ``kind`` (``started``/``applied``) entry, in order."""
-    out = []
-    for raw in client.lrange(record, 0, -1):
-        entry_kind, ident, token = raw.decode().split(":")
-        if entry_kind == kind:
-            out.append((ident, int(token)))
-    return out
 
 
 async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> None:
