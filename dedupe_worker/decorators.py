@@ -5,21 +5,26 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from .deduplicator import Deduplicator
 from .protocol.fingerprint import fingerprint_of
-
-if TYPE_CHECKING:
-    from .asyncio.deduplicator import AsyncDeduplicator
 
 __all__ = ["idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Runner(Protocol):
+    """What ``@idempotent`` needs of its deduplicator: a :class:`~dedupe_worker.Deduplicator` or
+    an :class:`~dedupe_worker.asyncio.AsyncDeduplicator` (named structurally, so this module
+    imports neither and sits below both)."""
+
+    @property
+    def run(self) -> Callable[..., Any]: ...
+
+
 def idempotent(
-    deduplicator: Deduplicator | AsyncDeduplicator,
+    deduplicator: Runner,
     key: str | Callable[..., str],
     fingerprint: Callable[..., Any] | bool = True,
 ) -> Callable[[F], F]:
