@@ -82,7 +82,6 @@ def build(kind: str, url: str, dedupe: AsyncDeduplicator, redis_url: str, source
         return App(broker, middleware, source)
     if kind == "kafka":
         broker = KafkaBroker(url, middlewares=[middleware], logger=None)
-        middleware.dead_letter_producer = broker  # dead letters go to <topic>.dlq through the broker
         broker.subscriber(source, group_id=f"{source}-group", auto_offset_reset="earliest",
                           ack_policy=AckPolicy.NACK_ON_ERROR, session_timeout_ms=2000,
                           heartbeat_interval_ms=500)(handle)

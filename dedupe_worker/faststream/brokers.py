@@ -12,9 +12,8 @@ RabbitMQ   waits the delay, then ``nack(requeue=True)``    a copy with ``x-dedup
                                                            ``reject()`` to the queue's DLX
 Kafka      waits the delay, then ``nack()``: FastStream    a copy with ``x-dedupe-*`` headers to
            seeks back to the record (the partition         ``<topic>.dlq`` through the
-           waits behind it, in order)                      ``dead_letter_producer``, then commit;
-                                                           without one, FastStream's ``reject()``
-                                                           (commits past it) after an ERROR log
+           waits behind it, in order)                      consuming broker (or the
+                                                           ``dead_letter_producer``), then commit
 NATS       JetStream ``nak(delay=...)``: the server        a copy with ``x-dedupe-*`` headers to
            redelivers it after the delay                   ``<subject>.dlq`` (bind a stream to
                                                            keep it), then ``term()``
@@ -120,7 +119,7 @@ class KafkaAdapter(BrokerAdapter):
     async def dead_letter(self, msg: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> None:
         raw = msg.raw_message
         if producer is None:
-            log.error("no dead_letter_producer: committing past poison record %s/%s/%s key=%s reason=%s",
+            log.error("no broker to publish the dead letter: committing past poison record %s/%s/%s key=%s reason=%s",
                       raw.topic, raw.partition, raw.offset, headers.get(deadletter.KEY), headers.get(deadletter.REASON))
             await msg.reject()
             return

@@ -98,21 +98,23 @@ class DedupeMiddleware(Hooks, RetryPolicy):
     def __call__(self, msg: Any, /, *, context: Any) -> _Scope:
         return _Scope(msg, context=context, owner=self)
 
-    async def handle(self, call_next: Callable[[Any], Any], msg: Any, subscriber: Any) -> Any:
-        """Derive the key, let :func:`decide` claim it and run the rest of the chain, act on the verdict."""
+    async def handle(self, call_next: Callable[[Any], Any], msg: Any, subscriber: Any, broker: Any = None) -> Any:
+        """Derive the key, let :func:`decide` claim it and run the rest of the chain, act on the
+        verdict. ``broker`` (the one consuming ``msg``) publishes Kafka's dead letters when no
+        ``dead_letter_producer`` was given."""
         adapter = adapter_for(msg)
         envelope = adapter.envelope(msg, subscriber)
         try:
             key = (self.key or adapter.default_key)(envelope)
             fingerprint = self.fingerprint(envelope) if self.fingerprint is not None else None
         except (InvalidKey, UndecodableMessage) as exc:
-            return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None)
+            return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None, broker)
         decision = await decide(self.dedupe, key, functools.partial(call_next, msg), fingerprint=fingerprint,
                                 wait=self.defer_wait, integration="faststream")
-        return await self.settle(adapter, msg, envelope, decision, key)
+        return await self.settle(adapter, msg, envelope, decision, key, broker)
 
     async def settle(self, adapter: BrokerAdapter, msg: Any, envelope: Envelope, decision: Decision,
-                     key: str | None) -> Any:
+                     key: str | None, broker: Any = None) -> Any:
         """Map the verdict onto the broker. Raises FastStream's ``AckMessage``/``NackMessage``/
         ``RejectMessage`` after acting, so that nothing is published and FastStream's own
         acknowledgement (already done) is a no-op."""
@@ -145,7 +147,7 @@ class DedupeMiddleware(Hooks, RetryPolicy):
             raise decision.error
         log.error("dead-lettering key=%s token=%s reason=%s: %s", key, decision.token, reason.value, decision.detail)
         headers = {**dead_letter_headers(decision, key=key), **adapter.origin(envelope)}
-        await adapter.dead_letter(msg, envelope, headers, self.dead_letter_producer)
+        await adapter.dead_letter(msg, envelope, headers, self.dead_letter_producer or broker)
         call_hook(self.on_dead_letter, msg, decision)
         raise RejectMessage()
 
@@ -158,7 +160,8 @@ class _Scope(BaseMiddleware):
         self.owner = owner
 
     async def consume_scope(self, call_next: Any, msg: Any) -> Any:
-        return await self.owner.handle(call_next, msg, self.context.get_local("handler_"))
+        return await self.owner.handle(call_next, msg, self.context.get_local("handler_"),
+                                       self.context.get("broker"))
 
 
 def dedupe_middleware(dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
@@ -167,9 +170,9 @@ def dedupe_middleware(dedupe: AsyncClaimClient, *, key: KeyStrategy | None = Non
     """The middleware for ``RabbitBroker``/``KafkaBroker``/``NatsBroker(..., middlewares=[...])``.
 
     ``key``: a key strategy (default: see the module doc). ``fingerprint``: what a key stands for
-    (default: a hash of the body; ``None`` for no check). ``dead_letter_producer``: for Kafka's dead
-    letters, the ``KafkaBroker`` itself (``broker.add_middleware(dedupe_middleware(dedupe,
-    dead_letter_producer=broker))``) or a started ``aiokafka.AIOKafkaProducer``. ``options``: ``defer_base``,
+    (default: a hash of the body; ``None`` for no check). ``dead_letter_producer``: what publishes Kafka's
+    dead letters: by default the ``KafkaBroker`` that consumed the message, else the one given here
+    (another ``KafkaBroker``, or a started ``aiokafka.AIOKafkaProducer``). ``options``: ``defer_base``,
     ``defer_cap``, ``defer_wait`` (:class:`~dedupe_worker.engine.RetryPolicy`).
     """
     return DedupeMiddleware(dedupe, key=key, fingerprint=fingerprint, dead_letter_producer=dead_letter_producer,
