@@ -51,10 +51,8 @@ class LeaseRenewer:
         self._closed = False
 
     def track(self, stem: str, token: int) -> None:
-        with self._lock:
-            self._live[(stem, token)] = self._live.get((stem, token), 0) + 1
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._start()
+        """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
+        self.track_many(((stem, token),))
 
     def untrack(self, stem: str, token: int) -> None:
         self.untrack_many([(stem, token)])
