@@ -124,6 +124,30 @@ class _Record:
         return self._offset
 
 
+class _KombuMessage:
+    """The attributes of a kombu Message that from_kombu reads."""
+
+    def __init__(self, body: bytes | str) -> None:
+        self.body = body
+        self.headers = {"idempotency-key": "order-1"}
+        self.properties = {"message_id": "m-1", "application_headers": self.headers}
+
+
+@pytest.mark.parametrize("body", [b'{"order": 1}', '{"order": 1}'])
+def test_from_kombu_builds_the_envelope_its_init_would(body: bytes | str) -> None:
+    import dataclasses
+
+    from dedupe_worker.messages.envelope import from_kombu
+
+    message = _KombuMessage(body)
+    envelope = from_kombu(message, "orders")
+    assert envelope == Envelope(b'{"order": 1}', {"idempotency-key": "order-1"}, "m-1", source="orders")
+    assert set(vars(envelope)) == {f.name for f in dataclasses.fields(Envelope)}
+    assert envelope.headers is not message.headers  # a copy: the handler may change the message's
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        envelope.source = "other"  # type: ignore[misc]
+
+
 def test_a_replayed_record_keeps_its_original_position() -> None:
     from dedupe_worker.envelope import from_kafka
 

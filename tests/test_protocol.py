@@ -194,6 +194,26 @@ def test_a_retried_completion_that_already_succeeded_answers_stored(dedupe: Dedu
     assert dedupe.store.complete(other, 60_000) == [False]  # another token is still refused
 
 
+def test_renewer_tracks_again_at_once_after_close(dedupe: Deduplicator) -> None:
+    """A claim tracked right after close() is renewed by a new thread, not left to the closing one."""
+    renewer = dedupe.renewer
+    claim = dedupe.begin("tracked-after-close")
+    renewer.track(claim.stem, claim.token)
+    first = renewer._thread
+    assert first is not None
+    renewer.close()
+    renewer.track(claim.stem, claim.token)  # the first thread has not even woken up yet
+    first.join(5)
+    assert not first.is_alive()
+    second = renewer._thread
+    assert second is not None and second is not first and second.is_alive()
+    renewer.untrack(claim.stem, claim.token)
+    renewer.untrack(claim.stem, claim.token)
+    renewer.close()
+    second.join(5)
+    assert renewer._thread is None  # the loop says so when it ends: the next track() starts one
+
+
 def test_renewer_tracks_a_chunk_per_holder(dedupe: Deduplicator) -> None:
     """``track_many``/``untrack_many`` (one lock per chunk, as the batch engine uses them) count
     holders like ``track``/``untrack``: a lease is renewed until its last holder lets go."""
@@ -216,19 +236,24 @@ def test_renewer_tracks_a_chunk_per_holder(dedupe: Deduplicator) -> None:
     assert dedupe.store.client.pttl(a.stem + ":started") <= 1000
 
 
-def test_claim_init_takes_exactly_the_declared_fields_and_defaults() -> None:
-    """``Claim`` has a hand-written ``__init__`` (speed): it must match the dataclass fields."""
+@pytest.mark.parametrize("cls", ["Claim", "Decision"])
+def test_init_takes_exactly_the_declared_fields_and_defaults(cls: str) -> None:
+    """``Claim`` and ``Decision`` have hand-written ``__init__`` (speed): each must match its
+    dataclass fields, and the instance stay frozen."""
     import dataclasses
     import inspect
 
-    from dedupe_worker import Claim
+    import dedupe_worker
 
-    params = list(inspect.signature(Claim.__init__).parameters.values())[1:]
-    fields = dataclasses.fields(Claim)
+    kind = getattr(dedupe_worker, cls)
+    params = list(inspect.signature(kind.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(kind)
     assert [p.name for p in params] == [f.name for f in fields]
     assert [p.default for p in params] == [inspect.Parameter.empty if f.default is dataclasses.MISSING
                                            else f.default for f in fields]
-    claim = Claim("k", Outcome.ACQUIRED, 7, stem="s")
+    claim = dedupe_worker.Claim("k", Outcome.ACQUIRED, 7, stem="s")
+    instance = claim if cls == "Claim" else dedupe_worker.Decision(dedupe_worker.Reason.APPLIED, claim, 1)
+    assert set(vars(instance)) == {f.name for f in fields}
     assert dataclasses.replace(claim, token=8).token == 8 and claim.token == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
-        claim.token = 9  # type: ignore[misc]
+        instance.token = 9  # type: ignore[misc]

@@ -28,6 +28,13 @@ def current_claim() -> Claim | None:
     return _current.get()
 
 
+#: ``bind(claim)`` makes ``claim`` what :func:`current_claim` returns and gives the token that
+#: ``unbind(token)`` takes to restore the previous one: :class:`Holding`'s halves, for the engine's
+#: per-message path (the bound methods themselves, no Python frame around them).
+bind = _current.set
+unbind = _current.reset
+
+
 @contextmanager
 def bind_claim(claim: Claim) -> Iterator[Claim]:
     """Make ``claim`` what :func:`current_claim` returns while inside."""
@@ -61,9 +68,9 @@ class Holding:
 
     def __enter__(self) -> Claim:
         self.renewer.track(self.claim.stem, self.claim.token)
-        self.reset = _current.set(self.claim)
+        self.reset = bind(self.claim)
         return self.claim
 
     def __exit__(self, *exc_info: object) -> None:
-        _current.reset(self.reset)
+        unbind(self.reset)
         self.renewer.untrack(self.claim.stem, self.claim.token)

@@ -52,12 +52,14 @@ def from_kombu(message: Any, queue: str = "") -> Envelope:
     if isinstance(body, str):
         body = body.encode("utf-8")
     properties = getattr(message, "properties", None) or {}
-    return Envelope(
-        body=bytes(body),
-        headers=dict(getattr(message, "headers", None) or {}),
-        message_id=properties.get("message_id"),
-        source=queue,
-    )
+    # Built as the frozen dataclass's __init__ would (every field, nothing else runs there), with
+    # its fields set at once: one per consumed message, and half the cost of the six
+    # object.__setattr__ calls of that __init__.
+    envelope = object.__new__(Envelope)
+    envelope.__dict__.update(body=bytes(body), headers=dict(getattr(message, "headers", None) or {}),
+                             message_id=properties.get("message_id"), partition_key=None, source=queue,
+                             position=None)
+    return envelope
 
 
 def from_kafka(message: Any) -> Envelope:

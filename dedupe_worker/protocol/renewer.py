@@ -52,10 +52,16 @@ class LeaseRenewer:
 
     def track(self, stem: str, token: int) -> None:
         """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
-        self.track_many(((stem, token),))
+        lease = (stem, token)
+        with self._lock:  # one message's claim: the per-message path, so no loop over one lease
+            self._live[lease] = self._live.get(lease, 0) + 1
+            if self._thread is None or self._closed or self._pid != os.getpid():
+                self._start()
 
     def untrack(self, stem: str, token: int) -> None:
-        self.untrack_many([(stem, token)])
+        """Stop renewing the lease of ``(stem, token)`` (once per :meth:`track`)."""
+        with self._lock:
+            self._drop((stem, token))
 
     def track_many(self, leases: Iterable[tuple[str, int]]) -> None:
         """:meth:`track` for several ``(stem, token)`` at once (one lock, one thread check)."""
@@ -63,20 +69,23 @@ class LeaseRenewer:
         with self._lock:
             for lease in leases:
                 live[lease] = live.get(lease, 0) + 1
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+            if self._thread is None or self._closed or self._pid != os.getpid():
                 self._start()
 
     def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None:
         """Stop renewing ``(stem, token)`` leases (each once per :meth:`track`)."""
-        live = self._live
         with self._lock:
             for lease in leases:
-                left = live.get(lease, 0) - 1
-                if left > 0:
-                    live[lease] = left
-                else:
-                    live.pop(lease, None)
-                    self._lost.discard(lease)
+                self._drop(lease)
+
+    def _drop(self, lease: tuple[str, int]) -> None:
+        """One holder less for ``lease`` (the caller holds the lock)."""
+        left = self._live.get(lease, 0) - 1
+        if left > 0:
+            self._live[lease] = left
+        else:
+            self._live.pop(lease, None)
+            self._lost.discard(lease)
 
     def is_lost(self, stem: str, token: int) -> bool:
         if not self._lost:  # the common case, read without the lock: an add racing this read
@@ -117,13 +126,20 @@ class LeaseRenewer:
         self._closed = False
         self._wake = threading.Event()
         self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._loop, name="dedupe-lease-renewer", daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(self._wake,), name="dedupe-lease-renewer",
+                                        daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
-        wake = self._wake
-        while not wake.wait(self.interval) and not self._closed:
-            try:
-                self.renew_now()
-            except Exception:  # never let the renewer die silently
-                log.exception("lease renewer failed; continuing")
+    def _loop(self, wake: threading.Event) -> None:
+        try:
+            while not wake.wait(self.interval) and not self._closed:
+                try:
+                    self.renew_now()
+                except Exception:  # never let the renewer die silently
+                    log.exception("lease renewer failed; continuing")
+        finally:
+            # However it ends, the next track() starts a new thread (it checks this, the close
+            # flag and the process id, not is_alive(): that costs a lock of its own per call).
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None

@@ -112,13 +112,14 @@ class BrokerActions(Hooks, RetryPolicy):
         decision, message = item.decision, item.message
         assert decision is not None
         action = decision.action
-        if action is not Action.DEFER:  # it leaves the waiting room, if it was there
+        if self._waiting and action is not Action.DEFER:  # it leaves the waiting room, if it was there
             self._waiting.pop(message.delivery_tag, None)
         if action is Action.ACK:
             if not acked and not settled(message):
                 message.ack()
-            log.debug("acked key=%s token=%s reason=%s", _short(item.key), decision.token,
-                      decision.reason.value)
+            if log.isEnabledFor(logging.DEBUG):  # its arguments cost more than the check
+                log.debug("acked key=%s token=%s reason=%s", _short(item.key), decision.token,
+                          decision.reason.value)
             if decision.reason is Reason.APPLIED:
                 call_hook(self.on_applied, message, decision)
             else:

@@ -195,6 +195,9 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
 
     def handle(self, batch: Sequence[tuple[str, Any, BaseException | None]]) -> None:
         """Decide and settle the messages received together; never raises for bad messages."""
+        if len(batch) == 1:  # prefetch 1, or one message ready: what follows, without the lists
+            self._handle_one(*batch[0])
+            return
         items = [self._prepare(queue, message, error) for queue, message, error in batch]
         todo = [item for item in items if item.decision is None]
         if len(todo) > 1 and self.batch:
@@ -219,6 +222,20 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
                 self._settle(item, acked=acked)
         if unavailable:
             self._requeue_later(unavailable)
+
+    def _handle_one(self, queue: str, message: Any, error: BaseException | None) -> None:
+        """:meth:`handle` for a batch of one: decided by :func:`decide`, settled alone."""
+        item = self._prepare(queue, message, error)
+        decision = item.decision
+        if decision is None:
+            decision = item.decision = decide(self.dedupe, item.key or "", item.call or _noop,
+                                              fingerprint=item.fingerprint, integration="rabbitmq")
+        if decision.reason is Reason.STORE_UNAVAILABLE:
+            self._outages += 1
+            self._requeue_later([item])
+        else:
+            self._outages = 0
+            self._settle(item)
 
     def _prepare(self, queue: str, message: Any, error: BaseException | None) -> Item:
         item = Item(queue, message)
