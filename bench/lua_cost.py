@@ -23,8 +23,9 @@ import hashlib
 import os
 import statistics
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import redis
@@ -45,8 +46,7 @@ CASES = ("claim new", "claim new, fp", "claim duplicate", "claim in progress", "
 class _Calls(StoreCalls):
     """The calls ``RedisStore`` sends for a standalone server (one call per batch)."""
 
-    class scripts:  # noqa: N801 - StoreCalls reads ``self.scripts.is_cluster``
-        is_cluster = False
+    scripts = SimpleNamespace(is_cluster=False)
 
 
 class Version:
@@ -102,10 +102,11 @@ def case_calls(v: Version, case: str, stems: list[str], size: int) -> list[Call]
     return [call for part in parts for call in c.release_calls(part, RETENTION_MS)]
 
 
-def server_usec(client: redis.Redis, run: Callable[[], object]) -> float:
-    """Redis' total time in EVALSHA while ``run`` runs."""
+def server_usec(v: Version, calls: Sequence[Call]) -> float:
+    """Redis' total time in EVALSHA running ``calls``."""
+    client = v.client
     client.config_resetstat()
-    run()
+    v.run(calls)
     return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0.0))
 
 
@@ -133,10 +134,11 @@ def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path
                     ns = f"lua-{uuid.uuid4().hex[:8]}"
                     stems = [f"{ns}:{{order-{i}}}" for i in range(keys)]
                     calls = case_calls(v, case, stems, size)
-                    runs.setdefault((v.label, case, size), []).append(server_usec(client, lambda: v.run(calls)) / keys)
+                    runs.setdefault((v.label, case, size), []).append(server_usec(v, calls) / keys)
                     for name in client.scan_iter(f"{ns}:*", count=5000):
                         client.unlink(name)
-    return {"usec": {key: statistics.median(values) for key, values in runs.items()}, "memory": {v.label: (memory(v, ""), memory(v, FINGERPRINT)) for v in loaded},
+    return {"usec": {key: statistics.median(values) for key, values in runs.items()},
+            "memory": {v.label: (memory(v, ""), memory(v, FINGERPRINT)) for v in loaded},
             "aof": client.config_get("append*")}
 
 
