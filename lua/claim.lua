@@ -27,6 +27,13 @@
 -- milliseconds). Why not an epoch bumped on failover: nothing in a script can tell that a
 -- failover happened, and a lost write can take the epoch with it. Microseconds since 1970
 -- stay below 2^53 until the year 2255, so JSON, Lua numbers and SQL bigint hold them exactly.
+--
+-- Records are shared with workers running other releases of these scripts (rolling upgrades;
+-- tests/test_lua_compat.py): a field that is missing means what its empty value meant, so empty
+-- ones are not written (fp and orig here, f and orig in the result), and a free lease is one
+-- whose owner is 0 or missing, whatever its deadline. The cost is Redis' own time per key, so
+-- the common case is cheapest: a key with no record at all (an empty HMGET of the result, one
+-- EXISTS) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one HMGET.
 local lease_ms = tonumber(ARGV[1])
 -- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
 -- Shared values are made once as strings: Redis formats every number argument of every call.
