@@ -66,7 +66,7 @@ class Version:
     def run(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for name, keys, args in calls:
-            pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
         return pipe.execute()
 
 
@@ -162,7 +162,6 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1000, help="keys per case and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="a folder of other scripts to run side by side")
-    parser.add_argument("--label", default="")
     args = parser.parse_args()
     versions: list[tuple[str, Path | None]] = [("this", None)]
     if args.baseline:
