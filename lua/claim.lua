@@ -36,20 +36,23 @@
 -- EXISTS) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one HMGET.
 local lease_ms = tonumber(ARGV[1])
 -- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
--- Shared values are made once as strings: Redis formats every number argument of every call.
+-- Shared values are made once as strings (at the first claim taken): Redis formats every number
+-- argument of every call.
 local now_ms, now_us, now_us_s, deadline, expire_at
 local function clock()
   local t = redis.call('TIME')
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   now_us_s = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-  deadline = string.format('%d', now_ms + lease_ms)
-  expire_at = string.format('%d', now_ms + math.max(lease_ms, tonumber(ARGV[2])))
 end
 
 -- The claim's fields, one HSET. An empty fingerprint or original key is not written (a missing
 -- field reads as ''), so a first claim without them writes three fields.
 local function take(started, token, fp, orig)
+  if not deadline then
+    deadline = string.format('%d', now_ms + lease_ms)
+    expire_at = string.format('%d', now_ms + math.max(lease_ms, tonumber(ARGV[2])))
+  end
   if fp == '' and orig == '' then
     redis.call('HSET', started, 'next', token, 'owner', token, 'deadline', deadline)
   elseif orig == '' then
