@@ -110,15 +110,18 @@ def server_usec(v: Version, calls: Sequence[Call]) -> float:
     return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0.0))
 
 
-def memory(v: Version, fingerprint: str) -> float:
-    """``MEMORY USAGE`` of both records of one completed key, named as ``bench.core`` names it."""
+def memory(v: Version, fingerprint: str) -> tuple[float, float]:
+    """``MEMORY USAGE`` of both records of one key named as ``bench.core`` names it: while its
+    claim is held, and once completed."""
     stem = KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345")
+    records = (KeyLayout.started(stem), KeyLayout.result(stem))
     c = _Calls()
     token = _tokens(v.run(c.claim_calls([(stem, fingerprint, "")], LEASE_MS, RETENTION_MS)))[0]
+    held = sum(v.client.memory_usage(k) or 0 for k in records)
     v.run(c.complete_calls([(stem, token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
-    used = sum(v.client.memory_usage(k) or 0 for k in (KeyLayout.started(stem), KeyLayout.result(stem)))
-    v.client.delete(KeyLayout.started(stem), KeyLayout.result(stem))
-    return float(used)
+    done = sum(v.client.memory_usage(k) or 0 for k in records)
+    v.client.delete(*records)
+    return float(held), float(done)
 
 
 def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None]]) -> dict[str, Any]:
@@ -151,8 +154,9 @@ def report(m: dict[str, Any], labels: Sequence[str], keys: int, rounds: int) -> 
         lines.append(f"  {case:<20}" + "".join(f"{m['usec'][(lb, case, size)]:>13.2f} µs"
                                                 for size in BATCHES for lb in labels))
     for lb in labels:
-        plain, fp = m["memory"][lb]
-        lines.append(f"  memory per completed key ({lb}) {plain:.0f} bytes (both records), {fp:.0f} with a fingerprint")
+        (held, done), (held_fp, done_fp) = m["memory"][lb]
+        lines.append(f"  memory per key ({lb}, MEMORY USAGE of both records): completed {done:.0f} bytes, "
+                     f"{done_fp:.0f} with a fingerprint; claimed {held:.0f}, {held_fp:.0f} with a fingerprint")
     return "\n".join(lines)
 
 
