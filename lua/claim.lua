@@ -69,7 +69,12 @@ local out, n = {}, 0
 for i = 1, #KEYS / 2 do
   local started, result = KEYS[2 * i - 1], KEYS[2 * i]
   local fp, orig = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  local done = redis.call('HMGET', result, 's', 'v', 't', 'f')
+  local done  -- the stored fingerprint is read only when there is one to compare it with
+  if fp == '' then
+    done = redis.call('HMGET', result, 's', 'v', 't')
+  else
+    done = redis.call('HMGET', result, 's', 'v', 't', 'f')
+  end
   if done[1] then
     if fp ~= '' and done[4] and done[4] ~= '' and done[4] ~= fp then
       out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
