@@ -1,77 +1,177 @@
-"""Redis' own time per script call (``INFO commandstats`` ``usec_per_call`` of EVALSHA), one
-script at a time, and memory per completed key.
+"""Redis' own time per key of each protocol script (``INFO commandstats`` of EVALSHA), for single
+keys and batches, and memory per completed key.
 
-    python -m bench.lua_cost [--redis-url URL] [--calls N]
+    python -m bench.lua_cost [--redis-url URL] [--keys N] [--rounds R] [--baseline DIR]
 
-Each phase resets the server's statistics (``CONFIG RESETSTAT``), makes ``N`` calls of one
-script for one key each, and reads EVALSHA's ``usec_per_call``: the server-side cost of a claim
-of a new key, a completion, a duplicate claim (an outcome stored), a renewal and a release.
-``make bench`` runs it on the private redis-server it starts, never on a shared one (the reset
-would clear everyone's statistics).
+Each case sets its keys up, resets the server's statistics (``CONFIG RESETSTAT``), sends the
+script calls for ``N`` keys (one key per call, or batches of 100 and 500 as ``begin_many`` and
+``complete_many`` send them) and reads EVALSHA's total ``usec``: Redis' time per key, AOF
+propagation included when the server has ``appendonly yes`` (``make bench`` starts its private
+server so). The cases: a claim of a new key (without and with a fingerprint), of a key whose
+outcome is stored (duplicate), of a key a live lease holds, of a released key; a completion, a
+renewal, a release. ``--baseline DIR`` runs every case with the scripts in ``DIR`` too (e.g.
+``tests/data/lua_previous``, those of the previous release), alternating round by round on the
+same server, and prints both: timings on a shared machine swing, a side-by-side run does not.
+``make bench`` runs it on its private redis-server, never on a shared one (the reset would clear
+everyone's statistics).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import statistics
 import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import redis
 
-from dedupe_worker import Deduplicator, Stored
+from dedupe_worker.protocol import Stored
+from dedupe_worker.protocol.calls import StoreCalls
+from dedupe_worker.protocol.layout import KeyLayout
+from dedupe_worker.protocol.scripts import SCRIPT_NAMES, Call, load_script
+
+BATCHES = (1, 100, 500)
+LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 30_000, 600_000, 600_000
+VALUE = b'{"status":"charged","amount":1250}'
+FINGERPRINT = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+CASES = ("claim new", "claim new, fp", "claim duplicate", "claim in progress", "claim released",
+         "complete", "renew", "release")
 
 
-def usec_per_call(client: redis.Redis) -> float:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
-    return float(stats.get("usec_per_call", 0.0))
+class _Calls(StoreCalls):
+    """The calls ``RedisStore`` sends for a standalone server (one call per batch)."""
+
+    scripts = SimpleNamespace(is_cluster=False)
 
 
-def measure(url: str, calls: int) -> dict[str, float]:
+class Version:
+    """One set of the protocol scripts, loaded on the server, run by name."""
+
+    def __init__(self, client: redis.Redis, label: str, texts: dict[str, str]) -> None:
+        self.client, self.label = client, label
+        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
+        for text in texts.values():
+            client.script_load(text)
+
+    @classmethod
+    def from_dir(cls, client: redis.Redis, label: str, folder: Path | None) -> Version:
+        read = (lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8")) if folder else load_script
+        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES})
+
+    def run(self, calls: Sequence[Call]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        return pipe.execute()
+
+
+def _tokens(replies: list[Any]) -> list[int]:
+    return [int(t) for reply in replies for t in reply[1::4]]
+
+
+def _batched(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def case_calls(v: Version, case: str, stems: list[str], size: int) -> list[Call]:
+    """Set ``stems`` up for ``case`` (with ``v``'s scripts) and return the calls to measure."""
+    c = _Calls()
+    fp = FINGERPRINT if case == "claim new, fp" else ""
+    claims = [c.claim_calls([(s, fp, "") for s in part], LEASE_MS, RETENTION_MS) for part in _batched(stems, size)]
+    if case.startswith("claim new"):
+        return [call for calls in claims for call in calls]
+    tokens = _tokens(v.run([call for calls in claims for call in calls]))
+    held = list(zip(stems, tokens, strict=True))
+    if case == "claim duplicate":
+        v.run(c.complete_calls([(s, t, Stored.COMPLETED, VALUE) for s, t in held], RESULT_TTL_MS))
+    elif case == "claim released":
+        v.run(c.release_calls(held, RETENTION_MS))
+    if case.startswith("claim"):
+        return [call for calls in claims for call in calls]
+    parts = _batched(held, size)
+    if case == "complete":
+        return [call for part in parts
+                for call in c.complete_calls([(s, t, Stored.COMPLETED, VALUE) for s, t in part], RESULT_TTL_MS)]
+    if case == "renew":
+        return [call for part in parts for call in c.renew_calls(part, LEASE_MS, RETENTION_MS)]
+    return [call for part in parts for call in c.release_calls(part, RETENTION_MS)]
+
+
+def server_usec(v: Version, calls: Sequence[Call]) -> float:
+    """Redis' total time in EVALSHA running ``calls``."""
+    client = v.client
+    client.config_resetstat()
+    v.run(calls)
+    return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0.0))
+
+
+def memory(v: Version, fingerprint: str) -> tuple[float, float]:
+    """``MEMORY USAGE`` of both records of one key named as ``bench.core`` names it: while its
+    claim is held, and once completed."""
+    stem = KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345")
+    records = (KeyLayout.started(stem), KeyLayout.result(stem))
+    c = _Calls()
+    token = _tokens(v.run(c.claim_calls([(stem, fingerprint, "")], LEASE_MS, RETENTION_MS)))[0]
+    held = sum(v.client.memory_usage(k) or 0 for k in records)
+    v.run(c.complete_calls([(stem, token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
+    done = sum(v.client.memory_usage(k) or 0 for k in records)
+    v.client.delete(*records)
+    return float(held), float(done)
+
+
+def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None]]) -> dict[str, Any]:
+    """µs of Redis time per key, by ``(version, case, batch size)`` (the median of the rounds: a
+    round that shared the CPU with another process is an outlier, not a trend); memory by version."""
     client = redis.Redis.from_url(url)
-    ns = f"lua-{uuid.uuid4().hex[:8]}"
-    d = Deduplicator(client, namespace=ns, lease=30, result_ttl=600)
-    store = d.store
-    stems = [d.request(f"order-{i}").stem for i in range(calls)]
-    out: dict[str, float] = {}
+    loaded = [Version.from_dir(client, label, folder) for label, folder in versions]
+    runs: dict[tuple[str, str, int], list[float]] = {}
+    for _ in range(rounds):
+        for size in BATCHES:
+            for case in CASES:
+                for v in loaded:  # alternating: each version meets the same moment of a noisy machine
+                    ns = f"lua-{uuid.uuid4().hex[:8]}"
+                    stems = [f"{ns}:{{order-{i}}}" for i in range(keys)]
+                    calls = case_calls(v, case, stems, size)
+                    runs.setdefault((v.label, case, size), []).append(server_usec(v, calls) / keys)
+                    for name in client.scan_iter(f"{ns}:*", count=5000):
+                        client.unlink(name)
+    return {"usec": {key: statistics.median(values) for key, values in runs.items()},
+            "memory": {v.label: (memory(v, ""), memory(v, FINGERPRINT)) for v in loaded},
+            "aof": client.config_get("append*")}
 
-    def phase(name: str, fn: object) -> list[object]:
-        client.config_resetstat()
-        results = [fn(stem) for stem in stems]  # type: ignore[operator]
-        out[name] = usec_per_call(client)
-        return results
 
-    tokens = phase("claim (new key)", lambda s: store.claim_one(s, "", "", d._lease_ms, d._retention_ms).token)
-    token_of = dict(zip(stems, tokens, strict=True))
-    phase("renew", lambda s: store.renew([(s, token_of[s])], d._lease_ms, d._retention_ms))
-    phase("complete", lambda s: store.complete_one(s, token_of[s], Stored.COMPLETED, b'{"status":"charged"}',
-                                                   d._result_ttl_ms))
-    phase("claim (duplicate)", lambda s: store.claim_one(s, "", "", d._lease_ms, d._retention_ms))
-    released = [d.request(f"released-{i}").stem for i in range(calls)]
-    held = {s: store.claim_one(s, "", "", d._lease_ms, d._retention_ms).token for s in released}
-    stems[:] = released
-    phase("release", lambda s: store.release([(s, held[s])], d._retention_ms))
-
-    d.run("memory-probe-order-00012345", lambda: {"status": "charged", "amount": 1250})
-    stem = d.layout.stem("memory-probe-order-00012345")
-    out["memory"] = float(sum(client.memory_usage(k) or 0 for k in (stem + ":started", stem + ":result")))
-    for key in client.scan_iter(f"{ns}:*", count=5000):
-        client.unlink(key)
-    d.close()
-    return out
+def report(m: dict[str, Any], labels: Sequence[str], keys: int, rounds: int) -> str:
+    aof = m["aof"]
+    lines = [f"Redis time per key (INFO commandstats usec of EVALSHA / keys, median of {rounds} rounds of {keys} keys; "
+             f"appendonly {aof.get('appendonly')}, appendfsync {aof.get('appendfsync')})",
+             f"  {'case':<20}" + "".join(f"{f'{lb} x{size}':>16}" for size in BATCHES for lb in labels)]
+    for case in CASES:
+        lines.append(f"  {case:<20}" + "".join(f"{m['usec'][(lb, case, size)]:>13.2f} µs"
+                                                for size in BATCHES for lb in labels))
+    for lb in labels:
+        (held, done), (held_fp, done_fp) = m["memory"][lb]
+        lines.append(f"  memory per key ({lb}, MEMORY USAGE of both records): completed {done:.0f} bytes, "
+                     f"{done_fp:.0f} with a fingerprint; claimed {held:.0f}, {held_fp:.0f} with a fingerprint")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--calls", type=int, default=5000)
-    parser.add_argument("--label", default="")
+    parser.add_argument("--keys", type=int, default=1000, help="keys per case and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="a folder of other scripts to run side by side")
     args = parser.parse_args()
-    m = measure(args.redis_url, args.calls)
-    print(f"Redis time per script call (INFO commandstats usec_per_call, {args.calls} calls each)")
-    for name, value in m.items():
-        if name != "memory":
-            print(f"  {name:<20} {value:6.2f} µs")
-    print(f"  memory per completed key {m['memory']:.0f} bytes (both records)")
+    versions: list[tuple[str, Path | None]] = [("this", None)]
+    if args.baseline:
+        versions.insert(0, ("baseline", args.baseline))
+    m = measure(args.redis_url, args.keys, args.rounds, versions)
+    print(report(m, [label for label, _ in versions], args.keys, args.rounds))
 
 
 if __name__ == "__main__":
