@@ -30,13 +30,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InvalidKey, LeaseLost, StoreUnavailable
 from ..observe.base import current as observer
-from ..protocol.claim import Claim, Stored
+from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.client import ClaimClient, Request
+from ..protocol.serialization import JsonSerializer
 from .context import _current as current
 from .decision import Decision, Reason, in_progress, poison, settle
 from .single import attributes, failure_reason, unavailable
@@ -96,15 +96,13 @@ class Pacing:
         return max(1, min(remaining, int(self.flush_after / per_message)))
 
 
-@dataclass
-class _Done:
-    """A handler finished; its outcome goes out with the next round trip."""
+#: A handler that finished, its outcome going out with the next round trip:
+#: ``(index, claim, decision, record)``, ``record`` the ``(status, data)`` to store, or ``None``
+#: to release the claim. (A tuple: one is made per message.)
+_Done = tuple[int, Claim, Decision, "tuple[Stored, bytes] | None"]
 
-    index: int
-    claim: Claim
-    decision: Decision
-    #: ``(status, data)`` to store, or ``None`` to release the claim.
-    record: tuple[Stored, bytes] | None
+_ACQUIRED, _FOUND = Outcome.ACQUIRED, Outcome.DUPLICATE
+_APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
 class _Batch:
@@ -115,8 +113,8 @@ class _Batch:
         self.items = items
         self.pacing = pacing
         self.run_batch = run_batch
-        self.decisions: dict[int, Decision] = {}
-        self.requests: dict[int, Request] = {}
+        self.decisions: list[Decision | None] = [None] * len(items)
+        self.requests: list[Request | None] = [None] * len(items)
         self.queue: list[int] = []  # first copies not claimed yet, in order
         self.copies: dict[int, list[int]] = {}  # first copy -> later copies waiting for it
         self.ready: list[int] = []  # copies whose first copy is decided: claim them next
@@ -124,51 +122,71 @@ class _Batch:
         self.done_seconds = 0.0  # handler time of ``done``
         self.releases: list[Claim] = []  # claims given back before their handler started
         self.outage: StoreUnavailable | None = None  # set once a round trip failed
+        #: What the JSON serializer stores for ``None`` (the common no-op result), if it is in use.
+        self.null: tuple[Stored, bytes] | None = (
+            (Stored.COMPLETED, b"null")
+            if type(dedupe.serializer) is JsonSerializer and dedupe.max_result_bytes >= 4 else None)
 
     # -- the loop -------------------------------------------------------------------------------
 
     def decide(self) -> list[Decision]:
         first: dict[str, int] = {}  # stem -> index of its first copy
+        request, requests, decisions, queue = self.dedupe.request, self.requests, self.decisions, self.queue
         for i, (key, fingerprint, _) in enumerate(self.items):
             try:
-                request = self.dedupe.request(key, fingerprint)
+                r = requests[i] = request(key, fingerprint)
             except InvalidKey as exc:
-                self.decisions[i] = poison(exc)
+                decisions[i] = poison(exc)
                 continue
-            self.requests[i] = request
-            seen = first.setdefault(request.stem, i)
+            seen = first.setdefault(r.stem, i)
             if seen == i:
-                self.queue.append(i)
+                queue.append(i)
             else:
                 self.copies.setdefault(seen, []).append(i)
-        self.queue.reverse()  # popped from the end
-        while self.queue or self.ready or self.done:
-            size = len(self.queue) if self.run_batch is not None else self.pacing.chunk(len(self.queue))
-            chunk = [self.queue.pop() for _ in range(size)] + self.ready
+        queue.reverse()  # taken from the end
+        while queue or self.ready or self.done:
+            size = len(queue) if self.run_batch is not None else self.pacing.chunk(len(queue))
+            chunk = queue[-size:] if size else []
+            del queue[len(queue) - size:]
+            chunk.reverse()
+            chunk += self.ready
             self.ready = []
             claims = self.flush(chunk)
             if claims is None:
-                self.unavailable([*chunk, *reversed(self.queue)])
+                self.unavailable([*chunk, *reversed(queue)])
                 break
             acquired = []
+            copies = self.copies
             for i, claim in zip(chunk, claims, strict=True):
-                decision = settle(claim)
-                if decision is None:
+                if claim.outcome is _ACQUIRED:
                     acquired.append((i, claim))
+                    continue
+                if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
+                    decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
                 else:
+                    decision = settle(claim)
+                assert decision is not None
+                if copies:
                     self.decided(i, decision)
+                else:
+                    decisions[i] = decision
             self.pacing.claimed(len(claims), len(acquired))
             if acquired:
                 self.run(acquired)
-        decisions = self.decisions
         for waiting in self.copies.values():  # copies behind a first copy that was never decided
             for i in waiting:
-                decisions.setdefault(i, in_progress(self.requests[i].key, 0.0))
-        verdicts = [decisions[i] for i in range(len(self.items))]
+                if decisions[i] is None:
+                    decisions[i] = in_progress(self.key(i), 0.0)
+        verdicts = cast("list[Decision]", decisions)  # every index is decided by now
         if observer.enabled:
             for decision in verdicts:
                 observer.decided(self.integration, decision.reason.value)
         return verdicts
+
+    def key(self, i: int) -> str:
+        request = self.requests[i]
+        assert request is not None
+        return request.key
 
     def run(self, acquired: list[tuple[int, Claim]]) -> None:
         """Run the handlers of a claimed chunk. Once those that finished reach ``flush_after``, the
@@ -179,44 +197,53 @@ class _Batch:
         try:
             if self.run_batch is not None:
                 self.call_batch(acquired)
-                return
-            for n, (i, claim) in enumerate(acquired):
-                self.call_one(i, claim)
-                if self.done_seconds >= self.pacing.flush_after and n + 1 < len(acquired):
-                    rest = acquired[n + 1:]
-                    self.releases.extend(claim for _, claim in rest)
-                    self.queue.extend(i for i, _ in reversed(rest))  # claimed again first
-                    return
+            else:
+                self.call_each(acquired)
         except BaseException:
             # KeyboardInterrupt, SystemExit: store what finished, free what did not
-            finished = {d.index for d in self.done}
-            self.releases.extend(claim for i, claim in acquired if i not in finished and i not in self.decisions)
+            finished = {d[0] for d in self.done}
+            self.releases.extend(claim for i, claim in acquired
+                                 if i not in finished and self.decisions[i] is None)
             try:
                 self.flush([])
             except Exception as exc:
                 log.warning("could not store or release claims while stopping: %s", exc)
             raise
 
-    def call_one(self, i: int, claim: Claim) -> None:
-        began = time.perf_counter()
-        reset = current.set(claim)  # what bind_claim() does, without a generator per message
-        try:
-            if observer.enabled:
-                with observer.span("dedupe.handler", attributes(claim, self.integration)):
-                    value = self.items[i][2]()
+    def call_each(self, acquired: list[tuple[int, Claim]]) -> None:
+        """The handlers one after the other, until those that finished reach ``flush_after``."""
+        observed = observer.enabled
+        items, pacing, done, null = self.items, self.pacing, self.done, self.null
+        perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
+        last = len(acquired) - 1
+        for n, (i, claim) in enumerate(acquired):
+            began = perf()
+            reset = bind(claim)
+            try:
+                if observed:
+                    with observer.span("dedupe.handler", attributes(claim, self.integration)):
+                        value = items[i][2]()
+                else:
+                    value = items[i][2]()
+            except Exception as exc:
+                self.failed(i, claim, exc)
             else:
-                value = self.items[i][2]()
-        except Exception as exc:
-            self.failed(i, claim, exc)
-        else:
-            self.finished(i, claim, value)
-        finally:
-            current.reset(reset)
-        seconds = time.perf_counter() - began
-        self.pacing.observe(seconds)
-        self.done_seconds += seconds
-        if observer.enabled:
-            observer.handled(self.integration, seconds)
+                if value is None and null is not None:
+                    done.append((i, claim, Decision(_APPLIED, claim), null))
+                else:
+                    self.finished(i, claim, value)
+            finally:
+                unbind(reset)
+            seconds = perf() - began
+            pacing.observe(seconds)
+            self.done_seconds += seconds
+            if observed:
+                observer.handled(self.integration, seconds)
+            if self.done_seconds >= pacing.flush_after and n < last:
+                rest = acquired[n + 1:]
+                self.releases.extend(claim for _, claim in rest)
+                self.queue.extend(i for i, _ in reversed(rest))  # claimed again first
+                return
 
     def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
         """One call of the batch handler for every acquired claim; its error is every one's error."""
@@ -237,14 +264,14 @@ class _Batch:
         stored as omitted), stored with the next round trip."""
         status, data, problem = self.dedupe.encode(claim, value)
         decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
-                    else Decision(Reason.APPLIED, claim, value))
-        self.done.append(_Done(i, claim, decision, (status, data)))
+                    else Decision(_APPLIED, claim, value))
+        self.done.append((i, claim, decision, (status, data)))
 
     def failed(self, i: int, claim: Claim, exc: Exception) -> None:
         """A handler raised ``exc``: its claim is released, or the failure stored when permanent."""
         reason = failure_reason(self.dedupe, exc)
         record = (Stored.FAILED, self.dedupe.encode_failure(exc)) if reason is Reason.PERMANENT_FAILURE else None
-        self.done.append(_Done(i, claim, Decision(reason, claim, error=exc), record))
+        self.done.append((i, claim, Decision(reason, claim, error=exc), record))
 
     # -- round trips ----------------------------------------------------------------------------
 
@@ -254,35 +281,36 @@ class _Batch:
         not, we cannot tell)."""
         done, self.done, self.done_seconds = self.done, [], 0.0
         releases, self.releases = self.releases, []
-        outcomes = [(d.claim, *d.record) for d in done if d.record is not None]
-        freed = [*(d.claim for d in done if d.record is None), *releases]
+        outcomes = [(claim, *record) for _, claim, _, record in done if record is not None]
+        freed = [*(claim for _, claim, _, record in done if record is None), *releases]
+        requests = cast("list[Request]", [self.requests[i] for i in chunk])
         try:
             if observer.enabled:
                 op = "complete_and_claim" if outcomes and chunk else ("claim" if chunk else "complete")
                 with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
                                                     "dedupe.stored": len(outcomes), "dedupe.claimed": len(chunk)}):
                     began = time.perf_counter()
-                    stored, released, claims = self.dedupe.settle_and_claim(
-                        outcomes, freed, [self.requests[i] for i in chunk])
+                    stored, released, claims = self.dedupe.settle_and_claim(outcomes, freed, requests)
                     observer.round_trip(op, time.perf_counter() - began)
             else:
-                stored, released, claims = self.dedupe.settle_and_claim(
-                    outcomes, freed, [self.requests[i] for i in chunk])
+                stored, released, claims = self.dedupe.settle_and_claim(outcomes, freed, requests)
         except StoreUnavailable as exc:
             self.untrack(done, releases)
-            for d in done:
-                self.decided(d.index, Decision(Reason.STORE_UNAVAILABLE, d.claim, error=exc,
-                                               retry_after=self.dedupe.lease))
+            for i, claim, _, _ in done:
+                self.decided(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
             self.outage = exc
             return None
         self.untrack(done, releases)
         ok = iter(stored)
-        for d in done:
-            if d.record is not None and not next(ok):
-                lost = LeaseLost(d.claim.key, d.claim.token)
-                self.decided(d.index, Decision(Reason.LEASE_LOST, d.claim, error=lost, retry_after=self.dedupe.lease))
+        decisions, copies = self.decisions, self.copies
+        for i, claim, decision, record in done:
+            if record is not None and not next(ok):
+                lost = LeaseLost(claim.key, claim.token)
+                decision = Decision(_LEASE_LOST, claim, error=lost, retry_after=self.dedupe.lease)
+            if copies:
+                self.decided(i, decision)
             else:
-                self.decided(d.index, d.decision)
+                decisions[i] = decision
         for claim, ok_release in zip(freed, released, strict=True):
             if not ok_release:
                 log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
@@ -291,8 +319,8 @@ class _Batch:
         return claims
 
     def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
-        self.dedupe.renewer.untrack_many([*((d.claim.stem, d.claim.token) for d in done),
-                                          *((c.stem, c.token) for c in releases)])
+        self.dedupe.renewer.untrack_many([*((claim.stem, claim.token) for _, claim, _, _ in done),
+                                          *((claim.stem, claim.token) for claim in releases)])
 
     def decided(self, i: int, decision: Decision) -> None:
         """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""
@@ -302,7 +330,7 @@ class _Batch:
             self.ready.extend(waiting)
         elif waiting:
             for copy in waiting:
-                self.decisions[copy] = in_progress(self.requests[copy].key, decision.retry_after)
+                self.decisions[copy] = in_progress(self.key(copy), decision.retry_after)
 
     def unavailable(self, unclaimed: list[int]) -> None:
         """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
@@ -312,7 +340,8 @@ class _Batch:
             self.decided(i, decision)
         for waiting in list(self.copies.values()):
             for copy in waiting:
-                self.decisions.setdefault(copy, Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0))
+                if self.decisions[copy] is None:
+                    self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
         self.copies.clear()
 
 

@@ -213,14 +213,14 @@ class ClaimClient(ClaimCodec):
             store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
                                  self._result_ttl_ms),
             store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms),
-            store.claim_calls([(r.stem, r.fingerprint, r.original) for r in requests],
-                              self._lease_ms, self._retention_ms),
+            store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms, self._retention_ms),
         )
-        claims = [self._claim(r, reply) for r, reply in zip(requests, store.claim_replies(replies), strict=True)]
+        claims = self._claims(requests, replies)
         if log.isEnabledFor(logging.DEBUG):
             for claim in claims:
                 log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
-        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
+        is_lost = self.renewer.is_lost
+        return ([bool(ok) and not is_lost(c.stem, c.token) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
                 [bool(ok) for ok in released], claims)
 
     def complete(self, claim: Claim, value: Any) -> None:
