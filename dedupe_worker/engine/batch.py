@@ -36,6 +36,7 @@ from ..errors import InvalidKey, LeaseLost, StoreUnavailable
 from ..observe.base import current as observer
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.client import ClaimClient, Request
+from ..protocol.scripts import StreamCut
 from ..protocol.serialization import JsonSerializer
 from .context import _current as current
 from .decision import Decision, Reason, in_progress, poison, settle
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 
 #: Default bound, in seconds of handler time, on finished work whose outcome is not stored yet.
 FLUSH_AFTER = 0.005
+
+#: Claims asked for per script call: a chunk's calls go out in one write, and the handlers of
+#: one sub-chunk run while Redis claims the next.
+STREAM_STEP = 32
 
 #: ``(key, fingerprint, handler)``
 Item = tuple[str | bytes, Any, Callable[[], Any]]
@@ -122,6 +127,10 @@ class _Batch:
         self.done_seconds = 0.0  # handler time of ``done``
         self.releases: list[Claim] = []  # claims given back before their handler started
         self.outage: StoreUnavailable | None = None  # set once a round trip failed
+        self.chunk: list[int] = []  # what the current round trip claims
+        self.stopped = False  # the chunk stopped: its claims not started are given back
+        self.given_back: list[int] = []  # ... those, in order, to be queued again after the round trip
+        self.interrupt: BaseException | None = None  # a handler's BaseException, raised once stored
         #: What the JSON serializer stores for ``None`` (the common no-op result), if it is in use.
         self.null: tuple[Stored, bytes] | None = (
             (Stored.COMPLETED, b"null")
@@ -151,28 +160,11 @@ class _Batch:
             chunk.reverse()
             chunk += self.ready
             self.ready = []
-            claims = self.flush(chunk)
-            if claims is None:
-                self.unavailable([*chunk, *reversed(queue)])
+            flowing = self.flush(chunk)
+            if self.interrupt is not None:
+                self.stop()
+            if not flowing:
                 break
-            acquired = []
-            copies = self.copies
-            for i, claim in zip(chunk, claims, strict=True):
-                if claim.outcome is _ACQUIRED:
-                    acquired.append((i, claim))
-                    continue
-                if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
-                    decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
-                else:
-                    decision = settle(claim)
-                assert decision is not None
-                if copies:
-                    self.decided(i, decision)
-                else:
-                    decisions[i] = decision
-            self.pacing.claimed(len(claims), len(acquired))
-            if acquired:
-                self.run(acquired)
         for waiting in self.copies.values():  # copies behind a first copy that was never decided
             for i in waiting:
                 if decisions[i] is None:
@@ -188,27 +180,66 @@ class _Batch:
         assert request is not None
         return request.key
 
-    def run(self, acquired: list[tuple[int, Claim]]) -> None:
-        """Run the handlers of a claimed chunk. Once those that finished reach ``flush_after``, the
-        claims not started yet are given back (released with the next round trip, and queued again),
-        so their outcomes are stored before another handler starts and nobody holds idle claims.
-        Each lease is renewed from its claim until its outcome is stored or its claim released."""
+    def claimed(self, start: int, claims: list[Claim]) -> None:
+        """Claims for ``self.chunk[start:]`` came in: settle those not ACQUIRED and run the others'
+        handlers, unless the chunk was stopped (``flush_after`` reached, or interrupted): then
+        they are given back (released with the next round trip, and queued again)."""
+        acquired = []
+        decisions, copies = self.decisions, self.copies
+        for i, claim in zip(self.chunk[start:start + len(claims)], claims, strict=True):
+            if claim.outcome is _ACQUIRED:
+                acquired.append((i, claim))
+                continue
+            if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
+                decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
+            else:
+                decision = settle(claim)
+            assert decision is not None
+            if copies:
+                self.decided(i, decision)
+            else:
+                decisions[i] = decision
+        self.pacing.claimed(len(claims), len(acquired))
+        if not acquired:
+            return
+        # each lease is renewed from its claim until its outcome is stored or its claim released
         self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
+        if self.stopped:
+            self.give_back(acquired)
+        else:
+            self.run(acquired)
+
+    def give_back(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Claims whose handlers will not start in this chunk: released with the next round trip;
+        queued again (first) unless interrupted."""
+        self.releases.extend(claim for _, claim in acquired)
+        if self.interrupt is None:
+            self.given_back.extend(i for i, _ in acquired)
+
+    def run(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Run the handlers of claimed messages. Once those that finished reach ``flush_after``, the
+        chunk stops: the claims not started yet are given back, so their outcomes are stored before
+        another handler starts and nobody holds idle claims. A ``BaseException`` (``KeyboardInterrupt``,
+        ``SystemExit``) stops it too, and is raised once what finished is stored (:meth:`stop`)."""
         try:
             if self.run_batch is not None:
                 self.call_batch(acquired)
             else:
                 self.call_each(acquired)
-        except BaseException:
-            # KeyboardInterrupt, SystemExit: store what finished, free what did not
+        except BaseException as exc:
+            self.interrupt, self.stopped = exc, True
             finished = {d[0] for d in self.done}
             self.releases.extend(claim for i, claim in acquired
                                  if i not in finished and self.decisions[i] is None)
-            try:
-                self.flush([])
-            except Exception as exc:
-                log.warning("could not store or release claims while stopping: %s", exc)
-            raise
+
+    def stop(self) -> None:
+        """After an interrupt: store what finished, free what did not, and raise it."""
+        try:
+            self.flush([])
+        except Exception as exc:
+            log.warning("could not store or release claims while stopping: %s", exc)
+        assert self.interrupt is not None
+        raise self.interrupt
 
     def call_each(self, acquired: list[tuple[int, Claim]]) -> None:
         """The handlers one after the other, until those that finished reach ``flush_after``."""
@@ -239,10 +270,10 @@ class _Batch:
             self.done_seconds += seconds
             if observed:
                 observer.handled(self.integration, seconds)
-            if self.done_seconds >= pacing.flush_after and n < last:
-                rest = acquired[n + 1:]
-                self.releases.extend(claim for _, claim in rest)
-                self.queue.extend(i for i, _ in reversed(rest))  # claimed again first
+            if self.done_seconds >= pacing.flush_after:
+                self.stopped = True
+                if n < last:
+                    self.give_back(acquired[n + 1:])
                 return
 
     def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
@@ -275,15 +306,19 @@ class _Batch:
 
     # -- round trips ----------------------------------------------------------------------------
 
-    def flush(self, chunk: list[int]) -> list[Claim] | None:
+    def flush(self, chunk: list[int]) -> bool:
         """One round trip: store (or release) what is done, release what was given back, then claim
-        ``chunk``. ``None`` when Redis failed; what was done is then STORE_UNAVAILABLE (stored or
-        not, we cannot tell)."""
+        ``chunk``, whose handlers run as its claims come in (:meth:`claimed`): the claims are asked
+        for in sub-chunks of :data:`STREAM_STEP`, all in the same write, so the handlers of one run
+        while Redis claims the next. ``False`` when Redis failed before any claim came in; what was
+        done is then STORE_UNAVAILABLE (stored or not, we cannot tell) and the rest deferred."""
         done, self.done, self.done_seconds = self.done, [], 0.0
         releases, self.releases = self.releases, []
         outcomes = [(claim, *record) for _, claim, _, record in done if record is not None]
         freed = [*(claim for _, claim, _, record in done if record is None), *releases]
         requests = cast("list[Request]", [self.requests[i] for i in chunk])
+        self.chunk, self.stopped, self.given_back = chunk, False, []
+        step = STREAM_STEP if self.run_batch is None else max(1, len(chunk))  # one call of the batch handler
         try:
             if observer.enabled:
                 op = "complete_and_claim" if outcomes and chunk else ("claim" if chunk else "complete")
@@ -292,14 +327,41 @@ class _Batch:
                     began = time.perf_counter()
                     stored, released, claims = self.dedupe.settle_and_claim(outcomes, freed, requests)
                     observer.round_trip(op, time.perf_counter() - began)
+                self.settled(done, releases, stored, freed, released)
+                if claims:
+                    self.claimed(0, claims)
             else:
-                stored, released, claims = self.dedupe.settle_and_claim(outcomes, freed, requests)
+                stored, released = self.dedupe.settle_and_stream(outcomes, freed, requests, self.claimed, step)
+                self.settled(done, releases, stored, freed, released)
+        except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
+            self.outage = exc
+            self.settled(done, releases, exc.stored, freed, exc.released)
+            self.unavailable([*chunk[exc.claimed:], *self.requeue(), *self.ready])
+            self.queue.clear()
+            self.ready = []
+            return True  # what ran is stored (or found STORE_UNAVAILABLE) by the next round trip
         except StoreUnavailable as exc:
             self.untrack(done, releases)
             for i, claim, _, _ in done:
                 self.decided(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
             self.outage = exc
-            return None
+            self.unavailable([*chunk, *reversed(self.queue)])
+            return False
+        self.requeue()
+        if outcomes and log.isEnabledFor(logging.DEBUG):
+            log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
+        return True
+
+    def requeue(self) -> list[int]:
+        """Queue the claims given back in this chunk again, to be claimed first; return the queue
+        in order."""
+        self.queue.extend(reversed(self.given_back))
+        self.given_back = []
+        return self.queue[::-1]
+
+    def settled(self, done: list[_Done], releases: list[Claim], stored: list[bool], freed: list[Claim],
+                released: list[bool]) -> None:
+        """The verdicts of ``done`` once Redis answered whether their outcomes were ``stored``."""
         self.untrack(done, releases)
         ok = iter(stored)
         decisions, copies = self.decisions, self.copies
@@ -314,9 +376,6 @@ class _Batch:
         for claim, ok_release in zip(freed, released, strict=True):
             if not ok_release:
                 log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
-        if outcomes and log.isEnabledFor(logging.DEBUG):
-            log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
-        return claims
 
     def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
         self.dedupe.renewer.untrack_many([*((claim.stem, claim.token) for _, claim, _, _ in done),

@@ -21,6 +21,7 @@ import os
 import select
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import redis
@@ -147,6 +148,42 @@ class HeldConnection:
         finally:
             self._lock.release()
 
+    def execute_streamed(self, commands: list[tuple[Any, ...]], deliver: Callable[[int, Any], None]) -> Any:
+        """:meth:`execute_many`, but each reply is handed to ``deliver(index, reply)`` as soon as it
+        is read, before the next one is read: the caller works on it while Redis runs the later
+        commands. Returns ``None``, or :data:`BUSY` as :meth:`execute`.
+
+        Sending and reading the first reply are retried as in :meth:`execute_many`; once a reply
+        was handed on nothing is sent again: a connection error then drops the connection and is
+        raised (the replies not read are lost: those commands may have run or not). If
+        ``deliver`` raises, the connection is dropped unless every reply was read."""
+        if not self._lock.acquire(blocking=False):
+            return BUSY
+        try:
+            connection = self._take()
+            packed = ([b"".join(self._pack(c) for c in commands)] if self._pack is not None
+                      else connection.pack_commands(commands))
+
+            def send() -> Any:
+                connection.send_packed_command(packed)
+                return _read(connection)
+
+            reply = self._with_retry(connection, send)
+            read = 1
+            try:
+                for i in range(len(commands)):
+                    if i:
+                        reply = _read(connection)
+                        read += 1
+                    deliver(i, reply)
+            except BaseException:
+                if read < len(commands):  # replies left unread (or a read failed): out of step
+                    self._drop()
+                raise
+            return None
+        finally:
+            self._lock.release()
+
     def _with_retry(self, connection: Any, send: Any) -> Any:
         """``send()`` under the connection's retry policy, as redis-py runs a command: a
         connection or timeout error disconnects (the next attempt reconnects). An error reply is
@@ -208,6 +245,14 @@ class HeldConnection:
         if connection is not None:
             connection.disconnect()
             self.pool.release(connection)
+
+
+def _read(connection: Any) -> Any:
+    """The next reply, an error reply as its exception object (a whole reply: the stream stays in step)."""
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 def _after_fork_in_child() -> None:
