@@ -12,6 +12,14 @@ that finished since the last round trip reach ``flush_after`` together, the chun
 claims it has not started are given back, and the next round trip stores those outcomes before
 any other handler starts.
 
+Overlap: a chunk is claimed by one ``claim.lua`` call per :data:`STREAM_STEP` keys, all sent in
+the round trip's one write, and its replies are read one call at a time: the first sub-chunk's
+handlers run (or its duplicates are settled) while Redis still claims the next, instead of the
+client waiting for the whole chunk and Redis then idling while the client works. Replies are
+still read in order and every claim is settled before its handler runs; a connection lost after
+some sub-chunks were answered defers the rest (STORE_UNAVAILABLE: claimed or not, we cannot
+tell), and what already ran is stored by the next round trip.
+
 Crash story: a crash can lose the stored outcome of at most the handlers that finished within the
 last ``flush_after`` (their total run time), plus the handler that was running; on redelivery
 those run again, under larger fencing tokens, once their leases (renewed until the crash) run

@@ -237,11 +237,11 @@ class ClaimClient(ClaimCodec):
         Raises :class:`StoreUnavailable` as :meth:`settle_and_claim` when Redis failed before any
         claim was handed on; after, :class:`~dedupe_worker.protocol.scripts.StreamCut` with
         ``stored``, ``released`` and ``claimed`` (how many requests were answered): the requests
-        after those may have been claimed or not. With ``WAIT`` (``wait_replicas``), on a cluster,
-        or while another thread holds the connection, the round trip is :meth:`settle_and_claim`'s
-        and the claims are handed on after it."""
+        after those may have been claimed or not. For ``step`` requests or fewer, with ``WAIT``
+        (``wait_replicas``), on a cluster, or while another thread holds the connection, the round
+        trip is :meth:`settle_and_claim`'s and the claims are handed on after it."""
         store = self.store
-        if store.durability is not None or store.scripts.held is None:
+        if len(requests) <= step or store.durability is not None or store.scripts.held is None:
             stored, released, claims = self.settle_and_claim(outcomes, releases, requests)
             for start in range(0, len(claims), step):
                 each(start, claims[start:start + step])

@@ -12,7 +12,10 @@ a forked child (after a fork the child drops it, and its lock, and takes its own
 connection or timeout error the connection is disconnected and the next attempt reconnects,
 under the client's own retry policy, exactly as a plain ``client.evalsha`` would retry; when the
 attempts run out it is given back to the pool. An error reply (``NOSCRIPT``, a script error) is
-a whole reply: the connection stays in step and is kept.
+a whole reply: the connection stays in step and is kept. A streamed round trip
+(:meth:`HeldConnection.execute_streamed`) hands each reply on as soon as it is read; once one was
+handed on nothing is sent again, and a failure drops the connection rather than leave unread
+replies on it.
 """
 
 from __future__ import annotations
