@@ -134,18 +134,11 @@ class HeldConnection:
             return BUSY
         try:
             connection = self._take()
-            packed = ([b"".join(self._pack(c) for c in commands)] if self._pack is not None
-                      else connection.pack_commands(commands))
+            packed = self._packed(connection, commands)
 
             def send() -> list[Any]:
                 connection.send_packed_command(packed)
-                replies: list[Any] = []
-                for _ in commands:
-                    try:
-                        replies.append(connection.read_response())
-                    except ResponseError as exc:  # a whole error reply: the stream stays in step
-                        replies.append(exc)
-                return replies
+                return [_read(connection) for _ in commands]
 
             return self._with_retry(connection, send)
         finally:
@@ -164,8 +157,7 @@ class HeldConnection:
             return BUSY
         try:
             connection = self._take()
-            packed = ([b"".join(self._pack(c) for c in commands)] if self._pack is not None
-                      else connection.pack_commands(commands))
+            packed = self._packed(connection, commands)
 
             def send() -> Any:
                 connection.send_packed_command(packed)
@@ -186,6 +178,12 @@ class HeldConnection:
             return None
         finally:
             self._lock.release()
+
+    def _packed(self, connection: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
+        """``commands`` as the bytes of one write."""
+        if self._pack is not None:
+            return [b"".join(self._pack(c) for c in commands)]
+        return connection.pack_commands(commands)  # type: ignore[no-any-return]
 
     def _with_retry(self, connection: Any, send: Any) -> Any:
         """``send()`` under the connection's retry policy, as redis-py runs a command: a

@@ -140,6 +140,19 @@ class ScriptRunner:
             pipe.execute_command(*command)
         return pipe.execute(raise_on_error=False)
 
+    def _retry_noscript(self, calls: Sequence[Call], replies: list[Any]) -> bool:
+        """Send again, in order, each call whose reply is ``NOSCRIPT`` (it ran nothing), once
+        every script is loaded; put the new replies in ``replies``. Whether any was sent again."""
+        reloaded = False
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                name, keys, args = calls[i]
+                if not reloaded:
+                    self._load(name)
+                    reloaded = True
+                replies[i] = self._evalsha(name, keys, args)
+        return reloaded
+
     def call_streamed(self, calls: Sequence[Call], first: int, deliver: Callable[[Any], None]) -> list[Any]:
         """:meth:`call_all` (without ``WAIT``) in one write, where each reply of ``calls[first:]``
         is handed to ``deliver`` in order as soon as it is read: the caller works on it while Redis
@@ -172,14 +185,7 @@ class ScriptRunner:
             if self.held is None or self.held.execute_streamed(commands, take) is BUSY:
                 replies = self.call_all(calls)
             elif held_back:
-                reloaded = False
-                for i, reply in enumerate(replies):
-                    if isinstance(reply, NoScriptError):
-                        name, keys, args = calls[i]
-                        if not reloaded:
-                            self._load(name)
-                            reloaded = True
-                        replies[i] = self._evalsha(name, keys, args)
+                self._retry_noscript(calls, replies)
                 checked(calls, replies, None, None)
         except (RedisError, StoreUnavailable) as exc:
             if not delivered:
@@ -208,14 +214,7 @@ class ScriptRunner:
                 [("EVALSHA", self.sha[name], len(keys), *keys, *args) for name, keys, args in calls]
                 + ([("WAIT", *wait)] if wait is not None else []))
             acked: Any = replies.pop() if wait is not None else None
-            reloaded = False
-            for i, reply in enumerate(replies):
-                if isinstance(reply, NoScriptError):
-                    name, keys, args = calls[i]
-                    if not reloaded:
-                        self._load(name)
-                    replies[i] = self._evalsha(name, keys, args)
-                    reloaded = True
+            reloaded = self._retry_noscript(calls, replies)
             if wait is not None and (reloaded or isinstance(acked, Exception)):
                 acked = self.client.execute_command("WAIT", *wait)  # type: ignore[no-untyped-call]
         except RedisError as exc:
