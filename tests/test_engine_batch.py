@@ -389,3 +389,20 @@ def test_an_interrupt_mid_stream_stores_what_finished_and_frees_every_other_clai
     assert states[stop_at:] == [State.FREE] * (n - stop_at)
     later = decide_many(streamed, [("ki-after", None, (lambda: 1))])  # the connection is in step
     assert later[0].reason is Reason.APPLIED and later[0].value == 1
+
+
+def test_fail_open_with_redis_down_runs_a_key_once_and_defers_its_copy() -> None:
+    client = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    dedupe = Deduplicator(client, namespace="down", fail_open=True)
+    runs: list[str] = []
+
+    def work(key: str) -> str:
+        runs.append(key)
+        return key
+
+    try:
+        decisions = decide_many(dedupe, [(k, None, (lambda k=k: work(k))) for k in ("a", "b", "a")])
+    finally:
+        dedupe.close()
+    assert runs == ["a", "b"]  # without deduplication, but never twice in one batch
+    assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.APPLIED, Reason.STORE_UNAVAILABLE]

@@ -344,9 +344,9 @@ class _Batch:
         except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
             self.outage = exc
             self.settled(done, releases, exc.stored, freed, exc.released)
-            self.unavailable([*chunk[exc.claimed:], *self.requeue(), *self.ready])
+            ready, self.ready = self.ready, []
+            self.unavailable([*chunk[exc.claimed:], *self.requeue(), *ready])
             self.queue.clear()
-            self.ready = []
             return True  # what ran is stored (or found STORE_UNAVAILABLE) by the next round trip
         except StoreUnavailable as exc:
             self.untrack(done, releases)
@@ -405,10 +405,12 @@ class _Batch:
         for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage,
                                                       [self.items[i][2] for i in unclaimed]), strict=True):
             self.decided(i, decision)
-        for waiting in list(self.copies.values()):
-            for copy in waiting:
-                if self.decisions[copy] is None:
-                    self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
+        # the copies still waiting, and (fail_open) those of the first copies just run, which would
+        # be claimed next: deferred, so one batch never runs a key twice
+        ready, self.ready = self.ready, []
+        for copy in [*ready, *(copy for waiting in self.copies.values() for copy in waiting)]:
+            if self.decisions[copy] is None:
+                self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
         self.copies.clear()
 
 
