@@ -12,6 +12,7 @@ import redis
 
 from dedupe_worker import Deduplicator, Reason, State, current_claim, decide_many
 from dedupe_worker.engine import Pacing
+from dedupe_worker.engine.batch import STREAM_STEP
 from dedupe_worker.protocol.scripts import ScriptRunner
 
 
@@ -255,3 +256,153 @@ def test_claims_a_chunk_has_not_started_are_given_back_once_its_handlers_reach_f
     assert seen[0] == [State.IN_PROGRESS] * 6  # the first chunk claimed all six
     for i, states in enumerate(seen[1:], 1):  # then: earlier ones stored, this one claimed, none ahead
         assert states == [State.DONE] * i + [State.IN_PROGRESS] + [State.FREE] * (5 - i), (i, states)
+
+
+class ReadCountingConnection(CountingConnection):
+    """Also counts the replies read, and can fail a read (a connection cut mid-reply stream)."""
+
+    reads = 0
+    fail_at: int | None = None  # the read (counted from 1) that raises ConnectionError
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).reads += 1
+        if type(self).reads == type(self).fail_at:
+            self.disconnect()
+            raise redis.ConnectionError("cut while reading")
+        return super().read_response(*args, **kwargs)
+
+
+@pytest.fixture
+def streamed(redis_url: str, namespace: str) -> Iterator[Deduplicator]:
+    kwargs = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
+    pool = redis.ConnectionPool(connection_class=ReadCountingConnection, **kwargs)
+    dedupe = Deduplicator(redis.Redis(connection_pool=pool), namespace=namespace, lease=5.0,
+                          result_ttl=60.0, renew_interval=3600)
+    dedupe.begin("warm-up")
+    ReadCountingConnection.sent, ReadCountingConnection.reads, ReadCountingConnection.fail_at = [], 0, None
+    yield dedupe
+    ReadCountingConnection.fail_at = None
+    dedupe.close()
+    pool.disconnect()
+
+
+def fast_pacing() -> Pacing:
+    pacing = Pacing()
+    pacing.mean = 1e-7  # as after a stream of no-op handlers: the whole batch is one chunk
+    return pacing
+
+
+def test_a_chunks_handlers_start_while_redis_still_claims_the_rest_of_it(streamed: Deduplicator) -> None:
+    n = 3 * STREAM_STEP + 5  # four claim calls
+    reads_seen: list[int] = []
+
+    def work(i: int) -> int:
+        reads_seen.append(ReadCountingConnection.reads)
+        return i
+
+    decisions = decide_many(streamed, [(f"s-{i}", None, (lambda i=i: work(i))) for i in range(n)],
+                            pacing=fast_pacing())
+    assert [d.reason for d in decisions] == [Reason.APPLIED] * n
+    assert [d.value for d in decisions] == list(range(n))
+    # one write claimed the chunk, one stored it: the round trips are those of one chunk
+    sent = ReadCountingConnection.sent
+    assert [scripts_in(r) for r in sent] == [{"claim"}, {"complete"}]
+    assert sent[0].count(b"EVALSHA") == 4
+    # the first handler ran once the first call's reply was read, before the other three were
+    assert reads_seen[0] == 1
+    assert reads_seen[-1] == 4
+    assert all(streamed.status(f"s-{i}").state is State.DONE for i in (0, n - 1))
+
+
+def test_duplicates_are_answered_call_by_call_in_one_round_trip(streamed: Deduplicator) -> None:
+    n = 2 * STREAM_STEP + 1
+    decide_many(streamed, [(f"d-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=fast_pacing())
+    ReadCountingConnection.sent.clear()
+    again = decide_many(streamed, [(f"d-{i}", None, (lambda: 1 / 0)) for i in range(n)], pacing=fast_pacing())
+    assert [d.reason for d in again] == [Reason.DUPLICATE] * n
+    assert [d.value for d in again] == list(range(n))
+    assert len(ReadCountingConnection.sent) == 1 and ReadCountingConnection.sent[0].count(b"EVALSHA") == 3
+
+
+def test_a_connection_cut_mid_stream_defers_what_was_not_answered_and_runs_nothing_of_it(
+        streamed: Deduplicator) -> None:
+    n = 3 * STREAM_STEP
+    runs: list[int] = []
+    ReadCountingConnection.fail_at = 2  # the first claim call answered, the second reply lost
+
+    def work(i: int) -> int:
+        runs.append(i)
+        return i
+
+    decisions = decide_many(streamed, [(f"cut-{i}", None, (lambda i=i: work(i))) for i in range(n)],
+                            pacing=fast_pacing())
+    ReadCountingConnection.fail_at = None
+    assert runs == list(range(STREAM_STEP))  # only the answered sub-chunk ran
+    # what ran is stored by the next round trip (the connection is back): APPLIED
+    assert [d.reason for d in decisions[:STREAM_STEP]] == [Reason.APPLIED] * STREAM_STEP
+    assert [d.reason for d in decisions[STREAM_STEP:]] == [Reason.STORE_UNAVAILABLE] * (n - STREAM_STEP)
+    assert streamed.status(f"cut-{STREAM_STEP - 1}").state is State.DONE
+    # the connection is usable again, and the keys Redis claimed without an answer are held
+    # (until their leases run out), never run twice
+    assert streamed.status(f"cut-{STREAM_STEP}").state is State.IN_PROGRESS
+
+
+def test_a_noscript_in_a_streamed_round_trip_reloads_every_script_and_answers_in_order(
+        private_redis: Any) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    dedupe = Deduplicator(client, namespace="noscript", lease=5.0, result_ttl=60.0)
+    try:
+        n = 2 * STREAM_STEP + 3
+        first = decide_many(dedupe, [(f"ns-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=fast_pacing())
+        assert all(d.reason is Reason.APPLIED for d in first)
+        client.script_flush()
+        runs: list[int] = []
+
+        def work(i: int) -> int:
+            runs.append(i)
+            return -i
+
+        keys = [f"ns-{i}" for i in range(n)] + [f"ns-new-{i}" for i in range(n)]
+        again = decide_many(dedupe, [(k, None, (lambda i=i: work(i))) for i, k in enumerate(keys)],
+                            pacing=fast_pacing())
+        assert [d.reason for d in again] == [Reason.DUPLICATE] * n + [Reason.APPLIED] * n
+        assert [d.value for d in again] == list(range(n)) + [-i for i in range(n, 2 * n)]
+        assert runs == list(range(n, 2 * n))
+    finally:
+        dedupe.close()
+
+
+def test_an_interrupt_mid_stream_stores_what_finished_and_frees_every_other_claim(streamed: Deduplicator) -> None:
+    n = 3 * STREAM_STEP
+    stop_at = STREAM_STEP + 3
+
+    def work(i: int) -> int:
+        if i == stop_at:
+            raise KeyboardInterrupt
+        return i
+
+    with pytest.raises(KeyboardInterrupt):
+        decide_many(streamed, [(f"ki-{i}", None, (lambda i=i: work(i))) for i in range(n)],
+                    pacing=fast_pacing())
+    states = [streamed.status(f"ki-{i}").state for i in range(n)]
+    assert states[:stop_at] == [State.DONE] * stop_at
+    assert states[stop_at:] == [State.FREE] * (n - stop_at)
+    later = decide_many(streamed, [("ki-after", None, (lambda: 1))])  # the connection is in step
+    assert later[0].reason is Reason.APPLIED and later[0].value == 1
+
+
+def test_fail_open_with_redis_down_runs_a_key_once_and_defers_its_copy() -> None:
+    client = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    dedupe = Deduplicator(client, namespace="down", fail_open=True)
+    runs: list[str] = []
+
+    def work(key: str) -> str:
+        runs.append(key)
+        return key
+
+    try:
+        decisions = decide_many(dedupe, [(k, None, (lambda k=k: work(k))) for k in ("a", "b", "a")])
+    finally:
+        dedupe.close()
+    assert runs == ["a", "b"]  # without deduplication, but never twice in one batch
+    assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.APPLIED, Reason.STORE_UNAVAILABLE]

@@ -157,3 +157,37 @@ def test_a_replayed_record_keeps_its_original_position() -> None:
     assert k.position_key()(from_kafka(_Record(origin, 9))) == "payments/1/9"  # a DLQ record as such
     replayed = [*origin, ("x-dedupe-replayed", b"1")]
     assert k.position_key()(from_kafka(_Record(replayed, 57))) == "payments/0/4"
+
+
+@pytest.mark.parametrize("headers", [
+    {"idempotency-key": b"order-1"}, {"idempotency-key": "order-1"}, {"Idempotency-Key": b"order-1"},
+    {"idempotency-key": b""}, {"idempotency-key": ""}, {"idempotency-key": 7}, {"idempotency-key": b"\xff\xfe"},
+    {},
+])
+@pytest.mark.parametrize("record_key", [b"k-1", None])
+def test_kafka_default_answers_as_the_chain_it_stands_for(headers: dict[str, object], record_key: bytes | None) -> None:
+    chain = k.first_of(k.header_key(), k.partition_key_with_hash(), k.content_key())
+    envelope = Envelope(body=b'{"amount": 1}', headers=headers, partition_key=record_key, source="t")
+    assert k.KAFKA_DEFAULT(envelope) == chain(envelope)
+    assert k.body_fingerprint(envelope) == k.content_hash(envelope.body)
+
+
+@pytest.mark.parametrize("key", [
+    "order-1", "a" * 200, "a" * 201, "has space", "has{brace}", "tab\tkey", "caf\u00e9", b"bytes-key", b"\xff\xfe",
+    "x" * (KEY_HARD_LIMIT + 1), "", 42,
+])
+@pytest.mark.parametrize("fingerprint", [None, "", "fp", "f" * 65, {"a": 1}, b"raw"])
+def test_a_request_is_what_the_checked_key_and_its_layout_make(key: object, fingerprint: object,
+                                                               dedupe: Deduplicator) -> None:
+    """The common key takes a shorter path to its request: the same request as the general one."""
+    from dedupe_worker.protocol.fingerprint import request_fingerprint
+
+    try:
+        stored, original = dedupe.check_key(key)  # type: ignore[arg-type]
+    except InvalidKey:
+        with pytest.raises(InvalidKey):
+            dedupe.request(key, fingerprint)  # type: ignore[arg-type]
+        return
+    text = key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")  # type: ignore[union-attr]
+    assert dedupe.request(key, fingerprint) == (  # type: ignore[arg-type]
+        text, dedupe.layout.stem(stored), request_fingerprint(fingerprint), original)

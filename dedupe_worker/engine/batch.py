@@ -12,6 +12,14 @@ that finished since the last round trip reach ``flush_after`` together, the chun
 claims it has not started are given back, and the next round trip stores those outcomes before
 any other handler starts.
 
+Overlap: a chunk is claimed by one ``claim.lua`` call per :data:`STREAM_STEP` keys, all sent in
+the round trip's one write, and its replies are read one call at a time: the first sub-chunk's
+handlers run (or its duplicates are settled) while Redis still claims the next, instead of the
+client waiting for the whole chunk and Redis then idling while the client works. Replies are
+still read in order and every claim is settled before its handler runs; a connection lost after
+some sub-chunks were answered defers the rest (STORE_UNAVAILABLE: claimed or not, we cannot
+tell), and what already ran is stored by the next round trip.
+
 Crash story: a crash can lose the stored outcome of at most the handlers that finished within the
 last ``flush_after`` (their total run time), plus the handler that was running; on redelivery
 those run again, under larger fencing tokens, once their leases (renewed until the crash) run
@@ -30,23 +38,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InvalidKey, LeaseLost, StoreUnavailable
 from ..observe.base import current as observer
-from ..protocol.claim import Claim, Stored
+from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.client import ClaimClient, Request
+from ..protocol.scripts import StreamCut
+from ..protocol.serialization import JsonSerializer
 from .context import _current as current
 from .decision import Decision, Reason, in_progress, poison, settle
+from .pacing import FLUSH_AFTER, Pacing
 from .single import attributes, failure_reason, unavailable
 
 __all__ = ["FLUSH_AFTER", "Item", "Pacing", "decide_many"]
 
 log = logging.getLogger(__name__)
 
-#: Default bound, in seconds of handler time, on finished work whose outcome is not stored yet.
-FLUSH_AFTER = 0.005
+#: Claims asked for per script call: a chunk's calls go out in one write, and the handlers of
+#: one sub-chunk run while Redis claims the next.
+STREAM_STEP = 32
 
 #: ``(key, fingerprint, handler)``
 Item = tuple[str | bytes, Any, Callable[[], Any]]
@@ -59,52 +70,13 @@ _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAIL
                         Reason.UNSERIALIZABLE_RESULT, Reason.CONFLICT, Reason.IN_PROGRESS})
 
 
-class Pacing:
-    """Remembers how long handlers take, and how many claims start one, to size the next chunk
-    so that its handlers should take about ``flush_after``.
+#: A handler that finished, its outcome going out with the next round trip:
+#: ``(index, claim, decision, record)``, ``record`` the ``(status, data)`` to store, or ``None``
+#: to release the claim. (A tuple: one is made per message.)
+_Done = tuple[int, Claim, Decision, "tuple[Stored, bytes] | None"]
 
-    A consumer keeps one across batches, so a steady stream of fast handlers (or of duplicates,
-    which run no handler) claims each whole batch in one round trip. With nothing seen yet a
-    chunk is one message, and it doubles while its claims run no handler.
-    """
-
-    def __init__(self, flush_after: float = FLUSH_AFTER) -> None:
-        if flush_after < 0:
-            raise ValueError("flush_after must not be negative")
-        self.flush_after = flush_after
-        #: Moving average of one handler's run time, in seconds (``None``: none seen yet).
-        self.mean: float | None = None
-        #: Moving average of the share of claims that were ACQUIRED (and so ran a handler).
-        self.acquired = 1.0
-
-    def observe(self, seconds: float) -> None:
-        """One handler ran for ``seconds``."""
-        self.mean = seconds if self.mean is None else (self.mean + seconds) / 2
-
-    def claimed(self, claims: int, acquired: int) -> None:
-        """``claims`` were made, of which ``acquired`` will run a handler."""
-        if claims:
-            self.acquired = (self.acquired + acquired / claims) / 2
-
-    def chunk(self, remaining: int) -> int:
-        """How many of ``remaining`` messages to claim next (at least one, when any remain)."""
-        if remaining <= 1:
-            return remaining
-        per_message = (self.mean if self.mean is not None else self.flush_after) * self.acquired
-        if per_message <= 0:
-            return remaining
-        return max(1, min(remaining, int(self.flush_after / per_message)))
-
-
-@dataclass
-class _Done:
-    """A handler finished; its outcome goes out with the next round trip."""
-
-    index: int
-    claim: Claim
-    decision: Decision
-    #: ``(status, data)`` to store, or ``None`` to release the claim.
-    record: tuple[Stored, bytes] | None
+_ACQUIRED, _FOUND = Outcome.ACQUIRED, Outcome.DUPLICATE
+_APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
 class _Batch:
@@ -115,8 +87,8 @@ class _Batch:
         self.items = items
         self.pacing = pacing
         self.run_batch = run_batch
-        self.decisions: dict[int, Decision] = {}
-        self.requests: dict[int, Request] = {}
+        self.decisions: list[Decision | None] = [None] * len(items)
+        self.requests: list[Request | None] = [None] * len(items)
         self.queue: list[int] = []  # first copies not claimed yet, in order
         self.copies: dict[int, list[int]] = {}  # first copy -> later copies waiting for it
         self.ready: list[int] = []  # copies whose first copy is decided: claim them next
@@ -124,99 +96,154 @@ class _Batch:
         self.done_seconds = 0.0  # handler time of ``done``
         self.releases: list[Claim] = []  # claims given back before their handler started
         self.outage: StoreUnavailable | None = None  # set once a round trip failed
+        self.chunk: list[int] = []  # what the current round trip claims
+        self.stopped = False  # the chunk stopped: its claims not started are given back
+        self.given_back: list[int] = []  # ... those, in order, to be queued again after the round trip
+        self.interrupt: BaseException | None = None  # a handler's BaseException, raised once stored
+        #: What the JSON serializer stores for ``None`` (the common no-op result), if it is in use.
+        self.null: tuple[Stored, bytes] | None = (
+            (Stored.COMPLETED, b"null")
+            if type(dedupe.serializer) is JsonSerializer and dedupe.max_result_bytes >= 4 else None)
 
     # -- the loop -------------------------------------------------------------------------------
 
     def decide(self) -> list[Decision]:
         first: dict[str, int] = {}  # stem -> index of its first copy
+        request, requests, decisions, queue = self.dedupe.request, self.requests, self.decisions, self.queue
         for i, (key, fingerprint, _) in enumerate(self.items):
             try:
-                request = self.dedupe.request(key, fingerprint)
+                r = requests[i] = request(key, fingerprint)
             except InvalidKey as exc:
-                self.decisions[i] = poison(exc)
+                decisions[i] = poison(exc)
                 continue
-            self.requests[i] = request
-            seen = first.setdefault(request.stem, i)
+            seen = first.setdefault(r.stem, i)
             if seen == i:
-                self.queue.append(i)
+                queue.append(i)
             else:
                 self.copies.setdefault(seen, []).append(i)
-        self.queue.reverse()  # popped from the end
-        while self.queue or self.ready or self.done:
-            size = len(self.queue) if self.run_batch is not None else self.pacing.chunk(len(self.queue))
-            chunk = [self.queue.pop() for _ in range(size)] + self.ready
+        queue.reverse()  # taken from the end
+        while queue or self.ready or self.done:
+            size = len(queue) if self.run_batch is not None else self.pacing.chunk(len(queue))
+            chunk = queue[-size:] if size else []
+            del queue[len(queue) - size:]
+            chunk.reverse()
+            chunk += self.ready
             self.ready = []
-            claims = self.flush(chunk)
-            if claims is None:
-                self.unavailable([*chunk, *reversed(self.queue)])
+            flowing = self.flush(chunk)
+            if self.interrupt is not None:
+                self.stop()
+            if not flowing:
                 break
-            acquired = []
-            for i, claim in zip(chunk, claims, strict=True):
-                decision = settle(claim)
-                if decision is None:
-                    acquired.append((i, claim))
-                else:
-                    self.decided(i, decision)
-            self.pacing.claimed(len(claims), len(acquired))
-            if acquired:
-                self.run(acquired)
-        decisions = self.decisions
         for waiting in self.copies.values():  # copies behind a first copy that was never decided
             for i in waiting:
-                decisions.setdefault(i, in_progress(self.requests[i].key, 0.0))
-        verdicts = [decisions[i] for i in range(len(self.items))]
+                if decisions[i] is None:
+                    decisions[i] = in_progress(self.key(i), 0.0)
+        verdicts = cast("list[Decision]", decisions)  # every index is decided by now
         if observer.enabled:
             for decision in verdicts:
                 observer.decided(self.integration, decision.reason.value)
         return verdicts
 
-    def run(self, acquired: list[tuple[int, Claim]]) -> None:
-        """Run the handlers of a claimed chunk. Once those that finished reach ``flush_after``, the
-        claims not started yet are given back (released with the next round trip, and queued again),
-        so their outcomes are stored before another handler starts and nobody holds idle claims.
-        Each lease is renewed from its claim until its outcome is stored or its claim released."""
+    def key(self, i: int) -> str:
+        request = self.requests[i]
+        assert request is not None
+        return request.key
+
+    def claimed(self, start: int, claims: list[Claim]) -> None:
+        """Claims for ``self.chunk[start:]`` came in: settle those not ACQUIRED and run the others'
+        handlers, unless the chunk was stopped (``flush_after`` reached, or interrupted): then
+        they are given back (released with the next round trip, and queued again)."""
+        acquired = []
+        decisions, copies = self.decisions, self.copies
+        for i, claim in zip(self.chunk[start:start + len(claims)], claims, strict=True):
+            if claim.outcome is _ACQUIRED:
+                acquired.append((i, claim))
+                continue
+            if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
+                decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
+            else:
+                decision = settle(claim)
+            assert decision is not None
+            if copies:
+                self.decided(i, decision)
+            else:
+                decisions[i] = decision
+        self.pacing.claimed(len(claims), len(acquired))
+        if not acquired:
+            return
+        # each lease is renewed from its claim until its outcome is stored or its claim released
         self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
+        if self.stopped:
+            self.give_back(acquired)
+        else:
+            self.run(acquired)
+
+    def give_back(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Claims whose handlers will not start in this chunk: released with the next round trip;
+        queued again (first) unless interrupted."""
+        self.releases.extend(claim for _, claim in acquired)
+        if self.interrupt is None:
+            self.given_back.extend(i for i, _ in acquired)
+
+    def run(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Run the handlers of claimed messages. Once those that finished reach ``flush_after``, the
+        chunk stops: the claims not started yet are given back, so their outcomes are stored before
+        another handler starts and nobody holds idle claims. A ``BaseException`` (``KeyboardInterrupt``,
+        ``SystemExit``) stops it too, and is raised once what finished is stored (:meth:`stop`)."""
         try:
             if self.run_batch is not None:
                 self.call_batch(acquired)
-                return
-            for n, (i, claim) in enumerate(acquired):
-                self.call_one(i, claim)
-                if self.done_seconds >= self.pacing.flush_after and n + 1 < len(acquired):
-                    rest = acquired[n + 1:]
-                    self.releases.extend(claim for _, claim in rest)
-                    self.queue.extend(i for i, _ in reversed(rest))  # claimed again first
-                    return
-        except BaseException:
-            # KeyboardInterrupt, SystemExit: store what finished, free what did not
-            finished = {d.index for d in self.done}
-            self.releases.extend(claim for i, claim in acquired if i not in finished and i not in self.decisions)
-            try:
-                self.flush([])
-            except Exception as exc:
-                log.warning("could not store or release claims while stopping: %s", exc)
-            raise
-
-    def call_one(self, i: int, claim: Claim) -> None:
-        began = time.perf_counter()
-        reset = current.set(claim)  # what bind_claim() does, without a generator per message
-        try:
-            if observer.enabled:
-                with observer.span("dedupe.handler", attributes(claim, self.integration)):
-                    value = self.items[i][2]()
             else:
-                value = self.items[i][2]()
+                self.call_each(acquired)
+        except BaseException as exc:
+            self.interrupt, self.stopped = exc, True
+            finished = {d[0] for d in self.done}
+            self.releases.extend(claim for i, claim in acquired
+                                 if i not in finished and self.decisions[i] is None)
+
+    def stop(self) -> None:
+        """After an interrupt: store what finished, free what did not, and raise it."""
+        try:
+            self.flush([])
         except Exception as exc:
-            self.failed(i, claim, exc)
-        else:
-            self.finished(i, claim, value)
-        finally:
-            current.reset(reset)
-        seconds = time.perf_counter() - began
-        self.pacing.observe(seconds)
-        self.done_seconds += seconds
-        if observer.enabled:
-            observer.handled(self.integration, seconds)
+            log.warning("could not store or release claims while stopping: %s", exc)
+        assert self.interrupt is not None
+        raise self.interrupt
+
+    def call_each(self, acquired: list[tuple[int, Claim]]) -> None:
+        """The handlers one after the other, until those that finished reach ``flush_after``."""
+        observed = observer.enabled
+        items, pacing, done, null = self.items, self.pacing, self.done, self.null
+        perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
+        last = len(acquired) - 1
+        for n, (i, claim) in enumerate(acquired):
+            began = perf()
+            reset = bind(claim)
+            try:
+                if observed:
+                    with observer.span("dedupe.handler", attributes(claim, self.integration)):
+                        value = items[i][2]()
+                else:
+                    value = items[i][2]()
+            except Exception as exc:
+                self.failed(i, claim, exc)
+            else:
+                if value is None and null is not None:
+                    done.append((i, claim, Decision(_APPLIED, claim), null))
+                else:
+                    self.finished(i, claim, value)
+            finally:
+                unbind(reset)
+            seconds = perf() - began
+            pacing.observe(seconds)
+            self.done_seconds += seconds
+            if observed:
+                observer.handled(self.integration, seconds)
+            if self.done_seconds >= pacing.flush_after:
+                self.stopped = True
+                if n < last:
+                    self.give_back(acquired[n + 1:])
+                return
 
     def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
         """One call of the batch handler for every acquired claim; its error is every one's error."""
@@ -237,62 +264,91 @@ class _Batch:
         stored as omitted), stored with the next round trip."""
         status, data, problem = self.dedupe.encode(claim, value)
         decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
-                    else Decision(Reason.APPLIED, claim, value))
-        self.done.append(_Done(i, claim, decision, (status, data)))
+                    else Decision(_APPLIED, claim, value))
+        self.done.append((i, claim, decision, (status, data)))
 
     def failed(self, i: int, claim: Claim, exc: Exception) -> None:
         """A handler raised ``exc``: its claim is released, or the failure stored when permanent."""
         reason = failure_reason(self.dedupe, exc)
         record = (Stored.FAILED, self.dedupe.encode_failure(exc)) if reason is Reason.PERMANENT_FAILURE else None
-        self.done.append(_Done(i, claim, Decision(reason, claim, error=exc), record))
+        self.done.append((i, claim, Decision(reason, claim, error=exc), record))
 
     # -- round trips ----------------------------------------------------------------------------
 
-    def flush(self, chunk: list[int]) -> list[Claim] | None:
+    def flush(self, chunk: list[int]) -> bool:
         """One round trip: store (or release) what is done, release what was given back, then claim
-        ``chunk``. ``None`` when Redis failed; what was done is then STORE_UNAVAILABLE (stored or
-        not, we cannot tell)."""
+        ``chunk``, whose handlers run as its claims come in (:meth:`claimed`): the claims are asked
+        for in sub-chunks of :data:`STREAM_STEP`, all in the same write, so the handlers of one run
+        while Redis claims the next. ``False`` when Redis failed before any claim came in; what was
+        done is then STORE_UNAVAILABLE (stored or not, we cannot tell) and the rest deferred."""
         done, self.done, self.done_seconds = self.done, [], 0.0
         releases, self.releases = self.releases, []
-        outcomes = [(d.claim, *d.record) for d in done if d.record is not None]
-        freed = [*(d.claim for d in done if d.record is None), *releases]
+        outcomes = [(claim, *record) for _, claim, _, record in done if record is not None]
+        freed = [*(claim for _, claim, _, record in done if record is None), *releases]
+        requests = cast("list[Request]", [self.requests[i] for i in chunk])
+        self.chunk, self.stopped, self.given_back = chunk, False, []
+        step = STREAM_STEP if self.run_batch is None else max(1, len(chunk))  # one call of the batch handler
         try:
             if observer.enabled:
                 op = "complete_and_claim" if outcomes and chunk else ("claim" if chunk else "complete")
                 with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
                                                     "dedupe.stored": len(outcomes), "dedupe.claimed": len(chunk)}):
                     began = time.perf_counter()
-                    stored, released, claims = self.dedupe.settle_and_claim(
-                        outcomes, freed, [self.requests[i] for i in chunk])
+                    stored, released, claims = self.dedupe.settle_and_claim(outcomes, freed, requests)
                     observer.round_trip(op, time.perf_counter() - began)
+                self.settled(done, releases, stored, freed, released)
+                if claims:
+                    self.claimed(0, claims)
             else:
-                stored, released, claims = self.dedupe.settle_and_claim(
-                    outcomes, freed, [self.requests[i] for i in chunk])
+                stored, released = self.dedupe.settle_and_stream(outcomes, freed, requests, self.claimed, step)
+                self.settled(done, releases, stored, freed, released)
+        except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
+            self.outage = exc
+            self.settled(done, releases, exc.stored, freed, exc.released)
+            ready, self.ready = self.ready, []
+            self.unavailable([*chunk[exc.claimed:], *self.requeue(), *ready])
+            self.queue.clear()
+            return True  # what ran is stored (or found STORE_UNAVAILABLE) by the next round trip
         except StoreUnavailable as exc:
             self.untrack(done, releases)
-            for d in done:
-                self.decided(d.index, Decision(Reason.STORE_UNAVAILABLE, d.claim, error=exc,
-                                               retry_after=self.dedupe.lease))
+            for i, claim, _, _ in done:
+                self.decided(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
             self.outage = exc
-            return None
+            self.unavailable([*chunk, *reversed(self.queue)])
+            return False
+        self.requeue()
+        if outcomes and log.isEnabledFor(logging.DEBUG):
+            log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
+        return True
+
+    def requeue(self) -> list[int]:
+        """Queue the claims given back in this chunk again, to be claimed first; return the queue
+        in order."""
+        self.queue.extend(reversed(self.given_back))
+        self.given_back = []
+        return self.queue[::-1]
+
+    def settled(self, done: list[_Done], releases: list[Claim], stored: list[bool], freed: list[Claim],
+                released: list[bool]) -> None:
+        """The verdicts of ``done`` once Redis answered whether their outcomes were ``stored``."""
         self.untrack(done, releases)
         ok = iter(stored)
-        for d in done:
-            if d.record is not None and not next(ok):
-                lost = LeaseLost(d.claim.key, d.claim.token)
-                self.decided(d.index, Decision(Reason.LEASE_LOST, d.claim, error=lost, retry_after=self.dedupe.lease))
+        decisions, copies = self.decisions, self.copies
+        for i, claim, decision, record in done:
+            if record is not None and not next(ok):
+                lost = LeaseLost(claim.key, claim.token)
+                decision = Decision(_LEASE_LOST, claim, error=lost, retry_after=self.dedupe.lease)
+            if copies:
+                self.decided(i, decision)
             else:
-                self.decided(d.index, d.decision)
+                decisions[i] = decision
         for claim, ok_release in zip(freed, released, strict=True):
             if not ok_release:
                 log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
-        if outcomes and log.isEnabledFor(logging.DEBUG):
-            log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
-        return claims
 
     def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
-        self.dedupe.renewer.untrack_many([*((d.claim.stem, d.claim.token) for d in done),
-                                          *((c.stem, c.token) for c in releases)])
+        self.dedupe.renewer.untrack_many([*((claim.stem, claim.token) for _, claim, _, _ in done),
+                                          *((claim.stem, claim.token) for claim in releases)])
 
     def decided(self, i: int, decision: Decision) -> None:
         """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""
@@ -302,7 +358,7 @@ class _Batch:
             self.ready.extend(waiting)
         elif waiting:
             for copy in waiting:
-                self.decisions[copy] = in_progress(self.requests[copy].key, decision.retry_after)
+                self.decisions[copy] = in_progress(self.key(copy), decision.retry_after)
 
     def unavailable(self, unclaimed: list[int]) -> None:
         """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
@@ -310,9 +366,12 @@ class _Batch:
         for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage,
                                                       [self.items[i][2] for i in unclaimed]), strict=True):
             self.decided(i, decision)
-        for waiting in list(self.copies.values()):
-            for copy in waiting:
-                self.decisions.setdefault(copy, Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0))
+        # the copies still waiting, and (fail_open) those of the first copies just run, which would
+        # be claimed next: deferred, so one batch never runs a key twice
+        ready, self.ready = self.ready, []
+        for copy in [*ready, *(copy for waiting in self.copies.values() for copy in waiting)]:
+            if self.decisions[copy] is None:
+                self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
         self.copies.clear()
 
 

@@ -92,8 +92,8 @@ class Decision:
 
     def __init__(self, reason: Reason, claim: Claim | None = None, value: Any = None,
                  error: BaseException | None = None, retry_after: float = 0.0) -> None:
-        # One per message: as for Claim, filling __dict__ at once costs half the frozen
-        # dataclass __init__ (one object.__setattr__ per field); the instance stays frozen.
+        # One per message: filling __dict__ at once, as Claim does, instead of the frozen
+        # dataclass __init__'s one object.__setattr__ per field (the fields are those above).
         self.__dict__.update(reason=reason, claim=claim, value=value, error=error, retry_after=retry_after)
 
     @property

@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from ..deduplicator import Deduplicator
 from ..engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, decide_many, refused
 from ..engine.decision import HANDLER_RAN
-from ..engine.hooks import call_hook
+from ..engine.hooks import Hooks, call_hook
 from ..messages.envelope import Envelope, from_kafka
 from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from ..operate.doctor import warn_once
@@ -173,23 +173,31 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
     def process(self, messages: Sequence[Message]) -> None:
         """Decide a batch, dead-letter, rewind what is undecided and commit what is decided."""
-        live = [m for m in messages if self._accept(m)]
-        outcomes = self._outcomes(live)
+        live: list[Message] = []
+        tps: list[TP] = []
+        for msg in messages:
+            tp = self._accept(msg)
+            if tp is not None:
+                live.append(msg)
+                tps.append(tp)
+        outcomes = self._outcomes(live, tps)
         rows: dict[TP, list[tuple[int, Any]]] = {}
-        by_position: dict[tuple[TP, int], Message] = {}
-        for msg, outcome in zip(live, outcomes, strict=True):
-            rows.setdefault(tp_of(msg), []).append((msg.offset() or 0, outcome))
-            by_position[(tp_of(msg), msg.offset() or 0)] = msg
+        for msg, tp, outcome in zip(live, tps, outcomes, strict=True):
+            row = rows.get(tp)
+            if row is None:
+                row = rows[tp] = []
+            row.append((msg.offset() or 0, outcome))
         commits: list[TopicPartition] = []
         for tp, outcome_rows in rows.items():
             state = self._partitions[tp]
-            plan = plan_partition(state, sorted(outcome_rows, key=lambda row: row[0]))
+            plan = plan_partition(state, sorted(outcome_rows, key=_offset))
             if plan.commit is not None:
                 commits.append(TopicPartition(tp[0], tp[1], plan.commit))
             if plan.rewind is not None:
                 offset, hold = plan.rewind
                 self._rewind(tp, state, offset, hold.delay)
-                self._held(by_position[(tp, offset)], hold)
+                self._held(next(m for m, t in zip(live, tps, strict=True)
+                                if t == tp and (m.offset() or 0) == offset), hold)
         self._commit(commits)
 
     def _held(self, msg: Message, hold: Hold) -> None:
@@ -211,18 +219,18 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         """A key held elsewhere: its partition waits on the key and resumes once it is decided."""
         return decision.reason is Reason.IN_PROGRESS and decision.claim is not None and self.defer_wait > 0
 
-    def _outcomes(self, live: Sequence[Message]) -> list[Any]:
-        """``DONE`` or a :class:`Hold` per message."""
+    def _outcomes(self, live: Sequence[Message], tps: Sequence[TP]) -> list[Any]:
+        """``DONE`` or a :class:`Hold` per message (``tps``: the partition of each)."""
         outcomes: list[Any] = [None] * len(live)
         letters: list[tuple[int, DeadLetter]] = []
         keyed: list[tuple[int, str]] = []
         items: list[tuple[str, Any, Callable[[], Any]]] = []
         handler = self.handler or _batched
+        partitions, key_strategy, fingerprint = self._partitions, self.key_strategy, self.fingerprint
         for i, msg in enumerate(live):
-            state = self._state(msg)
-            offset = msg.offset() or 0
-            if offset in state.settled:  # decided in an earlier batch, behind an earlier hold
-                pending = state.settled[offset]
+            settled = partitions[tps[i]].settled
+            if settled and (msg.offset() or 0) in settled:  # decided in an earlier batch, behind a hold
+                pending = settled[msg.offset() or 0]
                 if pending is None:
                     outcomes[i] = DONE
                 else:
@@ -230,8 +238,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 continue
             try:
                 envelope = from_kafka(msg)
-                key = self.key_strategy(envelope)
-                fp = self.fingerprint(envelope) if self.fingerprint is not None else None
+                key = key_strategy(envelope)
+                fp = fingerprint(envelope) if fingerprint is not None else None
             except Exception as exc:  # MissingKey, UndecodableMessage, or a broken strategy
                 decision = refused(exc, "kafka")
                 self.stats[decision.reason.value] += 1
@@ -240,8 +248,21 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             keyed.append((i, key))
             items.append((key, fp, partial(handler, msg)))
         decisions = self.decide_batch(items, [live[i] for i, _ in keyed])
+        self.stats.update([decision.reason._value_ for decision in decisions])
+        on_applied = None if _is_noop(self.on_applied, Hooks.on_applied) else self.on_applied
+        on_duplicate = None if _is_noop(self.on_duplicate, Hooks.on_duplicate) else self.on_duplicate
+        debug = log.isEnabledFor(logging.DEBUG)
         for (i, key), decision in zip(keyed, decisions, strict=True):
-            outcomes[i] = self._verdict(live[i], key, decision, letters, i)
+            reason = decision.reason
+            if reason is _APPLIED or reason is _DUPLICATE or reason is _PREVIOUSLY_FAILED:  # ACK
+                if debug:
+                    log.debug("%s key=%s token=%s offset=%s", reason.value, key, decision.token, live[i].offset())
+                hook = on_applied if reason is _APPLIED else on_duplicate
+                if hook is not None:
+                    call_hook(hook, live[i], decision)
+                outcomes[i] = DONE
+            else:
+                outcomes[i] = self._verdict(live[i], key, decision, letters, i)
         delivered = self.dead_letters.send([letter for _, letter in letters])
         for (i, letter), ok in zip(letters, delivered, strict=True):
             holds = self._state(letter.message).holds
@@ -263,17 +284,11 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
     def _verdict(self, msg: Message, key: str, decision: Decision,
                  letters: list[tuple[int, DeadLetter]], index: int) -> Any:
-        """Map one decision to ``DONE``, a :class:`Hold`, or (queued in ``letters``) a dead letter."""
+        """Map one decision that is not an ACK to a :class:`Hold` or (queued in ``letters``) a dead
+        letter (``stats`` counted it already)."""
         state = self._state(msg)
         offset = msg.offset() or 0
-        token = decision.claim.token if decision.claim else 0
-        self.stats[decision.reason.value] += 1
         action = decision.action
-        if action is Action.ACK:
-            log.debug("%s key=%s token=%s offset=%s", decision.reason.value, key, token, offset)
-            hook = self.on_duplicate if decision.reason is not Reason.APPLIED else self.on_applied
-            call_hook(hook, msg, decision)
-            return DONE
         attempts = state.attempts.get(offset, 0)
         if decision.reason in HANDLER_RAN:
             attempts = state.attempts[offset] = attempts + 1
@@ -303,6 +318,18 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         else:
             log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
                       letter.key, token, where)
+
+
+_APPLIED, _DUPLICATE, _PREVIOUSLY_FAILED = Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED
+
+
+def _offset(row: tuple[int, Any]) -> int:
+    return row[0]
+
+
+def _is_noop(hook: Callable[..., None], base: Callable[..., None]) -> bool:
+    """Whether ``hook`` is the no-op ``base`` (not overridden): then it is not called per message."""
+    return getattr(hook, "__func__", None) is base
 
 
 def _batched(_message: Message) -> None:

@@ -45,29 +45,30 @@ class PartitionFlow:
     on_revoke: Callable[[list[Any]], None]
     process: Callable[[list[Message]], None]
 
-    def _accept(self, msg: Message) -> bool:
-        """Whether ``msg`` is to be handled now: not an error, and its partition is ours and not
-        rewound past it (a fetch from before a rewind comes again after the resume)."""
+    def _accept(self, msg: Message) -> TP | None:
+        """The ``(topic, partition)`` of ``msg`` when it is to be handled now: not an error, and its
+        partition is ours and not rewound past it (a fetch from before a rewind comes again after
+        the resume); else ``None``."""
         err = msg.error()
         if err is not None:
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
-            return False
-        tp = tp_of(msg)
+            return None
+        tp = (msg.topic() or "", msg.partition() or 0)  # tp_of(), once per message
         state = self._partitions.get(tp)
-        offset = msg.offset() or 0
         if state is None or state.paused_until is not None:
-            return False
+            return None
         if state.rewound_to is not None:
+            offset = msg.offset() or 0
             if offset < state.rewound_to:
-                return False
+                return None
             if offset > state.rewound_to:  # the seek did not take: rewind again
                 log.warning("partition %s:%s delivered offset %s after a rewind to %s; rewinding again",
                             tp[0], tp[1], offset, state.rewound_to)
                 self._rewind(tp, state, state.rewound_to, self.defer_base)
-                return False
+                return None
             state.rewound_to = None
-        return True
+        return tp
 
     def _state(self, msg: Message) -> PartitionState:
         return self._partitions[tp_of(msg)]

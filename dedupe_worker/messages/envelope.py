@@ -69,9 +69,7 @@ def from_kafka(message: Any) -> Envelope:
     before it was dead-lettered (see :func:`original_position`), so a position-based key names
     the same record before and after the replay.
     """
-    headers: dict[str, Any] = {}
-    for name, value in message.headers() or ():
-        headers[name] = value
+    headers: dict[str, Any] = dict(message.headers() or ())
     envelope = Envelope(
         body=message.value() or b"",
         headers=headers,

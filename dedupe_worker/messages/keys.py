@@ -10,6 +10,7 @@ answered with CONFLICT instead of a wrong cached result.
 from __future__ import annotations
 
 from collections.abc import Callable
+from hashlib import sha256
 from typing import Any
 
 import orjson
@@ -43,7 +44,10 @@ DEFAULT_HEADER = "idempotency-key"
 
 def body_fingerprint(envelope: Envelope) -> str:
     """Fingerprint of a message: the hash of its body bytes."""
-    return content_hash(envelope.body)
+    body = envelope.body
+    if type(body) is bytes:  # content_hash() without its text check (once per consumed message)
+        return sha256(body).hexdigest()[:32]
+    return content_hash(body)
 
 
 def header_key(name: str = DEFAULT_HEADER) -> KeyStrategy:
@@ -146,5 +150,15 @@ def first_of(*strategies: KeyStrategy) -> KeyStrategy:
 
 #: The ``idempotency-key`` header, else the AMQP ``message_id``, else a hash of the body.
 RABBITMQ_DEFAULT: KeyStrategy = first_of(header_key(), message_id_key(), content_key())
+_KAFKA_CHAIN: KeyStrategy = first_of(header_key(), partition_key_with_hash(), content_key())
+
+
+def _kafka_default(envelope: Envelope) -> str:
+    value = envelope.headers.get(DEFAULT_HEADER)
+    if value:  # the header as sent, not empty: what header_key() returns, without the chain around it
+        return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+    return _KAFKA_CHAIN(envelope)
+
+
 #: The ``idempotency-key`` header, else the record key with a body hash, else a hash of the body.
-KAFKA_DEFAULT: KeyStrategy = first_of(header_key(), partition_key_with_hash(), content_key())
+KAFKA_DEFAULT: KeyStrategy = _kafka_default

@@ -22,6 +22,8 @@ _OUTCOMES = {int(o.value): o for o in Outcome}
 #: ``Stored`` by the status as Redis returns it (bytes from hiredis, str when decoding): a dict
 #: look-up is several times cheaper than ``Stored(value)`` on this per-message path.
 _STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode(): s for s in Stored}}
+#: The letter ``complete.lua`` takes for each ``Stored`` (``.value`` is an enum property look-up).
+_LETTER = {s: s.value for s in Stored}
 
 
 def _text(value: Any) -> str:
@@ -125,11 +127,19 @@ class StoreCalls:
 
     def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
+        if items and not self.scripts.is_cluster:  # one call for the batch, built in two passes
+            return [("claim", [k for s, _, _ in items for k in (KeyLayout.started(s), KeyLayout.result(s))],
+                     [lease_ms, retention_ms, *[a for _, fp, orig in items for a in (fp, orig)]])]
         return self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
                            (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
 
     def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
         """``items`` are ``(stem, token, status, value)``."""
+        if items and not self.scripts.is_cluster:
+            return [("complete", [k for s, _, _, _ in items
+                                  for k in (KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))],
+                     [result_ttl_ms,
+                      *[a for _, token, status, value in items for a in (token, _LETTER[status], value)]])]
         return self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
                                         for s, _, _, _ in items],
                            (result_ttl_ms,), [(token, status.value, value) for _, token, status, value in items])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, ClaimCodec, Request
 from .connection import redis_from_url
 from .renewer import LeaseRenewer
+from .scripts import StreamCut
 from .serialization import Serializer
 from .store import KeyState, RedisStore
 from .watcher import KeyWatcher
@@ -213,15 +214,78 @@ class ClaimClient(ClaimCodec):
             store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
                                  self._result_ttl_ms),
             store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms),
-            store.claim_calls([(r.stem, r.fingerprint, r.original) for r in requests],
-                              self._lease_ms, self._retention_ms),
+            store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms, self._retention_ms),
         )
-        claims = [self._claim(r, reply) for r, reply in zip(requests, store.claim_replies(replies), strict=True)]
+        claims = self._claims(requests, replies)
+        self._log_claims(claims)
+        return (*self._settled(outcomes, stored, released), claims)
+
+    def settle_and_stream(
+        self,
+        outcomes: Sequence[tuple[Claim, Stored, bytes]],
+        releases: Sequence[Claim],
+        requests: Sequence[Request],
+        each: Callable[[int, list[Claim]], None],
+        step: int,
+    ) -> tuple[list[bool], list[bool]]:
+        """:meth:`settle_and_claim`, with ``requests`` claimed by one call per ``step`` of them,
+        all sent in the same write: the claims of each call are handed to ``each(start, claims)``
+        (``start``: the index in ``requests`` of the first) as soon as its reply is read, while
+        Redis runs the later calls. Returns whether each outcome was stored and each claim
+        released, once every claim was handed on.
+
+        Raises :class:`StoreUnavailable` as :meth:`settle_and_claim` when Redis failed before any
+        claim was handed on; after, :class:`~dedupe_worker.protocol.scripts.StreamCut` with
+        ``stored``, ``released`` and ``claimed`` (how many requests were answered): the requests
+        after those may have been claimed or not. For ``step`` requests or fewer, with ``WAIT``
+        (``wait_replicas``), on a cluster, or while another thread holds the connection, the round
+        trip is :meth:`settle_and_claim`'s and the claims are handed on after it."""
+        store = self.store
+        if len(requests) <= step or store.durability is not None or store.scripts.held is None:
+            stored, released, claims = self.settle_and_claim(outcomes, releases, requests)
+            for start in range(0, len(claims), step):
+                each(start, claims[start:start + step])
+            return stored, released
+        parts = [requests[start:start + step] for start in range(0, len(requests), step)]
+        head = [*store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
+                                      self._result_ttl_ms),
+                *store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms)]
+        calls = [*head, *(call for part in parts for call in store.claim_calls(
+            [(r[1], r[2], r[3]) for r in part], self._lease_ms, self._retention_ms))]
+        answered = 0
+
+        def deliver(reply: Any) -> None:
+            nonlocal answered
+            part = parts[answered]
+            claims = self._claims(part, reply)
+            self._log_claims(claims)
+            answered += 1
+            each((answered - 1) * step, claims)
+
+        try:
+            replies = store.scripts.call_streamed(calls, len(head), deliver)
+        except StreamCut as exc:
+            exc.stored, exc.released = self._settled(outcomes, *self._head(outcomes, releases, exc.head))
+            exc.claimed = min(len(requests), answered * step)
+            raise
+        return self._settled(outcomes, *self._head(outcomes, releases, replies))
+
+    @staticmethod
+    def _head(outcomes: Sequence[Any], releases: Sequence[Claim], replies: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The complete and release replies of a streamed round trip (one call each, standalone)."""
+        return (replies[0] if outcomes else []), (replies[1 if outcomes else 0] if releases else [])
+
+    def _settled(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], stored: Sequence[Any],
+                 released: Sequence[Any]) -> tuple[list[bool], list[bool]]:
+        is_lost = self.renewer.is_lost
+        return ([bool(ok) and not is_lost(c.stem, c.token) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
+                [bool(ok) for ok in released])
+
+    @staticmethod
+    def _log_claims(claims: list[Claim]) -> None:
         if log.isEnabledFor(logging.DEBUG):
             for claim in claims:
                 log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
-        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
-                [bool(ok) for ok in released], claims)
 
     def complete(self, claim: Claim, value: Any) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key.

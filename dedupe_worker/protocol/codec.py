@@ -6,13 +6,14 @@ into stored records. Shared by :class:`~dedupe_worker.protocol.ClaimClient` and 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..errors import InvalidKey, ResultNotSerializable
-from .calls import ClaimReply
+from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
-from .layout import KeyLayout
+from .layout import _UNSAFE, KeyLayout
 from .serialization import JsonSerializer, Serializer
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request"]
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 
 #: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
+
+_ACQUIRED, _DUPLICATE = Outcome.ACQUIRED, Outcome.DUPLICATE
+_unsafe = _UNSAFE.search
 
 
 class Request(NamedTuple):
@@ -62,6 +66,10 @@ class ClaimCodec:
         self._lease_ms = max(1, int(lease * 1000))
         self._result_ttl_ms = max(1, int(result_ttl * 1000))
         self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
+        #: What :meth:`request` builds a stem from without the general checks: an ASCII ``str``
+        #: key this long at most, free of what :class:`KeyLayout` hashes, is stored as it is.
+        self._plain_limit = min(max_key_length, KEY_HARD_LIMIT)
+        self._stem_open = f"{namespace}:{{"
 
     def check_key(self, key: str | bytes) -> tuple[str, str]:
         """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
@@ -72,9 +80,35 @@ class ClaimCodec:
 
     def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
         """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
-        stored, original = self.check_key(key)
-        text = key if isinstance(key, str) else key.decode("utf-8", "backslashreplace")
-        return Request(text, self.layout.stem(stored), request_fingerprint(fingerprint), original)
+        if type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and not _unsafe(key):
+            # the common key (what check_key and KeyLayout.stem would give, a batch's worth cheaper)
+            stem, original = self._stem_open + key + "}", ""
+        else:
+            stored, original = self.check_key(key)
+            stem = self.layout.stem(stored)
+            if not isinstance(key, str):
+                key = key.decode("utf-8", "backslashreplace")
+        if type(fingerprint) is str and len(fingerprint) <= 64:
+            return Request(key, stem, fingerprint, original)
+        return Request(key, stem, request_fingerprint(fingerprint), original)
+
+    def _claims(self, requests: Sequence[Request], flat: Sequence[Any]) -> list[Claim]:
+        """The claims of ``requests`` from ``claim.lua``'s flat reply (four values per key): what
+        :meth:`_claim` makes of each, with the common answers (ACQUIRED; DUPLICATE of a stored
+        JSON ``null``) built without the general decoding."""
+        if len(flat) != 4 * len(requests):
+            raise ValueError(f"{len(flat)} reply values for {len(requests)} claims")
+        json = type(self.serializer) is JsonSerializer
+        claims: list[Claim] = []
+        append = claims.append
+        for r, code, token, status, value in zip(requests, flat[0::4], flat[1::4], flat[2::4], flat[3::4], strict=True):
+            if code == 1:
+                append(Claim(r[0], _ACQUIRED, token, None, 0.0, False, None, r[1], r[2]))
+            elif code == 2 and json and value == b"null" and status == b"c":
+                append(Claim(r[0], _DUPLICATE, token, None, 0.0, False, None, r[1], r[2]))
+            else:
+                append(self._claim(r, _claim_reply(code, token, status, value)))
+        return claims
 
     def _claim(self, request: Request, reply: ClaimReply) -> Claim:
         key, stem, fp = request.key, request.stem, request.fingerprint

@@ -12,7 +12,10 @@ a forked child (after a fork the child drops it, and its lock, and takes its own
 connection or timeout error the connection is disconnected and the next attempt reconnects,
 under the client's own retry policy, exactly as a plain ``client.evalsha`` would retry; when the
 attempts run out it is given back to the pool. An error reply (``NOSCRIPT``, a script error) is
-a whole reply: the connection stays in step and is kept.
+a whole reply: the connection stays in step and is kept. A streamed round trip
+(:meth:`HeldConnection.execute_streamed`) hands each reply on as soon as it is read; once one was
+handed on nothing is sent again, and a failure drops the connection rather than leave unread
+replies on it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import select
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import redis
@@ -130,22 +134,56 @@ class HeldConnection:
             return BUSY
         try:
             connection = self._take()
-            packed = ([b"".join(self._pack(c) for c in commands)] if self._pack is not None
-                      else connection.pack_commands(commands))
+            packed = self._packed(connection, commands)
 
             def send() -> list[Any]:
                 connection.send_packed_command(packed)
-                replies: list[Any] = []
-                for _ in commands:
-                    try:
-                        replies.append(connection.read_response())
-                    except ResponseError as exc:  # a whole error reply: the stream stays in step
-                        replies.append(exc)
-                return replies
+                return [_read(connection) for _ in commands]
 
             return self._with_retry(connection, send)
         finally:
             self._lock.release()
+
+    def execute_streamed(self, commands: list[tuple[Any, ...]], deliver: Callable[[int, Any], None]) -> Any:
+        """:meth:`execute_many`, but each reply is handed to ``deliver(index, reply)`` as soon as it
+        is read, before the next one is read: the caller works on it while Redis runs the later
+        commands. Returns ``None``, or :data:`BUSY` as :meth:`execute`.
+
+        Sending and reading the first reply are retried as in :meth:`execute_many`; once a reply
+        was handed on nothing is sent again: a connection error then drops the connection and is
+        raised (the replies not read are lost: those commands may have run or not). If
+        ``deliver`` raises, the connection is dropped unless every reply was read."""
+        if not self._lock.acquire(blocking=False):
+            return BUSY
+        try:
+            connection = self._take()
+            packed = self._packed(connection, commands)
+
+            def send() -> Any:
+                connection.send_packed_command(packed)
+                return _read(connection)
+
+            reply = self._with_retry(connection, send)
+            read = 1
+            try:
+                for i in range(len(commands)):
+                    if i:
+                        reply = _read(connection)
+                        read += 1
+                    deliver(i, reply)
+            except BaseException:
+                if read < len(commands):  # replies left unread (or a read failed): out of step
+                    self._drop()
+                raise
+            return None
+        finally:
+            self._lock.release()
+
+    def _packed(self, connection: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
+        """``commands`` as the bytes of one write."""
+        if self._pack is not None:
+            return [b"".join(self._pack(c) for c in commands)]
+        return connection.pack_commands(commands)  # type: ignore[no-any-return]
 
     def _with_retry(self, connection: Any, send: Any) -> Any:
         """``send()`` under the connection's retry policy, as redis-py runs a command: a
@@ -208,6 +246,14 @@ class HeldConnection:
         if connection is not None:
             connection.disconnect()
             self.pool.release(connection)
+
+
+def _read(connection: Any) -> Any:
+    """The next reply, an error reply as its exception object (a whole reply: the stream stays in step)."""
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 def _after_fork_in_child() -> None:

@@ -9,7 +9,7 @@ are not used in pipelines because they add a ``SCRIPT EXISTS`` round trip per ex
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError, RedisError
 from ..errors import StoreUnavailable
 from .held import BUSY, HeldConnection
 
-__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "checked", "load_script"]
+__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "StreamCut", "checked", "load_script"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
@@ -40,6 +40,22 @@ class NotDurable(StoreUnavailable):
     def __init__(self, acked: int, wanted: int, timeout_ms: int, replies: list[Any]) -> None:
         super().__init__(f"not durable: {acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms")
         self.replies = replies
+
+
+class StreamCut(StoreUnavailable):
+    """Redis failed after ``delivered`` replies of a streamed round trip were handed on
+    (:meth:`ScriptRunner.call_streamed`): ``head`` holds the replies read before them; the calls
+    after them may have run or not."""
+
+    def __init__(self, message: str, head: list[Any], delivered: int) -> None:
+        super().__init__(message)
+        self.head = head
+        self.delivered = delivered
+        #: Filled in by the client: whether each outcome was stored and each claim released, and
+        #: how many of the requests were answered (and handed on).
+        self.stored: list[bool] = []
+        self.released: list[bool] = []
+        self.claimed = 0
 
 
 def checked(calls: Sequence[Call], replies: list[Any], wait: tuple[int, int] | None, acked: Any) -> list[Any]:
@@ -124,6 +140,63 @@ class ScriptRunner:
             pipe.execute_command(*command)
         return pipe.execute(raise_on_error=False)
 
+    def _retry_noscript(self, calls: Sequence[Call], replies: list[Any]) -> bool:
+        """Send again, in order, each call whose reply is ``NOSCRIPT`` (it ran nothing), once
+        every script is loaded; put the new replies in ``replies``. Whether any was sent again."""
+        reloaded = False
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                name, keys, args = calls[i]
+                if not reloaded:
+                    self._load(name)
+                    reloaded = True
+                replies[i] = self._evalsha(name, keys, args)
+        return reloaded
+
+    def call_streamed(self, calls: Sequence[Call], first: int, deliver: Callable[[Any], None]) -> list[Any]:
+        """:meth:`call_all` (without ``WAIT``) in one write, where each reply of ``calls[first:]``
+        is handed to ``deliver`` in order as soon as it is read: the caller works on it while Redis
+        runs the later calls. Returns the replies of ``calls[:first]``, all read before anything
+        is delivered.
+
+        Every reply is still read, and delivered, in order. A failed reply holds back the ones
+        after it until the round trip is over; then, as in :meth:`call_all`, the calls that met
+        ``NOSCRIPT`` are sent again once every script is loaded, and the rest is delivered.
+        Raises :class:`StoreUnavailable` when Redis failed before anything was delivered, and
+        :class:`StreamCut` (what was read, how much was delivered) after. Without a held
+        connection (or while another thread uses it) the round trip is :meth:`call_all`'s and
+        the replies are delivered after it."""
+        if not calls:
+            return []
+        replies: list[Any] = []
+        delivered = 0
+        held_back = False
+
+        def take(i: int, reply: Any) -> None:
+            nonlocal delivered, held_back
+            replies.append(reply)
+            held_back = held_back or isinstance(reply, Exception)
+            if i >= first and not held_back:
+                delivered += 1
+                deliver(reply)
+
+        commands = [("EVALSHA", self.sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+        try:
+            if self.held is None or self.held.execute_streamed(commands, take) is BUSY:
+                replies = self.call_all(calls)
+            elif held_back:
+                self._retry_noscript(calls, replies)
+                checked(calls, replies, None, None)
+        except (RedisError, StoreUnavailable) as exc:
+            if not delivered:
+                if isinstance(exc, StoreUnavailable):
+                    raise
+                raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
+            raise StreamCut(f"Redis failed after {delivered} replies: {exc}", replies[:first], delivered) from exc
+        for reply in replies[first + delivered:]:
+            deliver(reply)
+        return replies[:first]
+
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
         the order of ``calls``. Redis runs them one after the other, each atomically.
@@ -141,14 +214,7 @@ class ScriptRunner:
                 [("EVALSHA", self.sha[name], len(keys), *keys, *args) for name, keys, args in calls]
                 + ([("WAIT", *wait)] if wait is not None else []))
             acked: Any = replies.pop() if wait is not None else None
-            reloaded = False
-            for i, reply in enumerate(replies):
-                if isinstance(reply, NoScriptError):
-                    name, keys, args = calls[i]
-                    if not reloaded:
-                        self._load(name)
-                    replies[i] = self._evalsha(name, keys, args)
-                    reloaded = True
+            reloaded = self._retry_noscript(calls, replies)
             if wait is not None and (reloaded or isinstance(acked, Exception)):
                 acked = self.client.execute_command("WAIT", *wait)  # type: ignore[no-untyped-call]
         except RedisError as exc:
