@@ -314,6 +314,19 @@ def test_a_chunks_handlers_start_while_redis_still_claims_the_rest_of_it(streame
     assert all(streamed.status(f"s-{i}").state is State.DONE for i in (0, n - 1))
 
 
+def test_a_flush_after_near_the_lease_claims_the_chunk_in_one_call(streamed: Deduplicator) -> None:
+    """A streamed sub-chunk's claims are renewed only once its reply is read: with ``flush_after``
+    over half the lease, earlier handlers could outlast those claims, so the chunk is one call."""
+    n = 2 * STREAM_STEP + 1
+    pacing = Pacing(streamed.lease)  # flush_after = the lease (5 s)
+    pacing.mean = 1e-7
+    decisions = decide_many(streamed, [(f"long-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=pacing)
+    assert [d.reason for d in decisions] == [Reason.APPLIED] * n
+    sent = ReadCountingConnection.sent
+    assert [scripts_in(r) for r in sent] == [{"claim"}, {"complete"}]
+    assert sent[0].count(b"EVALSHA") == 1
+
+
 def test_duplicates_are_answered_call_by_call_in_one_round_trip(streamed: Deduplicator) -> None:
     n = 2 * STREAM_STEP + 1
     decide_many(streamed, [(f"d-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=fast_pacing())

@@ -56,7 +56,9 @@ __all__ = ["FLUSH_AFTER", "Item", "Pacing", "decide_many"]
 log = logging.getLogger(__name__)
 
 #: Claims asked for per script call: a chunk's calls go out in one write, and the handlers of
-#: one sub-chunk run while Redis claims the next.
+#: one sub-chunk run while Redis claims the next. The claims of a sub-chunk are renewed only once
+#: its reply is read, so a chunk is streamed only while ``flush_after`` is at most half the lease
+#: (a later sub-chunk's handlers start only while the finished ones stay under ``flush_after``).
 STREAM_STEP = 32
 
 #: ``(key, fingerprint, handler)``
@@ -287,7 +289,11 @@ class _Batch:
         freed = [*(claim for _, claim, _, record in done if record is None), *releases]
         requests = cast("list[Request]", [self.requests[i] for i in chunk])
         self.chunk, self.stopped, self.given_back = chunk, False, []
-        step = STREAM_STEP if self.run_batch is None else max(1, len(chunk))  # one call of the batch handler
+        # One call for the batch handler's chunk. Streamed otherwise, but only while ``flush_after``
+        # is well inside the lease: a sub-chunk's claims are not renewed until their reply is read,
+        # after the earlier sub-chunks' handlers, and those run only while under ``flush_after``.
+        streams = self.run_batch is None and self.pacing.flush_after <= self.dedupe.lease / 2
+        step = STREAM_STEP if streams else max(1, len(chunk))
         try:
             if observer.enabled:
                 op = "complete_and_claim" if outcomes and chunk else ("claim" if chunk else "complete")
