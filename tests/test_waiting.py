@@ -31,13 +31,15 @@ def holder(redis_client: redis.Redis, namespace: str) -> Iterator[Deduplicator]:
 
 
 def later(seconds: float, action: Callable[[], Any]) -> dict[str, float]:
-    """Run ``action`` in ``seconds`` on a thread; the returned dict gets its ``"at"`` time."""
+    """Run ``action`` in ``seconds`` on a thread; the returned dict gets the time it was started
+    (``"at"``), set before the action runs: a waiter the action wakes may return before the
+    action's own call does."""
     when: dict[str, float] = {}
 
     def go() -> None:
         time.sleep(seconds)
-        action()
         when["at"] = time.monotonic()
+        action()
 
     threading.Thread(target=go, daemon=True).start()
     return when
