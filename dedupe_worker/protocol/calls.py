@@ -127,22 +127,14 @@ class StoreCalls:
 
     def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
-        if items and not self.scripts.is_cluster:  # one call for the batch, built in two passes
-            return [("claim", [k for s, _, _ in items for k in (KeyLayout.started(s), KeyLayout.result(s))],
-                     [lease_ms, retention_ms, *[a for _, fp, orig in items for a in (fp, orig)]])]
         return self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
                            (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
 
     def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
         """``items`` are ``(stem, token, status, value)``."""
-        if items and not self.scripts.is_cluster:
-            return [("complete", [k for s, _, _, _ in items
-                                  for k in (KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))],
-                     [result_ttl_ms,
-                      *[a for _, token, status, value in items for a in (token, _LETTER[status], value)]])]
         return self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
                                         for s, _, _, _ in items],
-                           (result_ttl_ms,), [(token, status.value, value) for _, token, status, value in items])
+                           (result_ttl_ms,), [(token, _LETTER[status], value) for _, token, status, value in items])
 
     def release_calls(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, token)``."""

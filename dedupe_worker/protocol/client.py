@@ -277,8 +277,7 @@ class ClaimClient(ClaimCodec):
 
     def _settled(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], stored: Sequence[Any],
                  released: Sequence[Any]) -> tuple[list[bool], list[bool]]:
-        is_lost = self.renewer.is_lost
-        return ([bool(ok) and not is_lost(c.stem, c.token) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
+        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
                 [bool(ok) for ok in released])
 
     @staticmethod
