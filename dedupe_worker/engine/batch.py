@@ -45,7 +45,6 @@ from ..observe.base import current as observer
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.client import ClaimClient, Request
 from ..protocol.scripts import StreamCut
-from ..protocol.serialization import JsonSerializer
 from .context import _current as current
 from .decision import Decision, Reason, in_progress, poison, settle
 from .pacing import FLUSH_AFTER, Pacing
@@ -102,10 +101,6 @@ class _Batch:
         self.stopped = False  # the chunk stopped: its claims not started are given back
         self.given_back: list[int] = []  # ... those, in order, to be queued again after the round trip
         self.interrupt: BaseException | None = None  # a handler's BaseException, raised once stored
-        #: What the JSON serializer stores for ``None`` (the common no-op result), if it is in use.
-        self.null: tuple[Stored, bytes] | None = (
-            (Stored.COMPLETED, b"null")
-            if type(dedupe.serializer) is JsonSerializer and dedupe.max_result_bytes >= 4 else None)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -215,7 +210,7 @@ class _Batch:
     def call_each(self, acquired: list[tuple[int, Claim]]) -> None:
         """The handlers one after the other, until those that finished reach ``flush_after``."""
         observed = observer.enabled
-        items, pacing, done, null = self.items, self.pacing, self.done, self.null
+        items, pacing = self.items, self.pacing
         perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
         last = len(acquired) - 1
         for n, (i, claim) in enumerate(acquired):
@@ -230,10 +225,7 @@ class _Batch:
             except Exception as exc:
                 self.failed(i, claim, exc)
             else:
-                if value is None and null is not None:
-                    done.append((i, claim, Decision(_APPLIED, claim), null))
-                else:
-                    self.finished(i, claim, value)
+                self.finished(i, claim, value)
             finally:
                 unbind(reset)
             seconds = perf() - began

@@ -138,6 +138,8 @@ class ClaimCodec:
     def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
         """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``; a value JSON
         cannot hold, or one over ``max_result_bytes``, is stored as omitted."""
+        if value is None and type(self.serializer) is JsonSerializer and self.max_result_bytes >= 4:
+            return Stored.COMPLETED, b"null", None  # the common no-op result, without a dumps call
         try:
             data = self.serializer.dumps(value)
         except ResultNotSerializable as exc:
