@@ -23,7 +23,7 @@ from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, ClaimCodec, Request
 from .connection import redis_from_url
 from .renewer import LeaseRenewer
-from .scripts import StreamCut
+from .scripts import Call, StreamCut
 from .serialization import Serializer
 from .store import KeyState, RedisStore
 from .watcher import KeyWatcher
@@ -209,13 +209,8 @@ class ClaimClient(ClaimCodec):
         stored in the same call answers DUPLICATE. Raises :class:`StoreUnavailable`; the outcomes
         may then have been stored or not.
         """
-        store = self.store
-        stored, released, replies = store.run(
-            store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
-                                 self._result_ttl_ms),
-            store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms),
-            store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms, self._retention_ms),
-        )
+        stored, released, replies = self.store.run(*self._settle_calls(outcomes, releases),
+                                                   self._claim_calls(requests))
         claims = self._claims(requests, replies)
         self._log_claims(claims)
         return (*self._settled(outcomes, stored, released), claims)
@@ -247,11 +242,9 @@ class ClaimClient(ClaimCodec):
                 each(start, claims[start:start + step])
             return stored, released
         parts = [requests[start:start + step] for start in range(0, len(requests), step)]
-        head = [*store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
-                                      self._result_ttl_ms),
-                *store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms)]
-        calls = [*head, *(call for part in parts for call in store.claim_calls(
-            [(r[1], r[2], r[3]) for r in part], self._lease_ms, self._retention_ms))]
+        completes, frees = self._settle_calls(outcomes, releases)
+        head = [*completes, *frees]
+        calls = [*head, *(call for part in parts for call in self._claim_calls(part))]
         answered = 0
 
         def deliver(reply: Any) -> None:
@@ -269,6 +262,18 @@ class ClaimClient(ClaimCodec):
             exc.claimed = min(len(requests), answered * step)
             raise
         return self._settled(outcomes, *self._head(outcomes, releases, replies))
+
+    def _settle_calls(self, outcomes: Sequence[tuple[Claim, Stored, bytes]],
+                      releases: Sequence[Claim]) -> tuple[list[Call], list[Call]]:
+        """The script calls that store ``outcomes`` and release ``releases``."""
+        store = self.store
+        return (store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
+                                     self._result_ttl_ms),
+                store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms))
+
+    def _claim_calls(self, requests: Sequence[Request]) -> list[Call]:
+        """The script calls that claim ``requests``."""
+        return self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms, self._retention_ms)
 
     @staticmethod
     def _head(outcomes: Sequence[Any], releases: Sequence[Claim], replies: list[Any]) -> tuple[list[Any], list[Any]]:
