@@ -94,8 +94,12 @@ class ScriptRunner:
         #: (see :mod:`.held`); ``None`` on a cluster or a small or blocking pool.
         self.held = HeldConnection.for_client(client)
 
+    def _command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command of one call."""
+        return ("EVALSHA", self.sha[name], len(keys), *keys, *args)
+
     def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        command = ("EVALSHA", self.sha[name], len(keys), *keys, *args)
+        command = self._command(name, keys, args)
         if self.held is not None:
             reply = self.held.execute(*command)
             if reply is not BUSY:
@@ -180,7 +184,7 @@ class ScriptRunner:
                 delivered += 1
                 deliver(reply)
 
-        commands = [("EVALSHA", self.sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+        commands = [self._command(*call) for call in calls]
         try:
             if self.held is None or self.held.execute_streamed(commands, take) is BUSY:
                 replies = self.call_all(calls)
@@ -211,7 +215,7 @@ class ScriptRunner:
             return []
         try:
             replies: list[Any] = self._pipelined(
-                [("EVALSHA", self.sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+                [self._command(*call) for call in calls]
                 + ([("WAIT", *wait)] if wait is not None else []))
             acked: Any = replies.pop() if wait is not None else None
             reloaded = self._retry_noscript(calls, replies)
