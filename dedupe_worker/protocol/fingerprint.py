@@ -17,7 +17,7 @@ import enum
 import hashlib
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -46,9 +46,7 @@ def canonical_json(value: Any) -> bytes:
     naming the type: its only text would be a ``repr``, which may hold a memory address and
     differ between processes. Pass a fingerprint of your own (a string) for such payloads.
     """
-    parts: list[bytes] = []
-    _write(value, parts.append)
-    return b"".join(parts)
+    return orjson.dumps(_plain(value))
 
 
 def canonical_number(number: int | float | decimal.Decimal) -> str:
@@ -65,6 +63,9 @@ def canonical_number(number: int | float | decimal.Decimal) -> str:
             raise TypeError(f"cannot fingerprint float {number!r}: NaN and infinity have no JSON form")
         if number == 0:
             return "0"
+        text = repr(number)
+        if "e" not in text:  # 1e-4 <= |x| < 1e16: repr's fixed form has ECMAScript's digits and layout
+            return text[:-2] if text.endswith(".0") else text
         negative, text = number < 0, repr(abs(number))
         mantissa, _, exponent = text.partition("e")
         whole, _, fraction = mantissa.partition(".")
@@ -104,79 +105,75 @@ def _utf16(item: tuple[str, Any]) -> bytes:
 
 def _member_name(key: Any) -> str:
     if isinstance(key, str):
-        return key
+        return str(key)
     if isinstance(key, int) and not isinstance(key, bool):
         return canonical_number(key)
     raise TypeError(f"cannot fingerprint a mapping key of type {type(key).__qualname__}: keys must be str or int")
 
 
-def _write(value: Any, out: Callable[[bytes], None]) -> None:
+def _plain(value: Any) -> Any:
+    """``value`` made of what orjson writes canonically as it is: ``str``, ``bool``, ``None``,
+    integers below 2**53, lists and dicts whose members are in canonical order; every other number
+    as an :class:`orjson.Fragment` of its canonical text. Raises :class:`TypeError`."""
     kind = type(value)
-    if kind is str:
-        out(orjson.dumps(value))
-    elif value is None:
-        out(b"null")
-    elif kind is bool:
-        out(b"true" if value else b"false")
-    elif kind is int or kind is float or kind is decimal.Decimal:
-        out(canonical_number(value).encode())
-    elif isinstance(value, Mapping):
-        members: dict[str, Any] = {}
-        for key, item in value.items():
-            name = _member_name(key)
-            if name in members:
-                raise TypeError(f"cannot fingerprint a mapping with two keys written as {name!r}")
-            members[name] = item
-        out(b"{")
-        for i, (name, item) in enumerate(sorted(members.items(), key=_utf16)):
-            out(b"," + orjson.dumps(name) + b":" if i else orjson.dumps(name) + b":")
-            _write(item, out)
-        out(b"}")
-    elif kind is list or kind is tuple:
-        _write_array(value, out)
-    else:
-        _write_other(value, out)
+    if kind is str or kind is bool or value is None:
+        return value
+    if kind is int:
+        return value if -_SMALL_INT < value < _SMALL_INT else orjson.Fragment(canonical_number(value))
+    if kind is float:
+        if value.is_integer() and -_SMALL_INT < value < _SMALL_INT:
+            return int(value)
+        return orjson.Fragment(canonical_number(value))
+    if kind is dict or isinstance(value, Mapping):
+        if all(type(key) is str for key in value):
+            items = list(value.items())
+        else:
+            items = [(_member_name(key), item) for key, item in value.items()]
+            if len({name for name, _ in items}) < len(items):
+                raise TypeError(f"cannot fingerprint a mapping with two keys written as the same text: {value!r:.200}")
+        # Code point order is UTF-16 order unless a key holds a character from U+E000 up.
+        items.sort(key=_utf16 if items and max(name for name, _ in items) >= "\ue000" else _first)
+        return {name: _plain(item) for name, item in items}
+    if kind is list or kind is tuple:
+        return [_plain(item) for item in value]
+    return _plain_other(value)
 
 
-def _write_array(items: Any, out: Callable[[bytes], None]) -> None:
-    out(b"[")
-    for i, item in enumerate(items):
-        if i:
-            out(b",")
-        _write(item, out)
-    out(b"]")
+def _first(item: tuple[str, Any]) -> str:
+    return item[0]
 
 
-def _write_other(value: Any, out: Callable[[bytes], None]) -> None:
+def _plain_other(value: Any) -> Any:
     """The types that have a stable JSON form but are not JSON's own (see :func:`canonical_json`)."""
     dump = getattr(value, "model_dump", None)  # pydantic v2 models
     if callable(dump) and not isinstance(value, type):
-        _write(dump(mode="json"), out)
-    elif isinstance(value, enum.Enum):
-        _write(value.value, out)
-    elif isinstance(value, str):  # subclasses of the plain types, as the plain type
-        _write(str(value), out)
-    elif isinstance(value, int):
-        _write(bool(value) if isinstance(value, bool) else int(value), out)
-    elif isinstance(value, (float, decimal.Decimal)):
-        out(canonical_number(value).encode())
-    elif isinstance(value, (list, tuple)):
-        _write_array(value, out)
-    elif isinstance(value, (set, frozenset)):  # no order of their own: sorted by canonical form
-        out(b"[" + b",".join(sorted(canonical_json(item) for item in value)) + b"]")
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        _write({field.name: getattr(value, field.name) for field in dataclasses.fields(value)}, out)
-    elif isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
-        _write(value.isoformat(), out)
-    elif isinstance(value, uuid.UUID):
-        _write(str(value), out)
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        _write(base64.b64encode(bytes(value)).decode("ascii"), out)
-    else:
-        raise TypeError(
-            f"cannot fingerprint a value of type {type(value).__module__}.{type(value).__qualname__}: it has "
-            "no stable JSON form (give it one as a pydantic model or dataclass, or pass a fingerprint string)"
-        )
+        return _plain(dump(mode="json"))
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, str):  # subclasses of the plain types, as the plain type
+        return str(value)
+    if isinstance(value, int):
+        return bool(value) if isinstance(value, bool) else _plain(int(value))
+    if isinstance(value, float):
+        return _plain(float(value))
+    if isinstance(value, decimal.Decimal):
+        return orjson.Fragment(canonical_number(value))
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (set, frozenset)):  # no order of their own: sorted by canonical form
+        return orjson.Fragment(b"[" + b",".join(sorted(canonical_json(item) for item in value)) + b"]")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain({field.name: getattr(value, field.name) for field in dataclasses.fields(value)})
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    raise TypeError(
+        f"cannot fingerprint a value of type {type(value).__module__}.{type(value).__qualname__}: it has "
+        "no stable JSON form (give it one as a pydantic model or dataclass, or pass a fingerprint string)"
+    )
 
 
 def content_hash(data: bytes | str, length: int = 32) -> str:
