@@ -16,7 +16,7 @@ from kombu import Connection
 from dedupe_worker import Deduplicator
 from dedupe_worker.rabbitmq import DedupeConsumer
 
-from .rabbitmq_fixtures import amqp, depth, wait_for
+from .rabbitmq_fixtures import amqp, consumer_thread, depth, drained, publish, wait_for
 from .replay_fixtures import apply_before, body_of, cli, killed_on_exit, redis_snapshot, replay_process, unique
 
 __all__ = ["amqp"]  # a fixture, imported for pytest
@@ -320,3 +320,44 @@ def test_conflicts_and_undecodable_are_left_in_place_and_nothing_is_deleted(
     assert [m.headers["idempotency-key"] for m in take_all(amqp, queue)] == ["k1"]
     assert sorted(raw_body(m) for m in take_all(amqp, queue + ".dlq")) == [body_of(0), body_of(2)]
     assert redis_snapshot(redis_client, namespace) == before
+
+
+def test_the_consumers_own_dead_letters_are_judged_by_the_fingerprints_it_stored(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str,
+        dedupe: Deduplicator) -> None:
+    """End to end: the real consumer dead-letters a conflict and a handler error, then applies the
+    handler error's payload on a later copy. The replay computes the fingerprints the consumer
+    stored from the dead-lettered bytes: it drops the applied payload and keeps the conflict."""
+    failing = threading.Event()
+    failing.set()
+    ran: list[bytes] = []
+
+    def handler(body: Any, message: Any) -> str:
+        if body["id"] == "b" and failing.is_set():
+            raise RuntimeError("downstream down")
+        ran.append(message.body)
+        return str(body["id"])
+
+    consumer = DedupeConsumer(amqp.clone(), [queue], handler, dedupe, max_attempts=1)
+    with consumer_thread(consumer):
+        publish(amqp, queue, '{"id": "a", "amount": 1}', headers={"idempotency-key": "a"})
+        wait_for(lambda: len(ran) == 1, what="the first payload of key a")
+        publish(amqp, queue, '{"id": "a", "amount": 2}', headers={"idempotency-key": "a"})  # -> conflict
+        publish(amqp, queue, '{"id": "b", "amount": 3}', headers={"idempotency-key": "b"})  # -> handler_error
+        wait_for(lambda: depth(amqp, queue + ".dlq") == 2, what="two dead letters")
+        failing.clear()
+        publish(amqp, queue, '{"id": "b", "amount": 3}', headers={"idempotency-key": "b"})  # the same payload
+        wait_for(lambda: len(ran) == 2 and drained(amqp, queue), what="the copy of b applied")
+    reasons = sorted(m.headers["x-dedupe-reason"] for m in peek_all(amqp, queue + ".dlq"))
+    assert reasons == ["conflict", "handler_error"]
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
+
+    assert status == 0
+    assert json.loads(out) == {"dry_run": False, "examined": 2, "replayed": 0, "already_applied": 1,
+                               "left_in_place": 1, "failed": 0}
+    (left,) = peek_all(amqp, queue + ".dlq")
+    assert left.headers["x-dedupe-reason"] == "conflict" and raw_body(left) == b'{"id": "a", "amount": 2}'
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--dry-run",
+                                  "--filter", "conflict"))
+    assert [(e["key"], e["state"], e["action"]) for e in json.loads(out)["plan"]] == [("a", "conflict", "leave")]
