@@ -52,6 +52,39 @@ def test_invalid_keys_are_refused(key: object, dedupe: Deduplicator) -> None:
         dedupe.begin(key)  # type: ignore[arg-type]
 
 
+def test_a_literal_key_never_reaches_a_hashed_keys_records(dedupe: Deduplicator) -> None:
+    """``sha256:<hex>`` is what a long key is stored as; given as a key it must not read that
+    key's outcome (with keys from request headers, that would read someone else's response)."""
+    long_key = "account-7:" + "x" * 300
+    dedupe.run(long_key, lambda: "secret of account 7")
+    stored, _ = dedupe.layout.stored_key(long_key)
+    assert stored.startswith("sha256:")
+
+    literal = dedupe.begin(stored)
+
+    assert literal.outcome is Outcome.ACQUIRED and literal.result is None
+    assert dedupe.layout.stored_key(stored) == ("sha256:" + hashlib.sha256(stored.encode()).hexdigest(), stored)
+    assert literal.stem != dedupe.begin(long_key).stem
+    dedupe.complete(literal, "literal's own")
+    assert dedupe.begin(long_key).result == "secret of account 7"
+    assert dedupe.begin(stored).result == "literal's own"
+    assert dedupe.layout.stored_key(b"sha256:abc")[1] == "sha256:abc"  # bytes keys alike
+
+
+def test_key_limits_count_utf8_bytes(redis_client: redis.Redis, namespace: str) -> None:
+    d = Deduplicator(redis_client, namespace=namespace, max_key_length=200)
+    try:
+        assert d.layout.stored_key("é" * 100) == ("é" * 100, "")  # 100 characters, 200 bytes
+        stored, original = d.layout.stored_key("é" * 101)  # 101 characters, 202 bytes: hashed
+        assert stored.startswith("sha256:") and original == "é" * 101
+        assert d.begin("€" * 2730).acquired  # 8,190 bytes, hashed
+        for key in ("€" * 2731, "€".encode() * 2731):  # 2,731 characters, 8,193 bytes
+            with pytest.raises(InvalidKey, match="8193 bytes long; the limit is 8192 bytes"):
+                d.begin(key)
+    finally:
+        d.close()
+
+
 def test_canonical_json_and_fingerprints() -> None:
     assert k.canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == b'{"a":[1,{"c":3,"d":2}],"b":1}'
     assert k.fingerprint_of({"x": 1, "y": 2}) == k.fingerprint_of({"y": 2, "x": 1})
@@ -174,7 +207,7 @@ def test_kafka_default_answers_as_the_chain_it_stands_for(headers: dict[str, obj
 
 @pytest.mark.parametrize("key", [
     "order-1", "a" * 200, "a" * 201, "has space", "has{brace}", "tab\tkey", "caf\u00e9", b"bytes-key", b"\xff\xfe",
-    "x" * (KEY_HARD_LIMIT + 1), "", 42,
+    "x" * (KEY_HARD_LIMIT + 1), "", 42, "sha256:" + "0" * 64, "sha256:", "€" * 2731, "é" * 101,
 ])
 @pytest.mark.parametrize("fingerprint", [None, "", "fp", "f" * 65, {"a": 1}, b"raw"])
 def test_a_request_is_what_the_checked_key_and_its_layout_make(key: object, fingerprint: object,

@@ -200,6 +200,44 @@ def test_dry_run_changes_nothing_then_the_real_run_follows_the_plan(
     assert committed(kafka_bootstrap, group, topic + ".dlq") == ends
 
 
+def test_conflicts_and_undecodable_are_left_in_place_and_nothing_is_deleted(
+        kafka_bootstrap: str, topic: str, redis_url: str, namespace: str, dedupe: Deduplicator,
+        redis_client: redis.Redis) -> None:
+    """Only a payload whose own outcome is stored is dropped (see the RabbitMQ twin of this test)."""
+    dead_letter(kafka_bootstrap, topic, [0], reason="conflict")     # the key holds another payload's outcome
+    apply_before(dedupe, "k0", b'{"id": "k0", "amount": 999}')
+    dead_letter(kafka_bootstrap, topic, [1], reason="undecodable")  # key free
+    dead_letter(kafka_bootstrap, topic, [2, 3])                     # handler_error
+    apply_before(dedupe, "k2", b'{"id": "k2", "amount": 999}')      # another payload's outcome
+    apply_before(dedupe, "k3", body_of(3))                          # this very payload's outcome
+    before = redis_snapshot(redis_client, namespace)
+    dlq_before = {(m.partition(), m.offset()) for m in read_all(kafka_bootstrap, topic + ".dlq")}
+
+    status, out = cli(replay_args(kafka_bootstrap, topic, redis_url, namespace, "--dry-run", "--json"))
+
+    plan = {e["key"]: e for e in json.loads(out)["plan"]}
+    assert status == 0
+    assert {k: (e["state"], e["action"]) for k, e in plan.items()} == {
+        "k0": ("filtered", "leave"), "k1": ("filtered", "leave"), "k2": ("conflict", "leave"),
+        "k3": ("applied", "drop")}
+    assert "dead-lettered as conflict" in plan["k0"]["note"] and "different payload" in plan["k2"]["note"]
+
+    status, out = cli(replay_args(kafka_bootstrap, topic, redis_url, namespace, "--json"))
+
+    assert status == 0
+    assert json.loads(out) == {"dry_run": False, "examined": 4, "replayed": 0, "already_applied": 1,
+                               "left_in_place": 3, "failed": 0}
+    assert read_all(kafka_bootstrap, topic) == []
+    # Kafka cannot keep a record in place while the group moves on: each left record was copied,
+    # untouched, to the end of the dead-letter topic for the next run.
+    copies = [m for m in read_all(kafka_bootstrap, topic + ".dlq") if (m.partition(), m.offset()) not in dlq_before]
+    assert sorted((headers_of(m)["idempotency-key"], m.value()) for m in copies) == [
+        ("k0", body_of(0)), ("k1", body_of(1)), ("k2", body_of(2))]
+    assert all(headers_of(m)["x-dedupe-attempts"] == "3" and "x-dedupe-replayed" not in headers_of(m)
+               for m in copies)
+    assert redis_snapshot(redis_client, namespace) == before
+
+
 def test_missing_origin_is_a_failure_that_stops_the_partition(
         kafka_bootstrap: str, topic: str, redis_url: str, namespace: str) -> None:
     dead_letter(kafka_bootstrap, topic, [0, 2], **{"x-dedupe-original-topic": ""})

@@ -43,7 +43,7 @@ def envelope(key: str | None, body: bytes = b'{"id": 1}', **headers: str) -> Env
 
 
 def test_each_key_state_gets_its_step(dedupe: Deduplicator) -> None:
-    apply_before(dedupe, "applied", b"x")
+    apply_before(dedupe, "applied", b'{"id": 1}')
     apply_before(dedupe, "failed", b"x", fail=True)
     assert dedupe.begin("held").acquired
     planner = Planner(dedupe, header_key())
@@ -56,6 +56,53 @@ def test_each_key_state_gets_its_step(dedupe: Deduplicator) -> None:
     }
     assert all(e.reason == "handler_error" and e.key == k for k, e in verdicts.items())
     assert not any(e.failed for e in verdicts.values())
+
+
+def test_an_outcome_is_applied_only_for_the_payload_that_ran(dedupe: Deduplicator) -> None:
+    """Same key, other body: the outcome stored is not this payload's, so it is never dropped."""
+    apply_before(dedupe, "order-7", b'{"amount": 1}')
+    planner = Planner(dedupe, header_key())
+
+    ran = planner.judge(envelope("order-7", b'{"amount": 1}'), "handler_error")
+    other = planner.judge(envelope("order-7", b'{"amount": 2}'), "handler_error")
+
+    assert (ran.state, ran.step) == ("applied", Step.DROP)
+    assert (other.state, other.step) == ("conflict", Step.LEAVE)
+    assert "different payload" in other.note and other.token == ran.token > 0
+    # a consumer run without conflict detection answers any payload of a done key as a duplicate
+    blind = Planner(dedupe, header_key(), fingerprint=None).judge(envelope("order-7", b'{"amount": 2}'))
+    assert (blind.state, blind.step) == ("applied", Step.DROP)
+
+
+def test_an_outcome_stored_without_a_fingerprint_proves_nothing(dedupe: Deduplicator) -> None:
+    dedupe.run("plain", lambda: "done")  # no fingerprint stored with it
+    entry = Planner(dedupe, header_key()).judge(envelope("plain"), "handler_error")
+    assert (entry.state, entry.step) == ("unproven", Step.LEAVE)
+    assert "without a fingerprint" in entry.note
+
+
+def test_a_failing_fingerprint_function_leaves_the_message(dedupe: Deduplicator) -> None:
+    apply_before(dedupe, "k", b'{"id": 1}')
+
+    def broken(_envelope: Envelope) -> str:
+        raise ValueError("no fingerprint today")
+
+    entry = Planner(dedupe, header_key(), fingerprint=broken).judge(envelope("k"))
+    assert (entry.state, entry.step) == ("unproven", Step.LEAVE) and "no fingerprint today" in entry.note
+
+
+@pytest.mark.parametrize("reason", ["conflict", "undecodable"])
+def test_conflict_and_undecodable_stay_unless_filter_names_them(reason: str, dedupe: Deduplicator) -> None:
+    apply_before(dedupe, "done", b'{"id": 1}')
+    default = Planner(dedupe, header_key())
+    for key in ("done", "free"):
+        held = default.judge(envelope(key), reason)
+        assert (held.key, held.state, held.step, held.reason) == (key, "filtered", Step.LEAVE, reason)
+        assert f"dead-lettered as {reason}" in held.note and f"--filter {reason}" in held.note
+    named = Planner(dedupe, header_key(), reasons={reason})
+    assert named.judge(envelope("free"), reason).step is Step.REPLAY
+    assert named.judge(envelope("done"), reason).step is Step.DROP  # this very payload's outcome is stored
+    assert named.judge(envelope("done", b'{"id": 2}'), reason).step is Step.LEAVE
 
 
 def test_a_key_whose_lease_ran_out_is_replayed(redis_client: redis.Redis, namespace: str) -> None:

@@ -16,7 +16,7 @@ from kombu import Connection
 from dedupe_worker import Deduplicator
 from dedupe_worker.rabbitmq import DedupeConsumer
 
-from .rabbitmq_fixtures import amqp, depth, wait_for
+from .rabbitmq_fixtures import amqp, consumer_thread, depth, drained, publish, wait_for
 from .replay_fixtures import apply_before, body_of, cli, killed_on_exit, redis_snapshot, replay_process, unique
 
 __all__ = ["amqp"]  # a fixture, imported for pytest
@@ -275,3 +275,89 @@ def test_sigkill_mid_replay_then_rerun_loses_nothing_and_applies_once(
     runs = consume_all(amqp, queue, dedupe, expected=total)
     assert runs == Counter({f"k{i}": 1 for i in range(total)})
     assert channel.queue_declare(queue=queue, passive=True).message_count == 0
+
+
+def test_conflicts_and_undecodable_are_left_in_place_and_nothing_is_deleted(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str, dedupe: Deduplicator,
+        redis_client: redis.Redis) -> None:
+    """Only a payload whose own outcome is stored is dropped: a conflict (its key holds another
+    payload's outcome) never ran, and neither did an undecodable message."""
+    dead_letter(amqp, queue, 0, reason="conflict")     # the key's outcome is another payload's
+    apply_before(dedupe, "k0", b'{"id": "k0", "amount": 999}')
+    dead_letter(amqp, queue, 1, reason="undecodable")  # key free: replayed unchanged it bounces back
+    dead_letter(amqp, queue, 2)                        # handler_error, but the stored outcome is another payload's
+    apply_before(dedupe, "k2", b'{"id": "k2", "amount": 999}')
+    dead_letter(amqp, queue, 3)                        # this very payload's outcome: dropped
+    apply_before(dedupe, "k3", body_of(3))
+    before = redis_snapshot(redis_client, namespace)
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--dry-run", "--json"))
+
+    plan = {e["key"]: e for e in json.loads(out)["plan"]}
+    assert status == 0
+    assert {k: (e["state"], e["action"]) for k, e in plan.items()} == {
+        "k0": ("filtered", "leave"), "k1": ("filtered", "leave"), "k2": ("conflict", "leave"),
+        "k3": ("applied", "drop")}
+    assert "dead-lettered as conflict" in plan["k0"]["note"] and "--filter conflict" in plan["k0"]["note"]
+    assert "dead-lettered as undecodable" in plan["k1"]["note"]
+    assert "different payload" in plan["k2"]["note"]
+    _, table = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--dry-run"))
+    assert "dead-lettered as conflict" in table and "different payload" in table  # the dry run says why
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
+
+    assert status == 0
+    assert json.loads(out) == {"dry_run": False, "examined": 4, "replayed": 0, "already_applied": 1,
+                               "left_in_place": 3, "failed": 0}
+    assert depth(amqp, queue) == 0
+    left = peek_all(amqp, queue + ".dlq")
+    assert sorted(raw_body(m) for m in left) == [body_of(0), body_of(1), body_of(2)]
+    assert all(m.headers["x-dedupe-attempts"] == "5" and "x-dedupe-replayed" not in m.headers for m in left)
+    # Naming them replays what is free and still never drops another payload's conflict.
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json",
+                                  "--filter", "conflict,undecodable"))
+    assert json.loads(out)["replayed"] == 1 and json.loads(out)["already_applied"] == 0
+    assert [m.headers["idempotency-key"] for m in take_all(amqp, queue)] == ["k1"]
+    assert sorted(raw_body(m) for m in take_all(amqp, queue + ".dlq")) == [body_of(0), body_of(2)]
+    assert redis_snapshot(redis_client, namespace) == before
+
+
+def test_the_consumers_own_dead_letters_are_judged_by_the_fingerprints_it_stored(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str,
+        dedupe: Deduplicator) -> None:
+    """End to end: the real consumer dead-letters a conflict and a handler error, then applies the
+    handler error's payload on a later copy. The replay computes the fingerprints the consumer
+    stored from the dead-lettered bytes: it drops the applied payload and keeps the conflict."""
+    failing = threading.Event()
+    failing.set()
+    ran: list[bytes] = []
+
+    def handler(body: Any, message: Any) -> str:
+        if body["id"] == "b" and failing.is_set():
+            raise RuntimeError("downstream down")
+        ran.append(message.body)
+        return str(body["id"])
+
+    consumer = DedupeConsumer(amqp.clone(), [queue], handler, dedupe, max_attempts=1)
+    with consumer_thread(consumer):
+        publish(amqp, queue, '{"id": "a", "amount": 1}', headers={"idempotency-key": "a"})
+        wait_for(lambda: len(ran) == 1, what="the first payload of key a")
+        publish(amqp, queue, '{"id": "a", "amount": 2}', headers={"idempotency-key": "a"})  # -> conflict
+        publish(amqp, queue, '{"id": "b", "amount": 3}', headers={"idempotency-key": "b"})  # -> handler_error
+        wait_for(lambda: depth(amqp, queue + ".dlq") == 2, what="two dead letters")
+        failing.clear()
+        publish(amqp, queue, '{"id": "b", "amount": 3}', headers={"idempotency-key": "b"})  # the same payload
+        wait_for(lambda: len(ran) == 2 and drained(amqp, queue), what="the copy of b applied")
+    reasons = sorted(m.headers["x-dedupe-reason"] for m in peek_all(amqp, queue + ".dlq"))
+    assert reasons == ["conflict", "handler_error"]
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json"))
+
+    assert status == 0
+    assert json.loads(out) == {"dry_run": False, "examined": 2, "replayed": 0, "already_applied": 1,
+                               "left_in_place": 1, "failed": 0}
+    (left,) = peek_all(amqp, queue + ".dlq")
+    assert left.headers["x-dedupe-reason"] == "conflict" and raw_body(left) == b'{"id": "a", "amount": 2}'
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--dry-run",
+                                  "--filter", "conflict"))
+    assert [(e["key"], e["state"], e["action"]) for e in json.loads(out)["plan"]] == [("a", "conflict", "leave")]

@@ -3,8 +3,11 @@ re-applying one. See ``docs/replay.md``.
 
 Keys are derived with the same options and defaults as the consumer commands
 (:func:`~dedupe_worker.cli.options.key_strategy_from`), so pass the consumer's ``--key-header`` /
-``--key-field`` and ``--namespace`` here too. Exit status: 0; 1 when any message failed; 2 when
-the dead-letter queue or topic does not exist.
+``--key-field`` and ``--namespace`` here too. A message is dropped as already applied only when
+the outcome stored under its key carries its own payload fingerprint (the consumers' default,
+the hash of the body); ``conflict`` and ``undecodable`` dead letters stay where they are unless
+``--filter`` names them. Exit status: 0; 1 when any message failed; 2 when the dead-letter queue
+or topic does not exist.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="republish at most N messages per second")
     parser.add_argument("--filter", action="append", metavar="REASON", dest="reasons",
                         help="replay only messages dead-lettered for this reason (repeatable; "
-                             "e.g. handler_error); the others are left in place")
+                             "e.g. handler_error); the others are left in place. Without it, all but "
+                             "conflict and undecodable dead letters, which are examined only when named")
     parser.add_argument("--json", action="store_true", help="print the summary (and the plan) as JSON")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="live progress on stderr (default: when stderr is a terminal)")

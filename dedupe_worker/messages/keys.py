@@ -74,7 +74,9 @@ def message_id_key() -> KeyStrategy:
 
 
 def content_key() -> KeyStrategy:
-    """The key is a hash of the body: identical bodies are the same message."""
+    """The key is a hash of the body: identical bodies are the same message. Like every key that
+    begins with ``sha256:``, it is stored under its own hash (the original in ``orig``), so it can
+    never name the records of a long key that was hashed."""
     return lambda envelope: f"sha256:{content_hash(envelope.body, 64)}"
 
 

@@ -13,18 +13,25 @@ from ..errors import InvalidKey, ResultNotSerializable
 from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
-from .layout import _UNSAFE, KeyLayout
+from .layout import _UNSAFE, HASHED_PREFIX, KeyLayout
 from .serialization import JsonSerializer, Serializer
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request"]
 
 log = logging.getLogger(__name__)
 
-#: Keys longer than this (bytes) are refused outright instead of hashed: almost surely a bug.
+#: Keys longer than this many UTF-8 bytes are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
 
 _ACQUIRED, _DUPLICATE = Outcome.ACQUIRED, Outcome.DUPLICATE
 _unsafe = _UNSAFE.search
+
+
+def _byte_length(key: str | bytes) -> int:
+    """How many bytes ``key`` has in UTF-8 (a lone surrogate counted as its three bytes)."""
+    if isinstance(key, bytes) or key.isascii():
+        return len(key)
+    return len(key.encode("utf-8", "surrogatepass"))
 
 
 class Request(NamedTuple):
@@ -67,20 +74,23 @@ class ClaimCodec:
         self._result_ttl_ms = max(1, int(result_ttl * 1000))
         self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
         #: What :meth:`request` builds a stem from without the general checks: an ASCII ``str``
-        #: key this long at most, free of what :class:`KeyLayout` hashes, is stored as it is.
+        #: key this long at most, free of what :class:`KeyLayout` hashes (unsafe characters, the
+        #: ``sha256:`` prefix), is stored as it is.
         self._plain_limit = min(max_key_length, KEY_HARD_LIMIT)
         self._stem_open = f"{namespace}:{{"
 
     def check_key(self, key: str | bytes) -> tuple[str, str]:
         """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
-        for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT``."""
-        if isinstance(key, (str, bytes)) and len(key) > KEY_HARD_LIMIT:
-            raise InvalidKey(f"idempotency key is {len(key)} long; the limit is {KEY_HARD_LIMIT}")
+        for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT`` UTF-8
+        bytes."""
+        if isinstance(key, (str, bytes)) and (size := _byte_length(key)) > KEY_HARD_LIMIT:
+            raise InvalidKey(f"idempotency key is {size} bytes long; the limit is {KEY_HARD_LIMIT} bytes")
         return self.layout.stored_key(key)
 
     def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
         """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
-        if type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and not _unsafe(key):
+        if (type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and not _unsafe(key)
+                and not key.startswith(HASHED_PREFIX)):
             # the common key (what check_key and KeyLayout.stem would give, a batch's worth cheaper)
             stem, original = self._stem_open + key + "}", ""
         else:

@@ -8,7 +8,9 @@ Two keys per message share one Redis Cluster hash slot through the ``{...}`` has
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
 (braces, whitespace, control characters, invalid UTF-8), is replaced by ``sha256:<hex>`` of its
-UTF-8 bytes; the original is kept in the records' ``orig`` field for inspection.
+UTF-8 bytes; the original is kept in the records' ``orig`` field for inspection. A key that itself
+begins with ``sha256:`` is hashed the same way, so a literal key can never name the records of a
+hashed one (``sha256:<hex of K>`` given as a key lands elsewhere than ``K``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from ..errors import InvalidKey
 __all__ = ["KeyLayout"]
 
 _UNSAFE = re.compile(r"[{}\s\x00-\x1f\x7f]")
+#: How a stored key that holds a hash begins; a literal key beginning so is hashed too.
+HASHED_PREFIX = "sha256:"
 
 
 class KeyLayout:
@@ -34,13 +38,14 @@ class KeyLayout:
 
     def stored_key(self, key: str | bytes) -> tuple[str, str]:
         """Return ``(stored, original)``: the key as it appears in Redis, and the original when
-        it had to be hashed (else ``""``). Raises :class:`InvalidKey` for an empty key."""
+        it had to be hashed (else ``""``). ``max_key_length`` counts the key's UTF-8 bytes.
+        Raises :class:`InvalidKey` for an empty key."""
         if isinstance(key, bytes):
             raw = key
             try:
                 text = key.decode("utf-8")
             except UnicodeDecodeError:
-                return "sha256:" + hashlib.sha256(raw).hexdigest(), key.hex()
+                return HASHED_PREFIX + hashlib.sha256(raw).hexdigest(), key.hex()
         elif isinstance(key, str):
             text = key
             try:
@@ -51,8 +56,8 @@ class KeyLayout:
             raise InvalidKey(f"key must be str or bytes, not {type(key).__name__}")
         if not raw:
             raise InvalidKey("idempotency key is empty")
-        if len(raw) > self.max_key_length or _UNSAFE.search(text):
-            return "sha256:" + hashlib.sha256(raw).hexdigest(), text
+        if len(raw) > self.max_key_length or _UNSAFE.search(text) or text.startswith(HASHED_PREFIX):
+            return HASHED_PREFIX + hashlib.sha256(raw).hexdigest(), text
         return text, ""
 
     def stem(self, stored: str) -> str:

@@ -7,7 +7,15 @@ key strategy applied to the same :class:`~dedupe_worker.Envelope`) and reads the
 ================  ===========  ==========================================================
 key state         step         why
 ================  ===========  ==========================================================
-done (c / o)      DROP         already applied: remove it from the dead-letter queue
+held back         LEAVE        dead-lettered as ``conflict`` or ``undecodable`` and not
+                               named by ``--filter``: replayed unchanged it only bounces back
+done (c / o)      DROP         already applied: the stored outcome's fingerprint is this
+                               message's payload fingerprint; remove it from the dead-letter
+                               queue
+conflict          LEAVE        an outcome is stored for a *different* payload under this key:
+                               this payload never ran (forget the key, or re-key the message)
+unproven          LEAVE        an outcome is stored without a fingerprint (or this message's
+                               could not be computed): nothing shows this payload ran
 done (f)          LEAVE        a stored permanent failure; the consumer would only ack it
                                as ``previously_failed``, so replaying cannot help
 in_progress       LEAVE        another copy is being handled right now
@@ -18,6 +26,13 @@ key mismatch      LEAVE        the key differs from the ``x-dedupe-key`` the con
 filtered          LEAVE        its dead-letter reason is not one of ``--filter``
 unavailable       LEAVE        Redis could not be asked; counted as failed
 ================  ===========  ==========================================================
+
+So a message is dropped only when its own payload is proven to have run: the fingerprint is
+computed from the dead-lettered message exactly as the consumer computed it (by default
+:func:`~dedupe_worker.messages.keys.body_fingerprint`, the hash of the body bytes) and compared
+with the ``f`` field the consumer's claim stored with the outcome. With ``fingerprint=None`` (a
+consumer run without conflict detection) a stored outcome counts as applied for any payload, as
+that consumer itself would answer it.
 
 The planner is advisory: between the look-up and the consumer's claim anything may happen, and
 the consumer's own deduplication is what finally prevents a second application.
@@ -32,18 +47,30 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from ..deduplicator import Deduplicator
 from ..errors import InvalidKey, StoreUnavailable, UndecodableMessage
 from ..messages.deadletter import ATTEMPTS, KEY, REPLAYED
 from ..messages.envelope import Envelope
-from ..messages.keys import KeyStrategy
+from ..messages.keys import KeyStrategy, body_fingerprint
+from ..protocol.calls import KeyState
 from ..protocol.claim import State, Stored
+from ..protocol.fingerprint import request_fingerprint
+from ..protocol.layout import KeyLayout
 
-__all__ = ["REPLAYED", "Entry", "Found", "Pacer", "Planner", "Step", "replay_headers"]
+__all__ = ["HELD_BACK", "REPLAYED", "Entry", "Found", "Pacer", "Planner", "Step", "replay_headers"]
 
 log = logging.getLogger(__name__)
 
-#: Header added to a republished message: how many times it has been replayed.
+#: Dead-letter reasons left in place unless ``--filter`` names them, and why: replayed unchanged,
+#: such a message would only be dead-lettered again.
+HELD_BACK = {
+    "conflict": "dead-lettered as conflict: its key was used for a different payload, so a replay "
+                "bounces back; forget the key or re-key the message, then --filter conflict",
+    "undecodable": "dead-lettered as undecodable: the consumer could not decode it, so a replay "
+                   "bounces back; fix the consumer or the message, then --filter undecodable",
+}
 
 
 class Found(str, enum.Enum):
@@ -51,6 +78,8 @@ class Found(str, enum.Enum):
     table and ``--json`` show."""
 
     APPLIED = "applied"
+    CONFLICT = "conflict"
+    UNPROVEN = "unproven"
     FAILED = "failed"
     IN_PROGRESS = "in_progress"
     FREE = "free"
@@ -98,17 +127,24 @@ class Planner:
 
     :param dedupe: the consumer's :class:`Deduplicator` settings (namespace!); only read from.
     :param key_strategy: the consumer's key strategy.
-    :param reasons: replay only messages whose dead-letter reason is one of these (``None``: all).
+    :param reasons: replay only messages whose dead-letter reason is one of these (``None``: all
+        but those of :data:`HELD_BACK`, ``conflict`` and ``undecodable``).
+    :param fingerprint: the consumer's ``Envelope -> fingerprint`` (default: the consumers'
+        default, :func:`~dedupe_worker.messages.keys.body_fingerprint`); ``None`` when the
+        consumer ran without conflict detection.
     """
 
     def __init__(self, dedupe: Deduplicator, key_strategy: KeyStrategy,
-                 reasons: Collection[str] | None = None) -> None:
+                 reasons: Collection[str] | None = None,
+                 fingerprint: Callable[[Envelope], Any] | None = body_fingerprint) -> None:
         self.dedupe = dedupe
         self.key_strategy = key_strategy
         self.reasons = frozenset(reasons) if reasons else None
+        self.fingerprint = fingerprint
 
     def judge(self, envelope: Envelope, reason: str = "") -> Entry:
-        """The plan for one message. Never raises; reads Redis at most once."""
+        """The plan for one message. Never raises; reads Redis at most twice (the key's state, then
+        the stored fingerprint of an outcome)."""
         try:
             key: str | None = self.key_strategy(envelope)
             problem = ""
@@ -116,6 +152,8 @@ class Planner:
             key, problem = None, f"{type(exc).__name__}: {exc}"
         if self.reasons is not None and reason not in self.reasons:
             return Entry(key, Found.FILTERED, Step.LEAVE, reason, "reason not selected by --filter")
+        if self.reasons is None and reason in HELD_BACK:
+            return Entry(key, Found.FILTERED, Step.LEAVE, reason, HELD_BACK[reason])
         if key is None:
             return Entry(None, Found.NO_KEY, Step.LEAVE, reason, problem)
         recorded = envelope.header(KEY)
@@ -133,11 +171,37 @@ class Planner:
         if state.state is State.DONE:
             if state.status is Stored.FAILED:
                 return Entry(key, Found.FAILED, Step.LEAVE, reason, "permanent failure stored", state.token)
-            return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome stored", state.token)
+            return self._applied(envelope, key, reason, state)
         if state.state is State.IN_PROGRESS:
             return Entry(key, Found.IN_PROGRESS, Step.LEAVE, reason,
                          f"lease held for {state.remaining_ms} ms more", state.token)
         return Entry(key, Found.FREE, Step.REPLAY, reason, "", state.token)
+
+    def _applied(self, envelope: Envelope, key: str, reason: str, state: KeyState) -> Entry:
+        """A stored outcome: DROP only when it is this payload's (same fingerprint)."""
+        if self.fingerprint is None:
+            return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome stored", state.token)
+        try:
+            ours = request_fingerprint(self.fingerprint(envelope))
+        except Exception as exc:  # a user's fingerprint function; nothing proves the payload ran
+            return Entry(key, Found.UNPROVEN, Step.LEAVE, reason,
+                         f"fingerprint of this message failed: {type(exc).__name__}: {exc}", state.token)
+        try:
+            raw = self.dedupe.store.client.hget(KeyLayout.result(self.dedupe.request(key).stem), "f")
+        except RedisError as exc:
+            log.error("replay key=%s token=%s left in place, Redis unavailable: %s", key, state.token, exc)
+            return Entry(key, Found.UNAVAILABLE, Step.LEAVE, reason, str(exc), state.token)
+        stored = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
+        if stored and stored == ours:
+            return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome of this payload stored", state.token)
+        if stored:
+            log.warning("replay key=%s token=%s left in place: outcome stored for another payload "
+                        "(fingerprint %s, this message %s)", key, state.token, stored, ours)
+            return Entry(key, Found.CONFLICT, Step.LEAVE, reason,
+                         f"outcome stored for a different payload (fingerprint {stored}, this message {ours}): "
+                         "this one never ran", state.token)
+        return Entry(key, Found.UNPROVEN, Step.LEAVE, reason,
+                     "outcome stored without a fingerprint: nothing shows this payload ran", state.token)
 
 
 def replay_headers(headers: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:

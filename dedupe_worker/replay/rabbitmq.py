@@ -125,6 +125,9 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                 summary.record(dataclasses.replace(entry, note=NO_DESTINATION), ok=False)
             elif publisher is None or entry.step is Step.LEAVE:
                 held.append(tag)
+                if entry.step is Step.LEAVE:
+                    log.info("replay key=%s token=%s left in %s (%s): %s", entry.key, entry.token, queue,
+                             entry.state.value, entry.note)
                 summary.record(entry)
             elif entry.step is Step.DROP:
                 channel.basic_ack(tag)
