@@ -1,0 +1,100 @@
+"""Producer helpers: stamp the idempotency key on a message, and skip publishing work already done.
+
+The consumers read the key from the ``idempotency-key`` header first (``RABBITMQ_DEFAULT``,
+``KAFKA_DEFAULT``, the FastStream middleware's defaults), so a producer that stamps it decides
+the key the consumer claims::
+
+    from dedupe_worker.producers import publish_once, produce_once
+
+    publish_once(kombu_producer, {"order": 42}, key="charge:42", routing_key="orders",
+                 deduplicator=dedupe)                       # kombu / RabbitMQ
+    produce_once(kafka_producer, "orders", b'{"order": 42}', key="charge:42",
+                 deduplicator=dedupe)                       # confluent-kafka
+
+With a ``deduplicator``, the key's records are read first (:meth:`Deduplicator.status`, one round
+trip) and a key whose outcome is stored is not published: the answer carries the stored state.
+That is a hint, nothing more: a key in progress, free, or unreadable (Redis down, logged as a
+warning) is published, and the consumer's claim makes the work apply once whatever the producer
+did. The payload is not compared here (``status`` has no fingerprint): a done key sent with
+another body is skipped, where the consumer would have dead-lettered it as ``conflict``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from .deduplicator import Deduplicator
+from .errors import StoreUnavailable
+from .messages.keys import DEFAULT_HEADER
+from .observe.base import current as observer
+from .protocol.calls import KeyState
+from .protocol.claim import State
+
+__all__ = ["DEFAULT_HEADER", "Sent", "produce_once", "publish_once", "stamp"]
+
+log = logging.getLogger(__name__)
+
+
+class Sent(NamedTuple):
+    """What a helper did: ``published``, and the key's state when it was read (``None`` without a
+    deduplicator or when Redis could not be reached); ``state.value`` is the stored outcome of a
+    skipped send."""
+
+    published: bool
+    state: KeyState | None = None
+
+
+def stamp(key: str, headers: Mapping[str, Any] | None = None, header: str = DEFAULT_HEADER) -> dict[str, Any]:
+    """``headers`` (copied) with the idempotency key under ``header``."""
+    if not key:
+        raise ValueError("idempotency key is empty")
+    return {**(headers or {}), header: key}
+
+
+def done_already(deduplicator: Deduplicator | None, key: str, integration: str) -> Sent | None:
+    """``Sent(False, state)`` when ``key``'s outcome is stored; ``None``: publish (and counted as
+    published: the caller publishes next)."""
+    state = None
+    if deduplicator is not None:
+        try:
+            state = deduplicator.status(key)
+        except StoreUnavailable as exc:
+            log.warning("Redis unavailable before sending, publishing key=%s token=-: %s", key, exc)
+        if state is not None and state.state is State.DONE:
+            observer.sent(integration, "skipped_done")
+            log.info("not sending, done key=%s token=%s", key, state.token)
+            return Sent(False, state)
+    observer.sent(integration, "published")
+    return None
+
+
+def publish_once(producer: Any, body: Any, *, key: str, deduplicator: Deduplicator | None = None,
+                 header: str = DEFAULT_HEADER, **publish: Any) -> Sent:
+    """``producer.publish(body, headers=<with the key>, **publish)`` on a ``kombu.Producer``,
+    unless ``deduplicator`` finds the key done (see module doc)."""
+    skipped = done_already(deduplicator, key, "kombu")
+    if skipped is not None:
+        return skipped
+    headers = stamp(key, publish.pop("headers", None), header)
+    producer.publish(body, headers=headers, **publish)
+    return Sent(True)
+
+
+def produce_once(producer: Any, topic: str, value: Any, *, key: str, deduplicator: Deduplicator | None = None,
+                 header: str = DEFAULT_HEADER, **produce: Any) -> Sent:
+    """``producer.produce(topic, value, headers=<with the key>, **produce)`` on a confluent-kafka
+    ``Producer`` (flushing stays the caller's), unless ``deduplicator`` finds the key done (see
+    module doc). ``headers`` may be a dict or a list of pairs; ``key=`` is the idempotency key
+    (pass the record key as ``partition_key=``)."""
+    skipped = done_already(deduplicator, key, "kafka")
+    if skipped is not None:
+        return skipped
+    given = produce.pop("headers", None) or []
+    pairs = list(given.items()) if isinstance(given, Mapping) else list(given)
+    pairs = [(name, v) for name, v in pairs if name != header] + [(header, key.encode("utf-8"))]
+    if "partition_key" in produce:
+        produce["key"] = produce.pop("partition_key")
+    producer.produce(topic, value, headers=pairs, **produce)
+    return Sent(True)
