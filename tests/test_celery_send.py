@@ -26,7 +26,7 @@ from dedupe_worker.observe import current
 from dedupe_worker.observe.metrics import MetricsObserver
 
 from . import celery_fixtures
-from .celery_fixtures import WorkerProcess, delete_queue, effects, make_app
+from .celery_fixtures import PermanentError, WorkerProcess, delete_queue, effects, make_app
 from .test_celery import TIMEOUT, count, wait_until
 
 celery_config = celery_fixtures.celery_config
@@ -108,7 +108,7 @@ def test_a_send_after_completion_publishes_nothing_and_returns_the_stored_value(
     try:
         first = charge.delay(6, 60)
         value = first.get(timeout=TIMEOUT)
-        with pytest.raises(Exception):
+        with pytest.raises(PermanentError):
             doomed.delay("d6").get(timeout=TIMEOUT)
     finally:
         worker.stop()
@@ -119,7 +119,7 @@ def test_a_send_after_completion_publishes_nothing_and_returns_the_stored_value(
 
     assert len(published.names) == before  # nothing published, the worker is gone anyway
     assert isinstance(again, EagerResult) and again.get() == value and again.id == first.id
-    with pytest.raises(PreviouslyFailed):
+    with pytest.raises(PreviouslyFailed, match="d6 can never work"):  # as a worker's duplicate raises it
         failed.get()
     with pytest.raises(KeyConflict):  # same key, other arguments: refused at once
         charge.delay(6, 61)
