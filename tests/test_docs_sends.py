@@ -67,6 +67,7 @@ def test_producing_with_the_key(rabbitmq_url: str, redis_url: str, namespace: st
         assert scope["sent"].published and not scope["again"].published
         scope = run(blocks("kafka.md", "## Producing with the key"), replace)
         assert scope["sent"].published and not scope["again"].published
+        run(blocks("faststream.md", "## Producing with the key"), replace)  # it asserts itself
     finally:
         with redis.Redis.from_url(redis_url) as r:
             keys = list(r.scan_iter(f"{namespace}:*"))

@@ -13,13 +13,14 @@ from kombu import Producer as KombuProducer
 from dedupe_worker import Deduplicator
 from dedupe_worker.messages.envelope import from_kafka, from_kombu
 from dedupe_worker.messages.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT
-from dedupe_worker.producers import Sent, produce_once, publish_once, stamp
+from dedupe_worker.producers import Sent, produce_once, publish_once, send_actor_once, stamp
 from dedupe_worker.protocol import State
 
 from .kafka_fixtures import Topics, kafka_topics, read_topic
 from .rabbitmq_fixtures import amqp, depth, queue_name, wait_for
+from .recording import record
 
-__all__ = ["amqp", "kafka_topics", "queue_name"]
+__all__ = ["amqp", "kafka_topics", "queue_name", "record"]
 
 
 def test_kombu_helper_stamps_the_consumers_key_and_skips_work_done(
@@ -75,3 +76,38 @@ def test_kafka_helper_stamps_the_consumers_key_and_skips_work_done(
 def test_stamp_adds_the_header_the_consumers_read() -> None:
     assert stamp("k", {"a": 1}) == {"a": 1, "idempotency-key": "k"}
     assert stamp("k", header="x-key") == {"x-key": "k"}
+
+
+def test_dramatiq_helper_uses_the_middlewares_key_and_skips_work_done(
+        rabbitmq_url: str, dedupe: Deduplicator, record: str) -> None:
+    import uuid
+
+    import pika
+
+    from . import dramatiq_app
+
+    queue = f"dq-test-{uuid.uuid4().hex[:10]}"
+    app = dramatiq_app.build(rabbitmq_url, dedupe, queue, record)
+    apply = app.actors["apply"]
+    try:
+        assert send_actor_once(apply, 3, 30, deduplicator=dedupe) == Sent(True)
+        worker = dramatiq_app.dramatiq.Worker(app.broker, worker_threads=1, worker_timeout=100)
+        worker.start()
+        try:
+            wait_for(lambda: app.middleware.count("applied") == 1, what="the actor to run")
+        finally:
+            worker.stop()
+        again = send_actor_once(apply, 3, 30, deduplicator=dedupe)
+        assert not again.published and again.state is not None and again.state.state is State.DONE
+        assert dedupe.status("order:3").state is State.DONE  # the key the middleware claimed
+        connection = pika.BlockingConnection(pika.URLParameters(dramatiq_app.pika_url(rabbitmq_url)))
+        try:
+            assert connection.channel().queue_declare(queue, passive=True).method.message_count == 0
+        finally:
+            connection.close()
+    finally:
+        app.broker.close()
+        connection = pika.BlockingConnection(pika.URLParameters(dramatiq_app.pika_url(rabbitmq_url)))
+        for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+            connection.channel().queue_delete(queue=name)
+        connection.close()
