@@ -111,3 +111,16 @@ def test_dramatiq_helper_uses_the_middlewares_key_and_skips_work_done(
         for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
             connection.channel().queue_delete(queue=name)
         connection.close()
+
+
+def test_exported_names() -> None:
+    import dedupe_worker.celery.send
+    import dedupe_worker.producers
+    import dedupe_worker.protocol.sending
+
+    assert dedupe_worker.producers.__all__ == ["DEFAULT_HEADER", "Sent", "broker_publish_once", "produce_once",
+                                               "publish_once", "send_actor_once", "stamp"]
+    assert dedupe_worker.celery.send.__all__ == ["EXPECTED_QUEUE_TIME", "send_once", "send_ttl",
+                                                 "sends_deduplicated"]
+    assert dedupe_worker.protocol.sending.__all__ == ["SendAnswer", "SendState", "check_send", "send_answer",
+                                                      "send_call"]
