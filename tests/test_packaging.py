@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import dedupe_worker
-from dedupe_worker.protocol.scripts import SCRIPT_NAMES
+from dedupe_worker.protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in SCRIPT_NAMES:
+    for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES):
         assert f"dedupe_worker/lua/{name}.lua" in names
     assert "dedupe_worker/py.typed" in names
     assert any(n.endswith("entry_points.txt") for n in names)

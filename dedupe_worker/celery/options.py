@@ -23,7 +23,7 @@ from ..errors import InvalidKey
 from ..messages.keys import fingerprint_of
 from ..settings import DedupeSettings
 
-__all__ = ["SETTINGS", "bind_arguments", "deduplicator_for", "derive_fingerprint", "derive_key"]
+__all__ = ["SETTINGS", "bind_arguments", "deduplicator_for", "derive_fingerprint", "derive_key", "identify"]
 
 #: Task attribute / app setting -> field of :class:`DedupeSettings` it falls back to.
 SETTINGS = {
@@ -134,3 +134,18 @@ def derive_fingerprint(task_name: str, option: Callable[..., Any] | bool | None,
     if callable(option):
         return _call(option, named, args, kwargs)
     return fingerprint_of([task_name, named if named is not None else [list(args), kwargs]])
+
+
+def identify(task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], header_value: Any) -> tuple[str, Any]:
+    """``(key, fingerprint)`` of ``task`` called with these arguments and key header value: what
+    the worker claims, and what a send checks before publishing (the same derivation for both).
+
+    Raises :class:`InvalidKey` when the key or the fingerprint option fails on these arguments.
+    """
+    named = bind_arguments(task._run_signature, args, kwargs)
+    key = derive_key(task.name, task.idempotency_key, header_value, named, args, kwargs)
+    try:
+        fingerprint = derive_fingerprint(task.name, task.idempotency_fingerprint, named, args, kwargs)
+    except Exception as exc:  # a fingerprint function that fails on this input
+        raise InvalidKey(f"idempotency_fingerprint failed: {exc!r}") from exc
+    return key, fingerprint

@@ -52,7 +52,8 @@ from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, outco
 from ..engine.context import current_claim
 from ..engine.hooks import call_hook
 from ..errors import InvalidKey
-from .options import bind_arguments, deduplicator_for, derive_fingerprint, derive_key
+from .options import deduplicator_for, identify
+from .send import send_once
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask"]
 
@@ -135,6 +136,18 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: ``app.conf.dedupe_permanent_errors``, else none.
     permanent_errors: tuple[type[BaseException] | str, ...] | None = None
 
+    #: Check the key before publishing (``delay``, ``apply_async``, signatures, chains, beat) and
+    #: skip the send when its work is done, queued or running: ``apply_async`` then returns the
+    #: stored outcome or the ``AsyncResult`` of the task already sent (see
+    #: :mod:`dedupe_worker.celery.send`). Also per call: ``apply_async(..., dedupe_on_send=True)``.
+    #: :const:`None`: ``app.conf.dedupe_on_send``, else off.
+    dedupe_on_send: bool | None = None
+
+    #: Seconds a send's mark answers "queued" to later sends (a countdown or eta is added): the
+    #: longest a lost message or a killed worker keeps the same work from being sent again.
+    #: :const:`None`: ``app.conf.dedupe_send_ttl``, else ``dedupe_lease`` plus 60 s of queue time.
+    dedupe_send_ttl: float | None = None
+
     # max_attempts, retry_base, retry_cap, defer_base, defer_cap, defer_wait: see RetryPolicy (the
     # same options and defaults as the RabbitMQ and Kafka consumers). Set max_attempts = 1 to fail
     # at once on an exception, as a plain Celery task does. defer_wait: on a worker, a copy of a
@@ -203,15 +216,10 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     def run_once(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Derive the key, let :func:`decide` claim it and run the body, and act on its verdict."""
         request = self.request
-        named = bind_arguments(self._run_signature, args, kwargs)
         try:
-            key = derive_key(self.name, self.idempotency_key, self._header(request, self.idempotency_header),
-                             named, args, kwargs)
-            fingerprint = derive_fingerprint(self.name, self.idempotency_fingerprint, named, args, kwargs)
+            key, fingerprint = identify(self, args, kwargs, self._header(request, self.idempotency_header))
         except InvalidKey as exc:
             return self._settle(refused(exc, "celery"), "")
-        except Exception as exc:  # a fingerprint function that fails on this input
-            return self._settle(refused(InvalidKey(f"idempotency_fingerprint failed: {exc!r}"), "celery"), "")
         request.dedupe_key = key
         request.fencing_token = None
         body = functools.partial(self._body, request, args, kwargs)
@@ -287,6 +295,11 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         call_hook(self.on_deferred, request, decision, countdown)
         assert decision.error is not None
         raise self.retry(exc=decision.error, countdown=countdown, max_retries=self.max_attempts - 1)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Celery's ``apply_async``; with ``dedupe_on_send``, first asks Redis whether the work is
+        done, queued or running, and then does not publish (see :mod:`dedupe_worker.celery.send`)."""
+        return send_once(self, super().apply_async, args, kwargs, options)
 
     def signature_from_request(self, request: Any = None, args: Any = None, kwargs: Any = None,
                                queue: Any = None, **extra: Any) -> Any:

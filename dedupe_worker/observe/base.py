@@ -15,6 +15,10 @@ class Observer:
     def decided(self, integration: str, reason: str) -> None:
         """One message got its verdict (``reason`` is a :class:`~dedupe_worker.Reason` value)."""
 
+    def sent(self, integration: str, outcome: str) -> None:
+        """A producer checked a key before sending: ``published``, ``skipped_done``,
+        ``skipped_queued`` (queued or running) or ``conflict``."""
+
     def round_trip(self, op: str, seconds: float) -> None:
         """One Redis round trip of the engine: ``claim``, ``complete`` or ``complete_and_claim``."""
 
@@ -55,6 +59,10 @@ class Observers(Observer):
     def decided(self, integration: str, reason: str) -> None:
         for o in self.enabled:
             o.decided(integration, reason)
+
+    def sent(self, integration: str, outcome: str) -> None:
+        for o in self.enabled:
+            o.sent(integration, outcome)
 
     def round_trip(self, op: str, seconds: float) -> None:
         for o in self.enabled:

@@ -13,7 +13,8 @@ prometheus = require("prometheus_client", "metrics")
 
 
 class MetricsObserver(Observer):
-    """``dedupe_decisions_total{integration,reason}``, ``dedupe_round_trip_seconds{op}``,
+    """``dedupe_decisions_total{integration,reason}``, ``dedupe_sends_total{integration,outcome}``,
+    ``dedupe_round_trip_seconds{op}``,
     ``dedupe_handler_seconds{integration}``, ``dedupe_leases_held``,
     ``dedupe_lease_renewals_failed_total``, ``dedupe_leases_lost_total``."""
 
@@ -23,6 +24,8 @@ class MetricsObserver(Observer):
         r = registry or prometheus.REGISTRY
         self.decisions = prometheus.Counter("dedupe_decisions", "Messages decided, by integration and reason",
                                             ["integration", "reason"], registry=r)
+        self.sends = prometheus.Counter("dedupe_sends", "Sends checked before publishing, by integration and "
+                                        "outcome", ["integration", "outcome"], registry=r)
         self.round_trips = prometheus.Histogram("dedupe_round_trip_seconds", "Engine round trips to Redis",
                                                 ["op"], registry=r,
                                                 buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
@@ -47,6 +50,9 @@ class MetricsObserver(Observer):
 
     def decided(self, integration: str, reason: str) -> None:
         self.decisions.labels(integration, reason).inc()
+
+    def sent(self, integration: str, outcome: str) -> None:
+        self.sends.labels(integration, outcome).inc()
 
     def round_trip(self, op: str, seconds: float) -> None:
         self.round_trips.labels(op).observe(seconds)

@@ -5,6 +5,8 @@ Two keys per message share one Redis Cluster hash slot through the ``{...}`` has
     <namespace>:{<key>}:started   lease owner, lease deadline, token counter, fingerprint
     <namespace>:{<key>}:result    the stored outcome and the token that stored it
     <namespace>:{<key>}:notice    only while someone waits on the key: one entry per waiter
+    <namespace>:{<key>}:sent      only when a producer checks before sending (``send.lua``): the
+                                  task id it sent, until when that counts as queued, fingerprint
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
 (braces, whitespace, control characters, invalid UTF-8), is replaced by ``sha256:<hex>`` of its
@@ -75,3 +77,8 @@ class KeyLayout:
     def notice(stem: str) -> str:
         """The list a waiter blocks on until the holder completes or releases (``watch.lua``)."""
         return stem + ":notice"
+
+    @staticmethod
+    def sent(stem: str) -> str:
+        """The mark a producer leaves when it publishes work for the key (``send.lua``)."""
+        return stem + ":sent"

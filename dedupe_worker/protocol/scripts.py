@@ -21,9 +21,15 @@ from redis.exceptions import NoScriptError, RedisError
 from ..errors import StoreUnavailable
 from .held import BUSY, HeldConnection
 
-__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "Call", "NotDurable", "ScriptRunner", "StreamCut", "checked", "load_script"]
+__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call", "NotDurable", "ScriptRunner", "StreamCut",
+           "checked", "load_script"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
+
+#: Scripts a producer runs before it publishes (``send.lua``): never pipelined with the worker's,
+#: so they are loaded first after a ``NOSCRIPT``. Kept apart from :data:`SCRIPT_NAMES`, the
+#: scripts workers of every release share records through.
+SENDER_SCRIPTS = ("send",)
 
 #: The order scripts are loaded in after a ``NOSCRIPT``: those a pipeline sends last (it sends
 #: complete, release, then claim) are loaded last, so whenever one is loaded so are the earlier.
@@ -88,7 +94,7 @@ class ScriptRunner:
     def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
-        self._text = {name: load_script(name) for name in SCRIPT_NAMES}
+        self._text = {name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)}
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
         #: The connection the per-message calls use, shared by every runner on the same pool
         #: (see :mod:`.held`); ``None`` on a cluster or a small or blocking pool.
@@ -119,7 +125,7 @@ class ScriptRunner:
         still cause such a deferral, never a second transition.)
         """
         del name
-        for script in LOAD_ORDER:
+        for script in (*SENDER_SCRIPTS, *LOAD_ORDER):
             self.client.script_load(self._text[script])
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

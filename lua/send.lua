@@ -1,0 +1,61 @@
+-- send.lua: decide whether a producer publishes a message for a key (state: free -> sent;
+-- every other answer changes nothing).
+--
+-- KEYS[1] - the started key (claim.lua's: owner, deadline, fp)
+-- KEYS[2] - the result key  (complete.lua's: s, v, t, f)
+-- KEYS[3] - the send mark   (hash: id, until, fp)
+-- ARGV[1] - the task id of this send (recorded in the mark when it publishes)
+-- ARGV[2] - send TTL in milliseconds: how long the mark answers "queued" (countdown included)
+-- ARGV[3] - keep in milliseconds: how long the mark's task id outlives that (the result TTL),
+--           so a send after completion can still name the task that produced the outcome
+-- ARGV[4] - payload fingerprint of this send ('' means "do not check")
+--
+-- Returns {code, token, a, b, task_id}:
+--   {1, 0, send_ttl_ms, false, id}      PUBLISH: nothing holds the key; the mark now records id
+--   {2, token, status, value, id}       DONE: an outcome is stored (status 'c', 'o' or 'f', as in
+--                                       claim.lua); id is the mark's task id, '' when unknown
+--   {3, owner_token, remaining_ms, false, id} RUNNING: a live lease holds the key and the mark
+--                                       names the task sent for it
+--   {4, 0, false, false, false}         CONFLICT: the claim, outcome or live mark carries
+--                                       another fingerprint
+--   {5, 0, remaining_ms, false, id}     QUEUED: a live mark, no claim yet (sent, not started)
+--
+-- The mark is a hint, never a lock: a live lease with no mark (the task was sent without this
+-- check) answers PUBLISH, and a mark whose 'until' passed no longer answers QUEUED, so a message
+-- lost in the broker or a worker killed before it claimed blocks sends for at most the send TTL.
+-- The worker's claim still makes the body run once whatever this answers. Every record written
+-- here expires (PEXPIREAT at until + keep); the started and result keys are only read, with the
+-- fields claim.lua reads, so records of every release are understood. The fingerprint is
+-- written only when non-empty (a missing field reads as '').
+local fp = ARGV[4]
+local done = redis.call('HMGET', KEYS[2], 's', 'v', 't', 'f')
+if done[1] then
+  if fp ~= '' and done[4] and done[4] ~= '' and done[4] ~= fp then return {4, 0, false, false, false} end
+  return {2, tonumber(done[3]) or 0, done[1], done[2] or '', redis.call('HGET', KEYS[3], 'id') or ''}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = redis.call('HMGET', KEYS[1], 'owner', 'deadline', 'fp')
+local mark = redis.call('HMGET', KEYS[3], 'id', 'until', 'fp')
+local owner = tonumber(st[1]) or 0
+local deadline = tonumber(st[2]) or 0
+if owner > 0 and deadline > now_ms then
+  if fp ~= '' and st[3] and st[3] ~= '' and st[3] ~= fp then return {4, 0, false, false, false} end
+  if mark[1] then return {3, owner, deadline - now_ms, false, mark[1]} end
+else
+  local until_ms = tonumber(mark[2]) or 0
+  if mark[1] and until_ms > now_ms then
+    if fp ~= '' and mark[3] and mark[3] ~= '' and mark[3] ~= fp then return {4, 0, false, false, false} end
+    return {5, 0, until_ms - now_ms, false, mark[1]}
+  end
+end
+local ttl_ms = tonumber(ARGV[2])
+local until_s = string.format('%d', now_ms + ttl_ms)
+if fp == '' then
+  redis.call('HSET', KEYS[3], 'id', ARGV[1], 'until', until_s)
+  if mark[3] then redis.call('HDEL', KEYS[3], 'fp') end
+else
+  redis.call('HSET', KEYS[3], 'id', ARGV[1], 'until', until_s, 'fp', fp)
+end
+redis.call('PEXPIREAT', KEYS[3], string.format('%d', now_ms + ttl_ms + tonumber(ARGV[3])))
+return {1, 0, ttl_ms, false, ARGV[1]}
