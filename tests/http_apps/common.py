@@ -67,7 +67,8 @@ def handle(method: str, path: str, query: str, headers: dict[str, str], body: by
         return 201, [("content-type", "application/json"), ("x-order", str(count)),
                      ("set-cookie", "session=abc; Path=/"), *extra], json.dumps(doc).encode()
     if route == "/missing":
-        return 404, [("content-type", "application/json")], json.dumps({"detail": f"no such thing {time.time()}"}).encode()
+        missing = {"detail": f"no such thing {time.time()}"}
+        return 404, [("content-type", "application/json")], json.dumps(missing).encode()
     if route == "/flaky":
         if count == 1:
             return 503, [("content-type", "text/plain")], b"try again"

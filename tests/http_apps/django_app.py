@@ -18,10 +18,10 @@ if not settings.configured:
         DEDUPE_HTTP={**common.OPTIONS, "lease": 10.0},
     )
 
-from django.core.wsgi import get_wsgi_application  # noqa: E402
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse  # noqa: E402
-from django.urls import re_path  # noqa: E402
-from django.views.decorators.csrf import csrf_exempt  # noqa: E402
+from django.core.wsgi import get_wsgi_application
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.urls import re_path
+from django.views.decorators.csrf import csrf_exempt
 
 
 @csrf_exempt
