@@ -172,20 +172,26 @@ def settle_claim(dedupe: Deduplicator, claim: Claim, recorder: Recorder, *, comp
 
 
 class RecordedBody:
-    """The app's body iterable, recorded chunk by chunk as the server iterates it; ``close()``
-    (which PEP 3333 servers always call) settles the claim once."""
+    """The app's body iterable, recorded chunk by chunk as the server iterates it. The claim is
+    settled once: stored as soon as the server asks past the last chunk (every chunk before it
+    was written), released by ``close()`` (which PEP 3333 servers always call) if that never
+    happened."""
 
     def __init__(self, iterable: Iterable[bytes], recorder: Recorder, settle: Callable[[bool], None]) -> None:
         self.iterable = iterable
         self.recorder = recorder
-        self.settle: Callable[[bool], None] | None = settle
-        self.completed = False
+        self._settle: Callable[[bool], None] | None = settle
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.iterable:
             self.recorder.body(chunk)
             yield chunk
-        self.completed = True
+        self.settle(True)
+
+    def settle(self, completed: bool) -> None:
+        settle, self._settle = self._settle, None
+        if settle is not None:
+            settle(completed)
 
     def close(self) -> None:
         try:
@@ -193,6 +199,4 @@ class RecordedBody:
             if close is not None:
                 close()
         finally:
-            settle, self.settle = self.settle, None
-            if settle is not None:
-                settle(self.completed)
+            self.settle(False)
