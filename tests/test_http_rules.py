@@ -134,3 +134,19 @@ def test_bad_options_are_refused() -> None:
         IdempotencyRules(compression="brotli")
     with pytest.raises(ValueError):
         IdempotencyRules(max_key_length=0)
+
+
+def test_cookies_are_replayed_only_when_asked() -> None:
+    for replay_cookies in (False, True):
+        recorder = IdempotencyRules(replay_cookies=replay_cookies).recorder(request())
+        recorder.start(200, [("Set-Cookie", "a=b"), ("Connection", "close"), ("X-Kept", "1")])
+        stored = decode(recorder.settle(True, 1_000_000).value)
+        assert stored is not None
+        assert stored.headers == ((("Set-Cookie", "a=b"),) if replay_cookies else ()) + (("X-Kept", "1"),)
+
+
+@pytest.mark.parametrize("status", [201, 404, 409, 429, 500])
+def test_store_predicate_decides(status: int) -> None:
+    recorder = IdempotencyRules(store=lambda s: s != 404).recorder(request())
+    recorder.start(status, [])
+    assert recorder.settle(True, 1_000_000).store is (status != 404)

@@ -40,10 +40,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def request_info(scope: Scope) -> RequestInfo:
-    """The :class:`RequestInfo` of an ASGI HTTP scope."""
+    """The :class:`RequestInfo` of an ASGI HTTP scope (``path`` as the scope has it)."""
     return RequestInfo(
         scope["method"],
-        scope.get("root_path", "") + scope["path"],
+        scope["path"],
         scope.get("query_string", b"").decode("latin-1"),
         tuple((name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in scope.get("headers", ())),
         scope,
