@@ -16,6 +16,8 @@ __all__ = ["KeyProblem", "RequestInfo", "parse_key"]
 
 #: tchar (RFC 9110) plus ":" and "/" as an sf-token allows them; no leading digit rule, so UUIDs pass.
 _BARE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
+#: An sf-string without escapes, the common case, matched whole.
+_PLAIN_SF = re.compile(r'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"')
 
 
 class KeyProblem(enum.Enum):
@@ -60,6 +62,9 @@ class RequestInfo:
 def parse_sf_string(text: str) -> str | None:
     """The value of an RFC 8941 sf-string (``"..."``) with surrounding spaces, else ``None``."""
     text = text.strip(" \t")
+    plain = _PLAIN_SF.fullmatch(text)
+    if plain is not None:
+        return plain.group(1)
     if len(text) < 2 or text[0] != '"' or text[-1] != '"':
         return None
     out: list[str] = []
