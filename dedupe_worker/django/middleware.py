@@ -15,14 +15,15 @@ Django's request and response into theirs. Placed after ``AuthenticationMiddlewa
 ``scope=`` callable can read ``request.raw.user``.
 
 Django turns an exception in a view into a 500 response before it reaches this middleware, so it
-releases the key like any 5xx. A streaming response is stored when its iteration ends, and the
-key released when the server closes it early.
+releases the key like any 5xx. A streaming response keeps its lease renewed while it streams; it
+is stored when the server has read its last chunk, and the key released when the server closes
+it before that.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ..deduplicator import Deduplicator
@@ -31,7 +32,7 @@ from ..http import problems
 from ..http.request import RequestInfo
 from ..http.rules import IdempotencyRules, Recorder
 from ..http.stored import Response
-from ..http.wsgi import settle_claim
+from ..http.wsgi import RecordedBody, settle_claim
 from ..protocol.claim import Claim
 
 __all__ = ["IdempotencyMiddleware"]
@@ -123,21 +124,15 @@ class IdempotencyMiddleware:
         if self.rules.ttl_header in response:
             del response[self.rules.ttl_header]
         if response.streaming:
-            response.streaming_content = self._recorded(response.streaming_content, claim, recorder)
+            self.dedupe.renewer.track(claim.stem, claim.token)  # the lease outlives the view while it streams
+            response.streaming_content = RecordedBody(response.streaming_content, recorder,
+                                                      lambda completed: self._settle(claim, recorder, completed))
             return response
         recorder.body(response.content)
         settle_claim(self.dedupe, claim, recorder, completed=True)
         return response
 
-    def _recorded(self, chunks: Any, claim: Claim, recorder: Recorder) -> Iterator[bytes]:
-        """The streaming body, recorded as the server iterates it; settled at its end, or when
-        the server closes it early (released)."""
-        completed = False
-        try:
-            for chunk in chunks:
-                data = chunk if isinstance(chunk, bytes) else bytes(chunk)
-                recorder.body(data)
-                yield data
-            completed = True
-        finally:
-            settle_claim(self.dedupe, claim, recorder, completed=completed)
+    def _settle(self, claim: Claim, recorder: Recorder, completed: bool) -> None:
+        """The end of a streaming response: stop renewing, then store or release."""
+        self.dedupe.renewer.untrack(claim.stem, claim.token)
+        settle_claim(self.dedupe, claim, recorder, completed=completed)
