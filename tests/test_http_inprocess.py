@@ -141,6 +141,10 @@ async def test_asgi_store_down_is_503_and_app_not_run() -> None:
     assert status(sent) == 503 and app.runs == 0
     assert (b"content-type", b"application/problem+json") in sent[0]["headers"]
     await down.aclose()
+    fail_open = AsyncDeduplicator.from_url("redis://127.0.0.1:1/0", namespace="down", fail_open=True)
+    sent = await call(IdempotencyMiddleware(app, fail_open), scope())
+    assert status(sent) == 201 and app.runs == 1 and app.bodies == [b"{}"]  # run without a claim
+    await fail_open.aclose()
 
 
 @asyncio_test

@@ -28,7 +28,6 @@ from typing import Any
 
 from ..deduplicator import Deduplicator
 from ..errors import StoreUnavailable
-from ..http import problems
 from ..http.request import RequestInfo
 from ..http.rules import IdempotencyRules, Recorder
 from ..http.stored import Response
@@ -101,12 +100,8 @@ class IdempotencyMiddleware:
         try:
             claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
         except StoreUnavailable as exc:
-            if not self.dedupe.fail_open:
-                log.error("idempotency store unavailable, answering 503 key=%s: %s", attempt.key, exc)
-                return to_django(problems.unavailable(self.rules.docs_url))
-            log.error("idempotency store unavailable, running without a claim (fail_open) key=%s: %s",
-                      attempt.key, exc)
-            return self.get_response(request)
+            down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
+            return self.get_response(request) if down is None else to_django(down)
         answer = self.rules.answer(claim)
         if answer is not None:
             return to_django(answer)

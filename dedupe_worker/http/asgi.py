@@ -23,7 +23,6 @@ from typing import Any
 from ..asyncio.deduplicator import AsyncDeduplicator
 from ..errors import LeaseLost, StoreUnavailable
 from ..protocol.claim import Claim
-from . import problems
 from .request import RequestInfo
 from .rules import IdempotencyRules
 from .stored import Response
@@ -102,13 +101,11 @@ class IdempotencyMiddleware:
         try:
             claim = await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
         except StoreUnavailable as exc:
-            if not self.dedupe.fail_open:
-                log.error("idempotency store unavailable, answering 503 key=%s: %s", attempt.key, exc)
-                await send_response(send, problems.unavailable(self.rules.docs_url))
-                return
-            log.error("idempotency store unavailable, running without a claim (fail_open) key=%s: %s",
-                      attempt.key, exc)
-            await self.app(scope, _replaying(body, receive), send)
+            down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
+            if down is not None:
+                await send_response(send, down)
+            else:
+                await self.app(scope, _replaying(body, receive), send)
             return
         answer = self.rules.answer(claim)
         if answer is not None:

@@ -7,6 +7,7 @@ claim protocol, so the three behave alike::
     outcome = rules.screen(request)       # None: pass through; Response: a 400; str: the key
     attempt = rules.attempt(request, key, body)           # stored key, fingerprint, wait
     claim = dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
+    (a claim that raised StoreUnavailable: rules.store_down(...), a 503 or, fail_open, run the app)
     answer = rules.answer(claim)          # None: run the app; else a replay, a 409 or a 422
     recorder = rules.recorder(request)    # fed the app's response as it is sent
     settle = recorder.settle(completed)   # store (value, ttl) with complete(), or release()
@@ -158,6 +159,16 @@ class IdempotencyRules:
             log.error("stored response of key=%s token=%s does not decode; answering 409", claim.key, claim.token)
             return problems.in_progress(1.0, self.docs_url)
         return replay(stored)
+
+    def store_down(self, attempt: Attempt, exc: Exception, fail_open: bool) -> Response | None:
+        """When the claim could not be made (Redis unreachable): a 503 problem (the request was not
+        run), or with ``fail_open`` ``None``: run the app without a claim. Logged either way."""
+        if fail_open:
+            log.error("idempotency store unavailable, running without a claim (fail_open) key=%s: %s",
+                      attempt.key, exc)
+            return None
+        log.error("idempotency store unavailable, answering 503 key=%s: %s", attempt.key, exc)
+        return problems.unavailable(self.docs_url)
 
     def recorder(self, request: RequestInfo) -> Recorder:
         """A :class:`Recorder` for the app's response to ``request``."""

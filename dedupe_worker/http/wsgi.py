@@ -26,7 +26,6 @@ from ..deduplicator import Deduplicator
 from ..engine.context import Holding
 from ..errors import LeaseLost, StoreUnavailable
 from ..protocol.claim import Claim
-from . import problems
 from .request import RequestInfo
 from .rules import IdempotencyRules, Recorder
 from .stored import Response
@@ -112,12 +111,8 @@ class WSGIIdempotencyMiddleware:
         try:
             claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
         except StoreUnavailable as exc:
-            if not self.dedupe.fail_open:
-                log.error("idempotency store unavailable, answering 503 key=%s: %s", attempt.key, exc)
-                return respond(start_response, problems.unavailable(self.rules.docs_url))
-            log.error("idempotency store unavailable, running without a claim (fail_open) key=%s: %s",
-                      attempt.key, exc)
-            return self.app(environ, start_response)
+            down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
+            return self.app(environ, start_response) if down is None else respond(start_response, down)
         answer = self.rules.answer(claim)
         if answer is not None:
             return respond(start_response, answer)
