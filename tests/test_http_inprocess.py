@@ -218,3 +218,38 @@ def test_store_down_wsgi_is_503(namespace: str) -> None:
     status, headers, _ = wsgi_call(WSGIIdempotencyMiddleware(app, down), environ())
     assert status.startswith("503") and app.runs == 0 and ("retry-after", "1") in headers
     down.close()
+
+
+def test_wsgi_response_with_content_length_is_stored_before_its_last_chunk_is_written(dedupe: Deduplicator) -> None:
+    def app(env: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("201 Created", [("Content-Type", "text/plain"), ("Content-Length", "6")])
+        return [b"abc", b"def"]
+
+    middleware = WSGIIdempotencyMiddleware(app, dedupe)
+    body = middleware(environ(), lambda status, headers, exc_info=None: None)
+    chunks = iter(body)
+    assert next(chunks) == b"abc"
+    assert wsgi_call(middleware, environ())[0].startswith("409")  # still running
+    assert next(chunks) == b"def"  # handed to the server: already stored
+    status, headers, replay = wsgi_call(middleware, environ())
+    assert status == "201 Created" and replay == b"abcdef" and ("idempotent-replayed", "true") in headers
+    body.close()  # type: ignore[attr-defined]
+
+
+@asyncio_test
+async def test_asgi_response_is_stored_before_its_last_chunk_goes_out(adedupe: AsyncDeduplicator) -> None:
+    app = Counting()
+    middleware = IdempotencyMiddleware(app, adedupe)
+    seen_in_send: list[list[dict[str, Any]]] = []
+    inner = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return inner.pop(0) if inner else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            seen_in_send.append(await call(middleware, scope()))  # a retry at that very moment
+
+    await middleware(scope(), receive, send)
+    assert replayed(seen_in_send[0]) and app.runs == 1
+    await adedupe.aclose()

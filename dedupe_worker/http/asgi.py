@@ -7,7 +7,8 @@ Pure ASGI (no Starlette import), so it wraps FastAPI, Starlette, Quart or a bare
 The rules are :class:`~dedupe_worker.http.rules.IdempotencyRules`' (shared with the WSGI and
 Django middleware); this module only moves ASGI messages. The request body is read once, before
 the claim (it is part of the fingerprint), and handed to the app intact. The response streams to
-the client as the app sends it; it is stored once its last chunk went out.
+the client as the app sends it; it is stored when the app hands over its last chunk, before that
+chunk goes out (so a client that received the whole response finds it stored).
 
 On a crash: an exception in the app, a response cut off, or a cancelled task releases the key, so
 the client's retry runs the request again; a process killed mid-request leaves the key held until
@@ -24,7 +25,7 @@ from ..asyncio.deduplicator import AsyncDeduplicator
 from ..errors import LeaseLost, StoreUnavailable
 from ..protocol.claim import Claim
 from .request import RequestInfo
-from .rules import IdempotencyRules
+from .rules import IdempotencyRules, Recorder
 from .stored import Response
 
 __all__ = ["IdempotencyMiddleware"]
@@ -116,12 +117,11 @@ class IdempotencyMiddleware:
     async def _run(self, scope: Scope, request: RequestInfo, body: bytes, receive: Receive, send: Send,
                    claim: Claim) -> None:
         recorder = self.rules.recorder(request)
-        completed = False
+        settled = False
 
         async def recording_send(message: Message) -> None:
-            nonlocal completed
+            nonlocal settled
             kind = message["type"]
-            last = False
             if kind == "http.response.start":
                 headers = recorder.start(message["status"], [(name.decode("latin-1"), value.decode("latin-1"))
                                                              for name, value in message.get("headers", ())])
@@ -129,17 +129,25 @@ class IdempotencyMiddleware:
                                                   for name, value in headers]}
             elif kind == "http.response.body":
                 recorder.body(message.get("body", b""))
-                last = not message.get("more_body", False)
+                if not message.get("more_body", False):
+                    # stored before the last chunk goes out: a client that got it all can get it again
+                    settled = True
+                    await self._settle(claim, recorder, completed=True)
             await send(message)
-            if last:
-                completed = True
 
         try:
             with self.dedupe.hold(claim):
                 await self.app(scope, _replaying(body, receive), recording_send)
         except BaseException:
-            await self._release(claim)
+            if not settled:
+                await self._release(claim)
             raise
+        if not settled:
+            await self._settle(claim, recorder, completed=False)
+
+    async def _settle(self, claim: Claim, recorder: Recorder, *, completed: bool) -> None:
+        """Store the recorded response, or release the key, as :meth:`Recorder.settle` says. Never
+        raises: a store that fails leaves the lease to run out."""
         settle = recorder.settle(completed, self.dedupe.max_result_bytes)
         if not settle.store:
             log.info("released key=%s token=%s: status %s, response %s", claim.key, claim.token,

@@ -193,7 +193,7 @@ class Recorder:
     ``max_body_bytes``); :meth:`settle` says whether to store or release.
     """
 
-    __slots__ = ("_chunks", "_size", "headers", "rules", "status", "ttl")
+    __slots__ = ("_chunks", "_size", "headers", "length", "rules", "status", "ttl")
 
     def __init__(self, rules: IdempotencyRules, ttl: float | None) -> None:
         self.rules = rules
@@ -202,6 +202,8 @@ class Recorder:
         self.headers: list[tuple[str, str]] = []
         self._chunks: list[bytes] | None = []
         self._size = 0
+        #: The body's ``Content-Length``, when the app sent one.
+        self.length: int | None = None
 
     def start(self, status: int, headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         """Note the status and headers; returns the headers to send (the TTL header taken out
@@ -210,7 +212,10 @@ class Recorder:
         ttl_name = self.rules.ttl_header.lower()
         sent = []
         for name, value in headers:
-            if name.lower() == ttl_name:
+            lower = name.lower()
+            if lower == "content-length" and value.isdigit():
+                self.length = int(value)
+            if lower == ttl_name:
                 try:
                     seconds = float(value)
                 except ValueError:
@@ -232,6 +237,12 @@ class Recorder:
                 self._chunks = None
             elif chunk:
                 self._chunks.append(chunk)
+
+    @property
+    def received_all(self) -> bool:
+        """Whether the body seen so far is all its ``Content-Length`` announced: the response can
+        be stored before its last chunk goes out."""
+        return self.length is not None and self._size >= self.length
 
     def settle(self, completed: bool, limit: int) -> Settle:
         """``completed``: the whole response went out. Store it when its status is one

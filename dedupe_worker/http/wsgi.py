@@ -168,9 +168,9 @@ def settle_claim(dedupe: Deduplicator, claim: Claim, recorder: Recorder, *, comp
 
 class RecordedBody:
     """The app's body iterable, recorded chunk by chunk as the server iterates it. The claim is
-    settled once: stored as soon as the server asks past the last chunk (every chunk before it
-    was written), released by ``close()`` (which PEP 3333 servers always call) if that never
-    happened."""
+    settled once: stored when the body reaches its ``Content-Length`` (before that last chunk is
+    handed to the server), or else when the server asks past the last chunk; released by
+    ``close()`` (which PEP 3333 servers always call) if neither happened."""
 
     def __init__(self, iterable: Iterable[bytes], recorder: Recorder, settle: Callable[[bool], None]) -> None:
         self.iterable = iterable
@@ -180,6 +180,8 @@ class RecordedBody:
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.iterable:
             self.recorder.body(chunk)
+            if self.recorder.received_all:
+                self.settle(True)  # stored before the server writes it: whoever got it all can get it again
             yield chunk
         self.settle(True)
 
