@@ -170,14 +170,15 @@ class AsyncClaimClient(ClaimCodec):
                 log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
         return claims
 
-    async def complete(self, claim: Claim, value: Any) -> None:
-        """Store ``value`` as the outcome, only if ``claim``'s token still owns the key. Raises
-        :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted)."""
+    async def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
+        """Store ``value`` as the outcome, only if ``claim``'s token still owns the key, kept
+        ``ttl`` seconds (default ``result_ttl``). Raises :class:`LeaseLost` (nothing written) and
+        :class:`ResultNotSerializable` (stored as omitted)."""
         status, data, problem = self.encode(claim, value)
         if self.renewer.is_lost(claim.stem, claim.token):
             raise LeaseLost(claim.key, claim.token)
         with self.renewer.settling([(claim.stem, claim.token)]):
-            stored = await self.store.complete([(claim.stem, claim.token, status, data)], self._result_ttl_ms)
+            stored = await self.store.complete([(claim.stem, claim.token, status, data)], self.result_ttl_ms(ttl))
         if not stored[0]:
             raise LeaseLost(claim.key, claim.token)
         if problem is not None:

@@ -291,16 +291,17 @@ class ClaimClient(ClaimCodec):
             for claim in claims:
                 log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
 
-    def complete(self, claim: Claim, value: Any) -> None:
+    def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key.
 
-        Raises :class:`LeaseLost` (nothing written) when fenced off, and
+        ``ttl``: seconds this outcome is kept, instead of ``result_ttl``. Raises
+        :class:`LeaseLost` (nothing written) when fenced off, and
         :class:`ResultNotSerializable` after storing "completed, body omitted" for a value JSON
         cannot hold.
         """
         status, data, problem = self.encode(claim, value)
         if self.renewer.is_lost(claim.stem, claim.token) or not self.store.complete_one(
-            claim.stem, claim.token, status, data, self._result_ttl_ms
+            claim.stem, claim.token, status, data, self.result_ttl_ms(ttl)
         ):
             raise LeaseLost(claim.key, claim.token)
         if problem is not None:

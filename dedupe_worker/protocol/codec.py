@@ -79,6 +79,15 @@ class ClaimCodec:
         self._plain_limit = min(max_key_length, KEY_HARD_LIMIT)
         self._stem_open = f"{namespace}:{{"
 
+    def result_ttl_ms(self, ttl: float | None = None) -> int:
+        """How long an outcome is kept, in milliseconds as ``complete.lua`` takes it: ``ttl``
+        seconds when given (a per-call choice), else ``result_ttl``."""
+        if ttl is None:
+            return self._result_ttl_ms
+        if ttl <= 0:
+            raise ValueError(f"ttl must be positive, not {ttl!r}")
+        return max(1, int(ttl * 1000))
+
     def check_key(self, key: str | bytes) -> tuple[str, str]:
         """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
         for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT`` UTF-8

@@ -1,0 +1,152 @@
+"""The I/O-free rules of the Idempotency-Key layer: key parsing, scope, fingerprint, what is
+stored, how it is encoded, and the problem responses."""
+
+from __future__ import annotations
+
+import pytest
+
+from dedupe_worker.http import IdempotencyRules, KeyProblem, RequestInfo, parse_key, stored_status
+from dedupe_worker.http.stored import Response, decode, encode
+from dedupe_worker.protocol.claim import Claim, Outcome
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([], KeyProblem.MISSING),
+    (['"abc"'], "abc"),
+    ([' "abc" '], "abc"),
+    (['"a\\"b\\\\c"'], 'a"b\\c'),
+    (["8e03978e-40d5-43e8-bc93-6894a57f9324"], "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+    (["token:with/slash"], "token:with/slash"),
+    (["a", "b"], KeyProblem.REPEATED),
+    (['"a", "b"'], KeyProblem.REPEATED),
+    (["a, b"], KeyProblem.REPEATED),
+    ([""], KeyProblem.EMPTY),
+    (['""'], KeyProblem.EMPTY),
+    (['"' + "x" * 37 + '"'], KeyProblem.TOO_LONG),
+    (['"abc'], KeyProblem.SYNTAX),
+    (['"a\\nb"'], KeyProblem.SYNTAX),
+    (['"a"b"'], KeyProblem.SYNTAX),
+    (["has space"], KeyProblem.SYNTAX),
+    (['"caf\u00e9"'], KeyProblem.SYNTAX),
+])
+def test_parse_key(values: list[str], expected: object) -> None:
+    assert parse_key(values, max_length=36) == expected
+
+
+def request(path: str = "/pay", method: str = "POST", headers: tuple[tuple[str, str], ...] = (),
+            query: str = "") -> RequestInfo:
+    return RequestInfo(method, path, query, headers)
+
+
+def test_screen_methods_required_and_excluded() -> None:
+    rules = IdempotencyRules(required=lambda r: None if r.path == "/out" else r.path == "/must")
+    assert rules.screen(request("/must", "GET")) is None
+    missing = rules.screen(request("/must"))
+    assert isinstance(missing, Response) and missing.status == 400
+    assert rules.screen(request("/may")) is None
+    assert rules.screen(request("/out", headers=(("idempotency-key", "k"),))) is None
+    assert rules.screen(request("/may", headers=(("idempotency-key", "k"),))) == "k"
+    renamed = IdempotencyRules(header="X-Request-Id", required=True)
+    assert renamed.screen(request(headers=(("x-request-id", '"r1"'),))) == "r1"
+    assert b"X-Request-Id is missing" in renamed.screen(request()).body  # type: ignore[union-attr]
+
+
+def test_scope_and_fingerprint() -> None:
+    rules = IdempotencyRules()
+    alice = rules.attempt(request(headers=(("authorization", "Bearer a"),)), "k", b"{}")
+    bob = rules.attempt(request(headers=(("authorization", "Bearer b"),)), "k", b"{}")
+    assert alice.key != bob.key and alice.fingerprint == bob.fingerprint
+    assert rules.attempt(request("/other"), "k", b"{}").key != rules.attempt(request(), "k", b"{}").key
+    assert rules.attempt(request(method="PATCH"), "k", b"{}").key != rules.attempt(request(), "k", b"{}").key
+    base = rules.attempt(request(), "k", b"{}").fingerprint
+    assert rules.attempt(request(query="a=1"), "k", b"{}").fingerprint != base
+    assert rules.attempt(request(), "k", b"{ }").fingerprint != base
+    assert rules.attempt(request(headers=(("content-type", "text/plain"),)), "k", b"{}").fingerprint != base
+    by_user = IdempotencyRules(scope=lambda r: "user-7")
+    assert by_user.attempt(request(headers=(("authorization", "x"),)), "k", b"").key == \
+        by_user.attempt(request(headers=(("authorization", "y"),)), "k", b"").key
+
+
+def test_statuses_stored_by_default() -> None:
+    assert all(stored_status(s) for s in (200, 201, 204, 301, 400, 404, 422))
+    assert not any(stored_status(s) for s in (408, 409, 425, 429, 500, 503))
+
+
+def test_recorder_strips_ttl_header_and_settles() -> None:
+    rules = IdempotencyRules(max_body_bytes=10, compress_above=4)
+    recorder = rules.recorder(request())
+    sent = recorder.start(201, [("Content-Type", "text/plain"), ("Idempotency-TTL", "7"), ("Date", "x"),
+                                ("Set-Cookie", "a=b")])
+    assert sent == [("Content-Type", "text/plain"), ("Date", "x"), ("Set-Cookie", "a=b")]
+    recorder.body(b"aaaa")
+    recorder.body(b"aaaa")
+    settle = recorder.settle(True, 1_000_000)
+    assert settle.store and settle.ttl == 7.0
+    stored = decode(settle.value)
+    assert stored == Response(201, (("Content-Type", "text/plain"),), b"aaaaaaaa")
+    assert not recorder.settle(False, 1_000_000).store  # cut off: released
+
+
+def test_body_over_the_limit_is_stored_without_it() -> None:
+    rules = IdempotencyRules(max_body_bytes=10)
+    recorder = rules.recorder(request())
+    recorder.start(200, [("Content-Length", "11")])
+    recorder.body(b"x" * 11)
+    stored = decode(recorder.settle(True, 1_000_000).value)
+    assert stored is not None and stored.omitted and stored.body == b""
+    replay = rules.answer(Claim("k", Outcome.DUPLICATE, 3, result=recorder.settle(True, 1_000_000).value))
+    assert replay is not None and replay.status == 200 and replay.body == b""
+    assert ("idempotent-body-omitted", "true") in replay.headers and ("content-length", "0") in replay.headers
+    small_limit = rules.recorder(request())
+    small_limit.start(200, [])
+    small_limit.body(b"x" * 10)
+    assert decode(small_limit.settle(True, 50).value).omitted  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("compression", ["deflate", "gzip"])
+def test_encode_round_trips_bytes(compression: str) -> None:
+    body = bytes(range(256)) * 40
+    response = Response(404, (("X-Raw", "caf\u00e9"), ("x-dup", "1"), ("x-dup", "2")), body)
+    value = encode(response, compress_above=100, compression=compression)
+    assert value["z"] == compression
+    assert decode(value) == response
+    assert decode({"v": 99}) is None and decode("text") is None
+
+
+def test_answers_to_claims() -> None:
+    rules = IdempotencyRules(docs_url="https://d.example/idem")
+    assert rules.answer(Claim("k", Outcome.ACQUIRED, 1)) is None
+    busy = rules.answer(Claim("k", Outcome.IN_PROGRESS, 1, retry_after=2.2))
+    assert busy is not None and busy.status == 409 and ("retry-after", "3") in busy.headers
+    assert b'"type":"https://d.example/idem#request-outstanding"' in busy.body
+    conflict = rules.answer(Claim("k", Outcome.CONFLICT))
+    assert conflict is not None and conflict.status == 422
+    assert b"Idempotency-Key is already used" in conflict.body
+    stored = encode(Response(201, (("content-type", "application/json"),), b'{"id":1}'),
+                    compress_above=1024, compression="deflate")
+    replay = rules.answer(Claim("k", Outcome.DUPLICATE, 1, result=stored))
+    assert replay == Response(201, (("content-type", "application/json"), ("idempotent-replayed", "true")),
+                              b'{"id":1}')
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError):
+        IdempotencyRules(compression="brotli")
+    with pytest.raises(ValueError):
+        IdempotencyRules(max_key_length=0)
+
+
+def test_cookies_are_replayed_only_when_asked() -> None:
+    for replay_cookies in (False, True):
+        recorder = IdempotencyRules(replay_cookies=replay_cookies).recorder(request())
+        recorder.start(200, [("Set-Cookie", "a=b"), ("Connection", "close"), ("X-Kept", "1")])
+        stored = decode(recorder.settle(True, 1_000_000).value)
+        assert stored is not None
+        assert stored.headers == ((("Set-Cookie", "a=b"),) if replay_cookies else ()) + (("X-Kept", "1"),)
+
+
+@pytest.mark.parametrize("status", [201, 404, 409, 429, 500])
+def test_store_predicate_decides(status: int) -> None:
+    recorder = IdempotencyRules(store=lambda s: s != 404).recorder(request())
+    recorder.start(status, [])
+    assert recorder.settle(True, 1_000_000).store is (status != 404)
