@@ -3,8 +3,9 @@
 The same scripts and the same rules as :class:`~dedupe_worker.protocol.scripts.ScriptRunner`:
 one EVALSHA per call in the common case, several calls in one pipelined round trip, only the
 calls that failed with ``NOSCRIPT`` (which ran nothing) sent again, ``WAIT`` in the same pipeline
-when durability is asked, and every Redis failure raised as
-:class:`~dedupe_worker.StoreUnavailable`.
+when durability is asked, every Redis failure raised as
+:class:`~dedupe_worker.StoreUnavailable`, and the same script texts for the same server
+(``#!lua`` flags on Redis 7+, decided from ``INFO server`` at the first call).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..errors import StoreUnavailable
-from ..protocol.scripts import LOAD_ORDER, SCRIPT_NAMES, Call, checked, load_script
+from ..protocol.scripts import LOAD_ORDER, SCRIPT_NAMES, Call, checked, load_script, script_text, takes_flags
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -32,16 +33,37 @@ class AsyncScriptRunner:
     def __init__(self, client: AsyncRedis) -> None:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
-        self._text = {name: load_script(name) for name in SCRIPT_NAMES}
-        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+        self._source = {name: load_script(name) for name in SCRIPT_NAMES}
+        self._text: dict[str, str] = {}
+        self._sha: dict[str, str] | None = None
+
+    @property
+    def sha(self) -> dict[str, str]:
+        """Each script's SHA1, of the text this server gets; empty before the first call (the
+        server's version, from ``INFO server``, decides the text: see :meth:`shas`)."""
+        return self._sha or {}
+
+    async def shas(self) -> dict[str, str]:
+        """:attr:`sha`, asking ``INFO server`` the first time (an error reply: no flags)."""
+        if self._sha is None:
+            try:
+                info = await self.client.info("server")
+            except ResponseError:
+                info = None
+            flags = takes_flags(info)
+            self._text = {name: script_text(text, flags) for name, text in self._source.items()}
+            self._sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+        return self._sha
 
     async def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self.client.evalsha(self.sha[name], len(keys), *keys, *args)
+        sha = self._sha or await self.shas()
+        return await self.client.evalsha(sha[name], len(keys), *keys, *args)
 
     async def _load(self) -> None:
         """After a ``NOSCRIPT``: load every protocol script in :data:`LOAD_ORDER`, for the reason
         :meth:`ScriptRunner._load <dedupe_worker.protocol.scripts.ScriptRunner._load>` gives (a
         call sent again runs after the later calls of its pipeline)."""
+        await self.shas()
         for script in LOAD_ORDER:
             await self.client.script_load(self._text[script])
 
@@ -65,9 +87,10 @@ class AsyncScriptRunner:
         if not calls:
             return []
         try:
+            sha = await self.shas()
             pipe = self.client.pipeline(transaction=False)
             for name, keys, args in calls:
-                pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", sha[name], len(keys), *keys, *args)
             if wait is not None:
                 pipe.execute_command("WAIT", *wait)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
