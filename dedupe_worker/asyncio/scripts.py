@@ -47,7 +47,10 @@ class AsyncScriptRunner:
         """:attr:`sha`, asking ``INFO server`` the first time (an error reply: no flags)."""
         if self._sha is None:
             try:
-                info = await self.client.info("server")
+                if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
+                    info = await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
+                else:
+                    info = await self.client.info("server")
             except ResponseError:
                 info = None
             flags = takes_flags(info)

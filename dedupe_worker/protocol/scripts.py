@@ -129,6 +129,8 @@ def server_info(client: Any, held: HeldConnection | None = None) -> Any:
             if reply is not BUSY:
                 text = reply.decode() if isinstance(reply, bytes) else str(reply)
                 return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if isinstance(client, RedisCluster):  # every primary: a cluster mid-upgrade may mix versions
+            return client.info("server", target_nodes=RedisCluster.PRIMARIES)
         return client.info("server")
     except ResponseError:
         return None
