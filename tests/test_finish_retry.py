@@ -219,3 +219,21 @@ def test_the_in_memory_double_runs_the_scripts_without_flags() -> None:
     assert d.release(released)
     assert d.forget("k")
     assert not d.store.scripts._text["complete"].startswith("#!")
+
+
+def test_a_connection_torn_down_inside_redis_py_is_a_connection_error() -> None:
+    """redis-py 8.1's asyncio client can raise AttributeError/TypeError from a connection that a
+    concurrent disconnect tore down (seen during the slot migration test): counted as a
+    connection error, so the write is retried or the message deferred, never an escaped crash."""
+    from dedupe_worker.asyncio.scripts import torn_connection
+
+    try:
+        redis.connection.Connection.pack_command(object(), "PING")  # type: ignore[arg-type]
+    except AttributeError as exc:
+        torn = torn_connection(exc)
+    assert isinstance(torn, redis.ConnectionError)
+    assert transient(wrapped(torn))
+    try:
+        getattr(None, "writelines")  # noqa: B009 - raised here, in our code: not redis-py's
+    except AttributeError as exc:
+        assert torn_connection(exc) is None

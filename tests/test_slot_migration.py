@@ -9,10 +9,11 @@ completion, on a private 3-primary cluster of its own.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ import redis
 from redis.cluster import RedisCluster, key_slot
 
 from dedupe_worker import Deduplicator, Reason, decide, decide_many
+from dedupe_worker.asyncio import AsyncDeduplicator
+from dedupe_worker.asyncio import decide as async_decide
 
 from .services import redis_cluster
 
@@ -131,3 +134,42 @@ def test_a_slot_moving_under_completions_reruns_no_handler(cluster_ports: list[i
         assert decide(d, key, handler(key, False)).reason is Reason.DUPLICATE
     assert all(runs[k] == 1 for k in done)
     d.close()
+
+
+def test_a_slot_moving_under_asyncio_completions_reruns_no_handler(cluster_ports: list[int], namespace: str) -> None:
+    slot, keys = keys_in_one_slot(30)
+    done, flying = keys[:10], keys[10:]
+    runs: Counter[str] = Counter()
+    moving = threading.Event()
+
+    async def main() -> tuple[dict[str, Reason], dict[str, Reason], dict[str, Reason]]:
+        d = AsyncDeduplicator.from_url(f"redis://127.0.0.1:{cluster_ports[0]}/0?cluster=1", namespace=namespace,
+                                       lease=3.0, result_ttl=60)
+
+        def handler(key: str, wait: bool) -> Callable[[], Awaitable[str]]:
+            async def run() -> str:
+                runs[key] += 1
+                while wait and not moving.is_set():  # set by the migration's thread
+                    await asyncio.sleep(0.01)
+                return key
+            return run
+
+        for key in done:
+            assert (await async_decide(d, key, handler(key, False))).reason is Reason.APPLIED
+        owner = d.store.client.nodes_manager.get_node_from_slot(slot).port
+        flights = asyncio.gather(*(async_decide(d, k, handler(k, True)) for k in flying))
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(migrate_slot, cluster_ports, slot, owner, moving)
+        first = {k: decision.reason for k, decision in zip(flying, await flights, strict=True)}
+        again = {k: (await async_decide(d, k, handler(k, False), wait=d.lease + 1)).reason for k in flying}
+        after = {k: (await async_decide(d, k, handler(k, False))).reason for k in done}
+        await d.aclose()
+        return first, again, after
+
+    first, again, after = asyncio.run(main())
+    twice = sorted(k for k, n in runs.items() if n > 1)
+    print(f"asyncio: handlers run twice: {len(twice)}; first verdicts: {Counter(r.name for r in first.values())}")
+    assert twice == []
+    assert set(first.values()) == {Reason.APPLIED}
+    assert set(again.values()) == {Reason.DUPLICATE}
+    assert set(after.values()) == {Reason.DUPLICATE}

@@ -11,11 +11,14 @@ when durability is asked, every Redis failure raised as
 from __future__ import annotations
 
 import hashlib
+import os
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..errors import StoreUnavailable
@@ -25,6 +28,24 @@ __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
 #: The clients the asyncio store runs on.
 AsyncRedis = redis.asyncio.Redis | RedisCluster
+
+
+_REDIS_PY = os.path.dirname(redis.__file__) + os.sep
+
+
+def torn_connection(exc: BaseException) -> RedisConnectionError | None:
+    """``exc`` as the connection error it is, when redis-py's asyncio client raised it from inside
+    its own connection code (``AttributeError``/``TypeError`` on a writer or transport that a
+    concurrent disconnect, e.g. a Redis Cluster topology refresh, has just torn down: redis-py
+    8.1 lets these through instead of ``ConnectionError``); else ``None``."""
+    if not isinstance(exc, (AttributeError, TypeError)) or exc.__traceback__ is None:
+        return None
+    innermost = traceback.extract_tb(exc.__traceback__)[-1].filename
+    if not innermost.startswith(_REDIS_PY):
+        return None
+    error = RedisConnectionError(f"connection torn down while in use: {exc!r}")
+    error.__cause__ = exc
+    return error
 
 
 class AsyncScriptRunner:
@@ -80,6 +101,11 @@ class AsyncScriptRunner:
                 return await self._evalsha(name, keys, args)
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            torn = torn_connection(exc)
+            if torn is None:
+                raise
+            raise StoreUnavailable(f"Redis failed running {name}.lua: {torn}") from torn
 
     async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
@@ -110,4 +136,9 @@ class AsyncScriptRunner:
                 acked = await self.client.execute_command("WAIT", *wait)
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            torn = torn_connection(exc)
+            if torn is None:
+                raise
+            raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {torn}") from torn
         return checked(calls, replies, wait, acked)
