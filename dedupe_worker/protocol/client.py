@@ -229,8 +229,14 @@ class ClaimClient(ClaimCodec):
         (``False``: the token no longer owned it, nothing written), and the new claims.
 
         Redis runs the three scripts one after the other, so a request for a key whose outcome is
-        stored in the same call answers DUPLICATE. Raises :class:`StoreUnavailable`; the outcomes
-        may then have been stored or not.
+        stored in the same call answers DUPLICATE.
+
+        A transient store error (a reconnect, a slot migration, ``LOADING``, ``BUSY``, ``OOM``)
+        does not cost the outcomes: they and the releases are settled anyway (sent again alone
+        while the leases last, see :mod:`.retry`), and then, when there were requests,
+        :class:`~dedupe_worker.protocol.scripts.StreamCut` is raised with ``stored``,
+        ``released`` and ``claimed=0`` (the claims are not retried). Otherwise raises
+        :class:`StoreUnavailable`; the outcomes may then have been stored or not.
         """
         completes, frees = self._settle_calls(outcomes, releases)
         if completes or frees:
