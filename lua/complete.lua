@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- complete.lua: record the outcome of claims we still own (state: claimed -> done).
+-- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
+-- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
 -- KEYS[3i-2] - the started key of message i
 -- KEYS[3i-1] - the result key of message i

@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- release.lua: give up claims we still own after a retryable failure (state: claimed -> free).
+-- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
+-- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
 -- KEYS[2i-1] - the started key of message i
 -- KEYS[2i]   - the notice list of message i (see watch.lua)

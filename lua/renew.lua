@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- renew.lua: extend the lease of claims we still own (state: claimed -> claimed, later deadline).
+-- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
+-- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
 -- KEYS[i]   - the started key of message i
 -- ARGV[1]   - new lease in milliseconds, counted from now on Redis' clock

@@ -349,7 +349,7 @@ async def test_a_missing_script_reloads_them_all(private_redis: services.RedisSe
     sync_client = redis.Redis.from_url(private_redis.url)
     d = AsyncDeduplicator(redis.asyncio.Redis.from_url(private_redis.url), namespace="reload", lease=5)
     try:
-        shas = [d.store.scripts.sha[name] for name in SCRIPT_NAMES]
+        shas = [(await d.store.scripts.shas())[name] for name in SCRIPT_NAMES]
         sync_client.script_flush()
         first = await d.begin("given-back")  # NOSCRIPT for claim.lua
         assert sync_client.script_exists(*shas) == [True] * len(shas)

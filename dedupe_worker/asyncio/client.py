@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, StoreUnavailable
 from ..protocol.calls import KeyState
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.codec import ClaimCodec, Request
+from ..protocol.retry import FinishRetry
+from ..protocol.scripts import NotDurable
 from ..protocol.serialization import Serializer
 from ..settings import DedupeSettings
 from .connection import async_redis_from_url
@@ -32,6 +34,7 @@ __all__ = ["AsyncClaimClient"]
 
 log = logging.getLogger(__name__)
 C = TypeVar("C", bound="AsyncClaimClient")
+T = TypeVar("T")
 
 
 class AsyncClaimClient(ClaimCodec):
@@ -72,6 +75,8 @@ class AsyncClaimClient(ClaimCodec):
         self.permanent_errors = permanent_errors
         self.fail_open = fail_open
         self.renewer = AsyncLeaseRenewer(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
+        #: How completions and releases are retried on transient store errors (shared policy).
+        self.finish_retry = FinishRetry(lease, self.renewer.interval)
         self.waiter = AsyncKeyWaiter(self.store)
         self._owns_client = False
 
@@ -103,10 +108,33 @@ class AsyncClaimClient(ClaimCodec):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def owns(self, claim: Claim, stored: bool) -> bool:
-        """Whether a write for ``claim`` that Redis answered ``stored`` counts (the renewer may
-        already have seen the lease lost)."""
-        return stored and not self.renewer.is_lost(claim.stem, claim.token)
+    async def _finishing(self, leases: list[tuple[str, int]], send: Callable[[], Awaitable[T]]) -> T:
+        """``await send()``, a finishing write (complete, fail, release) of ``leases``: sent again
+        on a transient store error while the leases last, as
+        :meth:`ClaimClient._finish_again <dedupe_worker.protocol.ClaimClient._finish_again>` does
+        (the same :class:`~dedupe_worker.protocol.retry.FinishRetry` policy, awaited sleeps)."""
+        self.renewer.settle(leases)
+        try:
+            return await send()
+        except NotDurable:
+            raise
+        except StoreUnavailable as exc:
+            error = exc
+        attempts = self.finish_retry.attempts(time.monotonic())
+        while True:
+            delay = attempts.after(error, time.monotonic(), self.renewer.renewed_at())
+            if delay is None:
+                if attempts.failures > 1:
+                    log.warning("giving up a finishing write after %d attempts: %s", attempts.failures, error)
+                raise error
+            log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
+            await asyncio.sleep(delay)
+            try:
+                return await send()
+            except NotDurable:
+                raise
+            except StoreUnavailable as exc:
+                error = exc
 
     # -- transitions ----------------------------------------------------------------------------
 
@@ -177,9 +205,10 @@ class AsyncClaimClient(ClaimCodec):
         status, data, problem = self.encode(claim, value)
         if self.renewer.is_lost(claim.stem, claim.token):
             raise LeaseLost(claim.key, claim.token)
-        with self.renewer.settling([(claim.stem, claim.token)]):
-            stored = await self.store.complete([(claim.stem, claim.token, status, data)], self.result_ttl_ms(ttl))
-        if not stored[0]:
+        items = [(claim.stem, claim.token, status, data)]
+        ttl_ms = self.result_ttl_ms(ttl)
+        stored = await self._finishing([(claim.stem, claim.token)], lambda: self.store.complete(items, ttl_ms))
+        if not self.owns(claim, stored[0]):
             raise LeaseLost(claim.key, claim.token)
         if problem is not None:
             raise problem
@@ -188,18 +217,19 @@ class AsyncClaimClient(ClaimCodec):
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
         Values that cannot be serialised are stored as omitted (and logged)."""
         encoded = [self.encode(claim, value) for claim, value in items]
-        with self.renewer.settling([(claim.stem, claim.token) for claim, _ in items]):
-            stored = await self.store.complete([(claim.stem, claim.token, status, data)
-                                                for (claim, _), (status, data, _) in zip(items, encoded, strict=True)],
-                                               self._result_ttl_ms)
+        records = [(claim.stem, claim.token, status, data)
+                   for (claim, _), (status, data, _) in zip(items, encoded, strict=True)]
+        stored = await self._finishing([(claim.stem, claim.token) for claim, _ in items],
+                                       lambda: self.store.complete(records, self._result_ttl_ms))
         return [self.owns(claim, ok) for (claim, _), ok in zip(items, stored, strict=True)]
 
     async def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome; raises :class:`LeaseLost` when fenced off."""
         data = self.encode_failure(error)
-        with self.renewer.settling([(claim.stem, claim.token)]):
-            stored = await self.store.complete([(claim.stem, claim.token, Stored.FAILED, data)], self._result_ttl_ms)
-        if not stored[0]:
+        items = [(claim.stem, claim.token, Stored.FAILED, data)]
+        stored = await self._finishing([(claim.stem, claim.token)],
+                                       lambda: self.store.complete(items, self._result_ttl_ms))
+        if not self.owns(claim, stored[0]):
             raise LeaseLost(claim.key, claim.token)
         log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
 
@@ -211,8 +241,7 @@ class AsyncClaimClient(ClaimCodec):
     async def release_many(self, claims: Sequence[Claim]) -> list[bool]:
         """:meth:`release` for a batch, in one round trip."""
         items = [(c.stem, c.token) for c in claims]
-        with self.renewer.settling(items):
-            return await self.store.release(items, self._retention_ms)
+        return await self._finishing(items, lambda: self.store.release(items, self._retention_ms))
 
     async def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""

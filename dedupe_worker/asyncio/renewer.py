@@ -10,20 +10,25 @@ lease (the next ``track`` starts another), or when :meth:`AsyncLeaseRenewer.aclo
 A claim that renewal finds no longer ours is marked lost; completing it then raises
 :class:`~dedupe_worker.LeaseLost`. If Redis is unreachable the task logs and keeps trying; the
 lease may then run out and another worker take over, which the fencing token makes safe. If the
-process dies, nothing renews: the leases run out and the keys are claimed again.
+process dies, nothing renews: the leases run out and the keys are claimed again. A forked child
+starts with no tracked lease and no task (an event loop does not survive ``fork()`` in use).
+When a refused renewal counts as lost is decided by :class:`~dedupe_worker.protocol.leases.LeaseBook`,
+shared with the thread renewer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import StoreUnavailable
 from ..observe.base import current as observer
+from ..protocol.leases import Lease, LeaseBook
 from .store import AsyncRedisStore
 
 __all__ = ["AsyncLeaseRenewer"]
@@ -35,12 +40,10 @@ log = logging.getLogger(__name__)
 class _LoopLeases:
     """The leases tracked in one event loop, and the task renewing them."""
 
-    live: dict[tuple[str, int], int] = field(default_factory=dict)  # (stem, token) -> how many holders
-    lost: set[tuple[str, int]] = field(default_factory=set)
-    #: Claims whose completion or release is in flight: a renewal refused meanwhile is that write's
-    #: doing, not a loss (the write itself tells whether the claim was still ours).
-    settling: set[tuple[str, int]] = field(default_factory=set)
+    book: LeaseBook = field(default_factory=LeaseBook)
     task: asyncio.Task[None] | None = None
+    #: ``time.monotonic()`` at the start of the last renewal round Redis answered.
+    renewed_at: float = float("-inf")
 
 
 class AsyncLeaseRenewer:
@@ -55,6 +58,7 @@ class AsyncLeaseRenewer:
         self.retention_ms = retention_ms
         self.interval = interval
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopLeases] = weakref.WeakKeyDictionary()
+        _renewers.add(self)
 
     def _leases(self) -> _LoopLeases:
         loop = asyncio.get_running_loop()
@@ -66,37 +70,32 @@ class AsyncLeaseRenewer:
     def track(self, stem: str, token: int) -> None:
         """Keep this claim's lease alive from now on; starts the loop's renewer task if none runs."""
         leases = self._leases()
-        leases.live[(stem, token)] = leases.live.get((stem, token), 0) + 1
+        leases.book.track((stem, token))
         if leases.task is None or leases.task.done():
             leases.task = asyncio.get_running_loop().create_task(self._renew_while_held(leases),
                                                                  name="dedupe-lease-renewer")
 
     def untrack(self, stem: str, token: int) -> None:
         """Stop renewing this claim (once every holder that tracked it has untracked it)."""
-        leases = self._leases()
-        left = leases.live.get((stem, token), 0) - 1
-        if left > 0:
-            leases.live[(stem, token)] = left
-        else:
-            leases.live.pop((stem, token), None)
-            leases.lost.discard((stem, token))
+        self._leases().book.untrack((stem, token))
 
     def is_lost(self, stem: str, token: int) -> bool:
         """Whether renewal found the claim taken by another token (this loop's claims)."""
         leases = self._loops.get(asyncio.get_running_loop())
-        return leases is not None and (stem, token) in leases.lost
+        return leases is not None and (stem, token) in leases.book.lost
 
-    @contextmanager
-    def settling(self, claims: Iterable[tuple[str, int]]) -> Iterator[None]:
-        """While inside, a renewal of one of ``claims`` (``(stem, token)``) that Redis refuses does
-        not mark it lost: our own completion or release, in flight, is what ends the lease."""
-        leases = self._leases()
-        mine = set(claims) - leases.settling
-        leases.settling |= mine
-        try:
-            yield
-        finally:
-            leases.settling -= mine
+    def settle(self, claims: Iterable[Lease]) -> None:
+        """The completion or release of ``claims`` (``(stem, token)``) is being sent: until they
+        are untracked, a refused renewal of one of them is not a loss (see
+        :mod:`~dedupe_worker.protocol.leases`)."""
+        leases = self._loops.get(asyncio.get_running_loop())
+        if leases is not None:
+            leases.book.settle(claims)
+
+    def renewed_at(self) -> float:
+        """``time.monotonic()`` at the start of the running loop's last answered renewal round."""
+        leases = self._loops.get(asyncio.get_running_loop())
+        return leases.renewed_at if leases is not None else float("-inf")
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The renewer tasks running now (at most one per event loop)."""
@@ -106,27 +105,28 @@ class AsyncLeaseRenewer:
     async def renew_now(self) -> None:
         """Renew every lease tracked in the running loop once, in one round trip."""
         leases = self._leases()
-        items = [k for k in leases.live if k not in leases.lost]
+        items = leases.book.due()
         observer.leases(len(items))
         if not items:
             return
+        began = time.monotonic()
         try:
             renewed = await self.store.renew(items, self.lease_ms, self.retention_ms)
         except StoreUnavailable as exc:
             log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
             observer.renewal_failed(len(items))
             return
+        leases.renewed_at = began
         for (stem, token), ok in zip(items, renewed, strict=True):
-            if ok or (stem, token) not in leases.live or (stem, token) in leases.settling:
+            if ok or not leases.book.refused((stem, token)):
                 continue
-            leases.lost.add((stem, token))
             log.warning("lease lost: key=%s token=%s", stem, token)
             observer.lease_lost()
 
     async def _renew_while_held(self, leases: _LoopLeases) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while leases.live:
+            while leases.book.live:
                 await asyncio.sleep(self.interval)
                 try:
                     await self.renew_now()
@@ -150,3 +150,16 @@ class AsyncLeaseRenewer:
                 await asyncio.wait({task})  # our own cancellation still propagates
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(task.cancel)
+
+
+#: Every asyncio renewer of this process, emptied in a forked child.
+_renewers: weakref.WeakSet[AsyncLeaseRenewer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for renewer in list(_renewers):
+        renewer._loops = weakref.WeakKeyDictionary()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import ClaimError, LeaseLost, ResultNotSerializable
+from ..errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
 from ..settings import DedupeSettings
 from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, ClaimCodec, Request
 from .connection import redis_from_url
 from .renewer import LeaseRenewer
-from .scripts import Call, StreamCut
+from .retry import FinishRetry
+from .scripts import Call, CallFailed, NotDurable, StreamCut
 from .serialization import Serializer
 from .store import KeyState, RedisStore
 from .watcher import KeyWatcher
@@ -32,6 +33,7 @@ __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
 
 log = logging.getLogger(__name__)
 C = TypeVar("C", bound="ClaimClient")
+T = TypeVar("T")
 
 
 class ClaimClient(ClaimCodec):
@@ -87,6 +89,8 @@ class ClaimClient(ClaimCodec):
         self.renewer = LeaseRenewer(
             self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3
         )
+        #: How completions and releases are retried on transient store errors (:mod:`.retry`).
+        self.finish_retry = FinishRetry(lease, self.renewer.interval)
         self._watcher: KeyWatcher | None = None
 
     # -- construction ---------------------------------------------------------------------------
@@ -118,12 +122,31 @@ class ClaimClient(ClaimCodec):
         if self.store.scripts.held is not None:
             self.store.scripts.held.close()
 
-    # -- requests and replies -------------------------------------------------------------------
+    # -- finishing writes, retried --------------------------------------------------------------
 
-    def owns(self, claim: Claim, stored: bool) -> bool:
-        """Whether a write for ``claim`` that Redis answered ``stored`` counts: the renewer may
-        already have seen the lease lost (the script would refuse the next write anyway)."""
-        return stored and not self.renewer.is_lost(claim.stem, claim.token)
+    def _finish_again(self, error: StoreUnavailable, send: Callable[[], T]) -> T:
+        """After a finishing write (complete, fail, release) failed with ``error``: send it again
+        while :attr:`finish_retry` says the error is transient and the lease lasts (the renewer
+        keeps extending it meanwhile); raise the last error once it says stop. Claims are never
+        sent through here. Safe to repeat: ``complete.lua`` answers 1 again for an outcome it
+        stored under the same token, and every write is fenced by the token."""
+        if isinstance(error, (NotDurable, StreamCut)):
+            raise error  # it ran (not durable), or claims were handed on: not ours to repeat
+        attempts = self.finish_retry.attempts(time.monotonic())
+        while True:
+            delay = attempts.after(error, time.monotonic(), self.renewer.renewed_at)
+            if delay is None:
+                if attempts.failures > 1:
+                    log.warning("giving up a finishing write after %d attempts: %s", attempts.failures, error)
+                raise error
+            log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
+            time.sleep(delay)
+            try:
+                return send()
+            except StoreUnavailable as exc:
+                if isinstance(exc, (NotDurable, StreamCut)):
+                    raise
+                error = exc
 
     # -- transitions ----------------------------------------------------------------------------
 
@@ -206,11 +229,23 @@ class ClaimClient(ClaimCodec):
         (``False``: the token no longer owned it, nothing written), and the new claims.
 
         Redis runs the three scripts one after the other, so a request for a key whose outcome is
-        stored in the same call answers DUPLICATE. Raises :class:`StoreUnavailable`; the outcomes
-        may then have been stored or not.
+        stored in the same call answers DUPLICATE.
+
+        A transient store error (a reconnect, a slot migration, ``LOADING``, ``BUSY``, ``OOM``)
+        does not cost the outcomes: they and the releases are settled anyway (sent again alone
+        while the leases last, see :mod:`.retry`), and then, when there were requests,
+        :class:`~dedupe_worker.protocol.scripts.StreamCut` is raised with ``stored``,
+        ``released`` and ``claimed=0`` (the claims are not retried). Otherwise raises
+        :class:`StoreUnavailable`; the outcomes may then have been stored or not.
         """
-        stored, released, replies = self.store.run(*self._settle_calls(outcomes, releases),
-                                                   self._claim_calls(requests))
+        completes, frees = self._settle_calls(outcomes, releases)
+        if completes or frees:
+            self.renewer.settle(self._leases(outcomes, releases))
+        try:
+            stored, released, replies = self.store.run(completes, frees, self._claim_calls(requests))
+        except StoreUnavailable as exc:
+            stored, released = self._settle_failed(exc, outcomes, releases, completes, frees, requests)
+            replies = []
         claims = self._claims(requests, replies)
         self._log_claims(claims)
         return (*self._settled(outcomes, stored, released), claims)
@@ -243,6 +278,8 @@ class ClaimClient(ClaimCodec):
             return stored, released
         parts = [requests[start:start + step] for start in range(0, len(requests), step)]
         completes, frees = self._settle_calls(outcomes, releases)
+        if completes or frees:
+            self.renewer.settle(self._leases(outcomes, releases))
         head = [*completes, *frees]
         calls = [*head, *(call for part in parts for call in self._claim_calls(part))]
         answered = 0
@@ -261,7 +298,38 @@ class ClaimClient(ClaimCodec):
             exc.stored, exc.released = self._settled(outcomes, *self._head(outcomes, releases, exc.head))
             exc.claimed = min(len(requests), answered * step)
             raise
+        except StoreUnavailable as exc:  # before any claim was handed on
+            return self._settle_failed(exc, outcomes, releases, completes, frees, requests)
         return self._settled(outcomes, *self._head(outcomes, releases, replies))
+
+    @staticmethod
+    def _leases(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:
+        return [*((c.stem, c.token) for c, _, _ in outcomes), *((c.stem, c.token) for c in releases)]
+
+    def _settle_failed(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
+                       releases: Sequence[Claim], completes: list[Call], frees: list[Call],
+                       requests: Sequence[Request]) -> tuple[list[bool], list[bool]]:
+        """A round trip that stores ``outcomes``, releases ``releases`` and claims ``requests``
+        failed with ``error``. The outcomes and releases are settled anyway: read from the
+        replies when their calls answered (a claim after them failed, e.g. refused at
+        ``maxmemory``), else sent again, alone, while the error is transient and the leases last.
+        Then, with ``requests``, :class:`StreamCut` (nothing claimed, ``stored`` and ``released``
+        filled in): the claims are not retried. Raises ``error`` when nothing was to be settled."""
+        if not completes and not frees:
+            raise error
+        settle_calls = len(completes) + len(frees)
+        if isinstance(error, CallFailed) and not any(isinstance(r, Exception) for r in error.replies[:settle_calls]):
+            replies = iter(error.replies[:settle_calls])
+            stored = [v for _ in completes for v in next(replies)]
+            released = [v for _ in frees for v in next(replies)]
+        else:
+            stored, released = self._finish_again(error, lambda: tuple(self.store.run(completes, frees)))
+        settled = self._settled(outcomes, stored, released)
+        if not requests:
+            return settled
+        cut = StreamCut(f"outcomes settled, claims not answered: {error}", [], 0)
+        cut.stored, cut.released = settled
+        raise cut from error
 
     def _settle_calls(self, outcomes: Sequence[tuple[Claim, Stored, bytes]],
                       releases: Sequence[Claim]) -> tuple[list[Call], list[Call]]:
@@ -300,10 +368,17 @@ class ClaimClient(ClaimCodec):
         cannot hold.
         """
         status, data, problem = self.encode(claim, value)
-        if self.renewer.is_lost(claim.stem, claim.token) or not self.store.complete_one(
-            claim.stem, claim.token, status, data, self.result_ttl_ms(ttl)
-        ):
-            raise LeaseLost(claim.key, claim.token)
+        stem, token = claim.stem, claim.token
+        if self.renewer.is_lost(stem, token):
+            raise LeaseLost(claim.key, token)
+        self.renewer.settle(((stem, token),))
+        ttl_ms = self.result_ttl_ms(ttl)
+        try:
+            stored = self.store.complete_one(stem, token, status, data, ttl_ms)
+        except StoreUnavailable as exc:
+            stored = self._finish_again(exc, lambda: self.store.complete_one(stem, token, status, data, ttl_ms))
+        if not self.owns(claim, stored):
+            raise LeaseLost(claim.key, token)
         if problem is not None:
             raise problem
 
@@ -328,7 +403,13 @@ class ClaimClient(ClaimCodec):
         """Store a permanent failure as the outcome: later deliveries answer DUPLICATE with
         ``failed=True`` instead of running again. Raises :class:`LeaseLost` when fenced off."""
         data = self.encode_failure(error)
-        if not self.store.complete([(claim.stem, claim.token, Stored.FAILED, data)], self._result_ttl_ms)[0]:
+        items = [(claim.stem, claim.token, Stored.FAILED, data)]
+        self.renewer.settle([(claim.stem, claim.token)])
+        try:
+            stored = self.store.complete(items, self._result_ttl_ms)
+        except StoreUnavailable as exc:
+            stored = self._finish_again(exc, lambda: self.store.complete(items, self._result_ttl_ms))
+        if not self.owns(claim, stored[0]):
             raise LeaseLost(claim.key, claim.token)
         log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
 
@@ -338,8 +419,14 @@ class ClaimClient(ClaimCodec):
         return self.release_many([claim])[0]
 
     def release_many(self, claims: Sequence[Claim]) -> list[bool]:
-        """:meth:`release` for a batch, in one round trip."""
-        return self.store.release([(c.stem, c.token) for c in claims], self._retention_ms)
+        """:meth:`release` for a batch, in one round trip (sent again on a transient store error
+        while the leases last, as completions are)."""
+        items = [(c.stem, c.token) for c in claims]
+        self.renewer.settle(items)
+        try:
+            return self.store.release(items, self._retention_ms)
+        except StoreUnavailable as exc:
+            return self._finish_again(exc, lambda: self.store.release(items, self._retention_ms))
 
     def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""

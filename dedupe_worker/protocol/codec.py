@@ -88,6 +88,19 @@ class ClaimCodec:
             raise ValueError(f"ttl must be positive, not {ttl!r}")
         return max(1, int(ttl * 1000))
 
+    @staticmethod
+    def owns(claim: Claim, stored: Any) -> bool:
+        """Whether ``claim``'s outcome counts as ours once ``complete.lua`` answered ``stored``:
+        exactly when the script stored it. The one place a verdict on a finished claim is decided,
+        for the sync and asyncio clients alike.
+
+        The script checked the fencing token in the same atomic step that wrote the outcome, so
+        its reply is the truth. What the lease renewer saw meanwhile is not: a renewal that lands
+        after our own ``complete.lua`` deleted the started record is refused, and reporting that
+        as LEASE_LOST would defer (and count as lost) an outcome that is stored."""
+        del claim
+        return bool(stored)
+
     def check_key(self, key: str | bytes) -> tuple[str, str]:
         """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
         for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT`` UTF-8

@@ -7,7 +7,10 @@ ours is marked lost; completing it then raises :class:`~dedupe_worker.LeaseLost`
 script would refuse it anyway). If Redis is unreachable the renewer logs and keeps trying; the
 lease may then expire and another worker may take over, which the fencing token makes safe.
 
-The thread is started on first use and again after ``fork()`` (Celery prefork children).
+The thread is started on first use and again after ``fork()`` (Celery prefork children). A
+forked child tracks none of its parent's leases: the table is emptied in the child at the fork,
+so the child renews only the claims it takes itself, and a parent that dies has its leases run
+out on time whatever its children do.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable
 
 from ..errors import StoreUnavailable
 from ..observe.base import current as observer
+from .leases import Lease, LeaseBook
 from .store import RedisStore
 
 __all__ = ["LeaseRenewer"]
@@ -42,13 +48,17 @@ class LeaseRenewer:
         self.retention_ms = retention_ms
         self.interval = interval
         self.on_lost = on_lost
-        self._live: dict[tuple[str, int], int] = {}  # (stem, token) -> how many holders
-        self._lost: set[tuple[str, int]] = set()
+        self._book = LeaseBook()
+        self._live = self._book.live  # (stem, token) -> how many holders
+        self._lost = self._book.lost
+        #: ``time.monotonic()`` at the start of the last renewal round Redis answered.
+        self.renewed_at = float("-inf")
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._closed = False
+        _renewers.add(self)
 
     def track(self, stem: str, token: int) -> None:
         """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
@@ -80,12 +90,13 @@ class LeaseRenewer:
 
     def _drop(self, lease: tuple[str, int]) -> None:
         """One holder less for ``lease`` (the caller holds the lock)."""
-        left = self._live.get(lease, 0) - 1
-        if left > 0:
-            self._live[lease] = left
-        else:
-            self._live.pop(lease, None)
-            self._lost.discard(lease)
+        self._book.untrack(lease)
+
+    def settle(self, leases: Iterable[Lease]) -> None:
+        """The completion or release of ``leases`` is being sent: until they are untracked, a
+        refused renewal of one of them is not a loss (see :mod:`.leases`)."""
+        with self._lock:
+            self._book.settle(leases)
 
     def is_lost(self, stem: str, token: int) -> bool:
         if not self._lost:  # the common case, read without the lock: an add racing this read
@@ -96,23 +107,24 @@ class LeaseRenewer:
     def renew_now(self) -> None:
         """Renew every tracked lease once, in one round trip."""
         with self._lock:
-            items = [k for k in self._live if k not in self._lost]
+            items = self._book.due()
         observer.leases(len(items))
         if not items:
             return
+        began = time.monotonic()
         try:
             renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
         except StoreUnavailable as exc:
             log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
             observer.renewal_failed(len(items))
             return
+        self.renewed_at = began
         for (stem, token), ok in zip(items, renewed, strict=True):
             if ok:
                 continue
             with self._lock:
-                if (stem, token) not in self._live:
-                    continue  # completed or released while we were renewing
-                self._lost.add((stem, token))
+                if not self._book.refused((stem, token)):
+                    continue  # completed or released (or being so) while we were renewing
             log.warning("lease lost: key=%s token=%s", stem, token)
             observer.lease_lost()
             if self.on_lost is not None:
@@ -121,6 +133,15 @@ class LeaseRenewer:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's leases are not ours to renew (its thread did not
+        survive the fork, and a lock a parent thread held then would stay taken)."""
+        self._lock = threading.Lock()
+        self._book.clear()
+        self._thread = None
+        self._wake = threading.Event()
+        self.renewed_at = float("-inf")
 
     def _start(self) -> None:
         self._closed = False
@@ -143,3 +164,16 @@ class LeaseRenewer:
             with self._lock:
                 if self._thread is threading.current_thread():
                     self._thread = None
+
+
+#: Every renewer of this process, emptied in a forked child.
+_renewers: weakref.WeakSet[LeaseRenewer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for renewer in list(_renewers):
+        renewer._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
+    os.register_at_fork(after_in_child=_after_fork_in_child)

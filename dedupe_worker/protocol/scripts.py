@@ -4,6 +4,13 @@ Each script in ``lua/`` is one state transition and states its KEYS, ARGV and re
 its header. We call them with EVALSHA and load them on ``NOSCRIPT`` (after a restart, failover or
 ``SCRIPT FLUSH``), so a call is one round trip in the common case. redis-py's ``Script`` objects
 are not used in pipelines because they add a ``SCRIPT EXISTS`` round trip per execute.
+
+The scripts that finish or give back work (complete, release, renew, forget) start with
+``#!lua flags=allow-oom``: on Redis 7 and later they run at ``maxmemory`` with ``noeviction``,
+so a claim taken just under the limit can still store its outcome, while ``claim.lua`` is
+refused and new work deferred. Redis 6 does not know script flags: there the first line is
+left out. Which one a server gets is decided once per runner from ``INFO server``
+(:func:`takes_flags`); the SHA is always that of the text sent.
 """
 
 from __future__ import annotations
@@ -16,13 +23,13 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..errors import StoreUnavailable
 from .held import BUSY, HeldConnection
 
-__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call", "NotDurable", "ScriptRunner", "StreamCut",
-           "checked", "load_script"]
+__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call", "CallFailed", "NotDurable", "ScriptRunner",
+           "StreamCut", "checked", "load_script", "script_text", "takes_flags"]
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
@@ -37,6 +44,15 @@ LOAD_ORDER = ("forget", "inspect", "watch", "renew", "complete", "release", "cla
 
 #: One script call: ``(script name, KEYS, ARGV)``.
 Call = tuple[str, Sequence[str], Sequence[Any]]
+
+
+class CallFailed(StoreUnavailable):
+    """A call of a pipelined round trip failed (the error is chained); ``replies`` holds every
+    call's reply, the failed ones as exception objects: the calls that answered did run."""
+
+    def __init__(self, message: str, replies: list[Any]) -> None:
+        super().__init__(message)
+        self.replies = replies
 
 
 class NotDurable(StoreUnavailable):
@@ -70,7 +86,7 @@ def checked(calls: Sequence[Call], replies: list[Any], wait: tuple[int, int] | N
     fewer replicas than ``wait`` asked acknowledged (``acked``), else return them."""
     for (name, _, _), reply in zip(calls, replies, strict=True):
         if isinstance(reply, Exception):
-            raise StoreUnavailable(f"Redis failed running {name}.lua: {reply}") from reply
+            raise CallFailed(f"Redis failed running {name}.lua: {reply}", replies) from reply
     if wait is not None and int(acked) < wait[0]:
         raise NotDurable(int(acked), wait[0], wait[1], replies)
     return replies
@@ -84,6 +100,47 @@ def load_script(name: str) -> str:
     return (Path(__file__).resolve().parents[2] / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
+def takes_flags(info: Any) -> bool:
+    """Whether the server(s) whose ``INFO server`` reply is ``info`` accept script flags (the
+    ``#!lua`` first line): Redis 7 and later. ``info`` is one node's reply (a dict with
+    ``redis_version``), a cluster's (a dict of such dicts, one per node: every node must be 7+),
+    or ``None`` when ``INFO`` was refused (fakeredis, some managed services): no flags then."""
+    if not isinstance(info, dict):
+        return False
+    if "redis_version" in info:
+        try:
+            return int(str(info["redis_version"]).split(".", 1)[0]) >= 7
+        except ValueError:
+            return False
+    nodes = [node for node in info.values() if isinstance(node, dict)]
+    return bool(nodes) and all(takes_flags(node) for node in nodes)
+
+
+def script_text(text: str, flags: bool) -> str:
+    """``text`` as sent to a server that takes script flags (``flags``), else without its
+    ``#!lua`` first line (Redis 6 reads it as a syntax error)."""
+    if flags or not text.startswith("#!"):
+        return text
+    return text.split("\n", 1)[1] if "\n" in text else ""
+
+
+def server_info(client: Any, held: HeldConnection | None = None) -> Any:
+    """``INFO server`` of ``client`` (through ``held`` when given and free, so a runner on a
+    held connection takes no second one), or ``None`` when the server refuses the command (an
+    error reply: fakeredis, a managed service's ACL). A connection error propagates."""
+    try:
+        if held is not None:
+            reply = held.execute("INFO", "server")
+            if reply is not BUSY:
+                text = reply.decode() if isinstance(reply, bytes) else str(reply)
+                return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if isinstance(client, RedisCluster):  # every primary: a cluster mid-upgrade may mix versions
+            return client.info("server", target_nodes=RedisCluster.PRIMARIES)
+        return client.info("server")
+    except ResponseError:
+        return None
+
+
 class ScriptRunner:
     """Runs the protocol scripts on a Redis client (standalone, Sentinel-managed or Cluster).
 
@@ -94,11 +151,23 @@ class ScriptRunner:
     def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
-        self._text = {name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)}
-        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+        self._source = {name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)}
+        self._text: dict[str, str] = {}
+        self._sha: dict[str, str] | None = None
         #: The connection the per-message calls use, shared by every runner on the same pool
         #: (see :mod:`.held`); ``None`` on a cluster or a small or blocking pool.
         self.held = HeldConnection.for_client(client)
+
+    @property
+    def sha(self) -> dict[str, str]:
+        """Each script's SHA1, of the text this server gets (asks ``INFO server`` the first time)."""
+        return self._sha if self._sha is not None else self._resolve()
+
+    def _resolve(self) -> dict[str, str]:
+        flags = takes_flags(server_info(self.client, self.held))
+        self._text = {name: script_text(text, flags) for name, text in self._source.items()}
+        self._sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
+        return self._sha
 
     def _command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         """The ``EVALSHA`` command of one call."""
@@ -125,6 +194,7 @@ class ScriptRunner:
         still cause such a deferral, never a second transition.)
         """
         del name
+        self.sha  # noqa: B018 - the texts are chosen with the SHAs
         for script in (*SENDER_SCRIPTS, *LOAD_ORDER):
             self.client.script_load(self._text[script])
 
@@ -190,8 +260,8 @@ class ScriptRunner:
                 delivered += 1
                 deliver(reply)
 
-        commands = [self._command(*call) for call in calls]
         try:
+            commands = [self._command(*call) for call in calls]
             if self.held is None or self.held.execute_streamed(commands, take) is BUSY:
                 replies = self.call_all(calls)
             elif held_back:
