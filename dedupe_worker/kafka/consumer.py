@@ -37,7 +37,7 @@ from ..messages.envelope import Envelope, from_kafka
 from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from ..operate.doctor import warn_once
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
-from .flow import TP, PartitionFlow, tp_of
+from .flow import TP, PartitionFlow
 from .hooks import ConsumerHooks
 from .positions import DONE, Hold, PartitionState, plan_partition
 
@@ -205,25 +205,28 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 commits.append(TopicPartition(tp[0], tp[1], plan.commit))
             if plan.rewind is not None:
                 offset, hold = plan.rewind
-                self._rewind(tp, state, offset, hold.delay)
-                self._held(next(m for m, t in zip(live, tps, strict=True)
-                                if t == tp and (m.offset() or 0) == offset), hold)
+                held = next(m for m, t in zip(live, tps, strict=True) if t == tp and (m.offset() or 0) == offset)
+                acted = self._hold(tp, state, held, hold)
+                if acted is not None:
+                    assert hold.decision is not None
+                    report(self, held, hold.key, hold.decision, acted, self.tally, _where)
         self._commit(commits)
         for msg, key, decision in acked:  # the commit past them is done (or follows a hold): their hooks
             report(self, msg, key, decision, ACKED, None, _where)
 
-    def _held(self, msg: Message, hold: Hold) -> None:
-        """Report the message its partition was rewound to (deferred, or a handler error to
-        retry), once the rewind is done."""
+    def _hold(self, tp: TP, state: PartitionState, msg: Message, hold: Hold) -> Acted | None:
+        """The broker step of a message not decided (deferred, or a handler error to retry): rewind
+        its partition to it, and wait on its key when it is held elsewhere. ``None`` for a dead
+        letter not delivered (logged already)."""
+        self._rewind(tp, state, msg.offset() or 0, hold.delay)
         decision = hold.decision
-        if decision is None:  # its dead letter was not delivered; logged already
-            return
+        if decision is None:
+            return None
         if self._watchable(decision):
             assert decision.claim is not None
-            self._state(msg).held = msg
-            self.dedupe.watcher.watch(decision.claim.stem, partial(self._wake, tp_of(msg)), hold.delay)
-        done = Done.RETRIED if decision.action is Action.RETRY else Done.DEFERRED
-        report(self, msg, hold.key, decision, Acted(done, hold.delay), self.tally, _where)
+            state.held = msg
+            self.dedupe.watcher.watch(decision.claim.stem, partial(self._wake, tp), hold.delay)
+        return Acted(Done.RETRIED if decision.action is Action.RETRY else Done.DEFERRED, hold.delay)
 
     def _watchable(self, decision: Decision) -> bool:
         """A key held elsewhere: its partition waits on the key and resumes once it is decided."""
@@ -311,7 +314,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         if action is Action.RETRY and attempts < self.max_attempts:
             delay = self.retry_delay(attempts)
         elif action is Action.DEFER:
-            if self._watchable(decision):  # resumed when the key is decided (see _held)
+            if self._watchable(decision):  # resumed when the key is decided (see _hold)
                 delay = min(decision.retry_after + 0.01, self.defer_wait)
             else:
                 delay = self.defer_delay(state.holds + 1, decision.retry_after or None)
