@@ -2,8 +2,10 @@
 
 :class:`BrokerActions` holds the options and the no-op hooks of
 :class:`~dedupe_worker.rabbitmq.DedupeConsumer` that concern these actions; it contains no dedupe
-logic (the :class:`~dedupe_worker.handling.Decision` is made before) and never acks a message
-before its outcome is stored or its copy confirmed.
+logic (the :class:`~dedupe_worker.engine.Decision` is made before) and never acks a message
+before its outcome is stored or its copy confirmed. Its steps are the consumer's port of the
+engine's one dispatch (:mod:`dedupe_worker.engine.dispatch`), which logs, counts and calls the
+hooks once a step is done.
 """
 
 from __future__ import annotations
