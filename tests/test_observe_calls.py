@@ -1,5 +1,6 @@
-"""Observers change nothing but what they report: a batch makes the same Redis calls with metrics
-and tracing on as with them off (recorded with MONITOR on a private redis-server)."""
+"""Observers change nothing but what they report: a batch (and a single message) makes the same
+Redis calls with metrics and tracing on as with them off (recorded with MONITOR on a private
+redis-server)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from dedupe_worker import Deduplicator
-from dedupe_worker.engine import Reason, decide_many
+from dedupe_worker.engine import Reason, decide, decide_many
 from dedupe_worker.observe import current
 from dedupe_worker.observe.metrics import MetricsObserver
 from dedupe_worker.observe.tracing import TracingObserver
@@ -83,10 +84,13 @@ def batch(dedupe: Deduplicator) -> list[Reason]:
     items += [(f"late{i}", None, lambda: None) for i in range(6)]
     # flush_after of a second: chunks are sized the same whatever the handlers take (the pacing
     # would otherwise size them from timings, which observers change)
-    return [d.reason for d in decide_many(dedupe, items, flush_after=1.0)]
+    reasons = [d.reason for d in decide_many(dedupe, items, flush_after=1.0)]
+    # and the single-message engine: applied, duplicate, handler error
+    return reasons + [decide(dedupe, key, handler).reason
+                      for key, handler in (("one", lambda: 1), ("one", lambda: 2), ("two", fail(KeyError("z"))))]
 
 
-def run_monitored(server: services.RedisServer, observed: bool) -> tuple[list[Reason], list[tuple[str, ...]]]:
+def run_monitored(server: services.RedisServer) -> tuple[list[Reason], list[tuple[str, ...]]]:
     client = redis.Redis.from_url(server.url)
     # renewals every 60 s: none lands inside the recording
     dedupe = Deduplicator(client, namespace=f"n{uuid.uuid4().hex[:8]}", lease=30, result_ttl=60,
@@ -114,18 +118,19 @@ def observers() -> Iterator[None]:
     yield
     for observer in enabled:
         current.disable(observer)
-    assert {"dedupe.flush", "dedupe.handler"} <= {span.name for span in exporter.get_finished_spans()}
+    assert {"dedupe.flush", "dedupe.handler", "dedupe.claim", "dedupe.complete"} <= {
+        span.name for span in exporter.get_finished_spans()}
 
 
 def test_a_batch_makes_the_same_redis_calls_with_observers_on_and_off(
         private_redis: services.RedisServer, request: pytest.FixtureRequest) -> None:
     assert not current.enabled
-    reasons_off, calls_off = run_monitored(private_redis, observed=False)
+    reasons_off, calls_off = run_monitored(private_redis)
     request.getfixturevalue("observers")
     assert current.enabled
-    reasons_on, calls_on = run_monitored(private_redis, observed=True)
+    reasons_on, calls_on = run_monitored(private_redis)
     assert reasons_on == reasons_off
-    assert reasons_off.count(Reason.APPLIED) == 106 and reasons_off.count(Reason.DUPLICATE) == 11
+    assert reasons_off.count(Reason.APPLIED) == 107 and reasons_off.count(Reason.DUPLICATE) == 12
     assert {Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.CONFLICT} <= set(reasons_off)
     assert calls_on == calls_off
     # the batch was claimed by several script calls in one write (streamed), not one call per round trip
