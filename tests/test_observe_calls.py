@@ -1,9 +1,10 @@
-"""Observers change nothing but what they report: a batch (and a single message) makes the same
-Redis calls with metrics and tracing on as with them off (recorded with MONITOR on a private
-redis-server)."""
+"""Observers change nothing but what they report: a batch (and a single message, sync and asyncio)
+makes the same Redis calls with metrics and tracing on as with them off (recorded with MONITOR on
+a private redis-server)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from dedupe_worker import Deduplicator
+from dedupe_worker.asyncio import AsyncDeduplicator
+from dedupe_worker.asyncio import decide as adecide
 from dedupe_worker.engine import Reason, decide, decide_many
 from dedupe_worker.observe import current
 from dedupe_worker.observe.metrics import MetricsObserver
@@ -90,15 +94,36 @@ def batch(dedupe: Deduplicator) -> list[Reason]:
                       for key, handler in (("one", lambda: 1), ("one", lambda: 2), ("two", fail(KeyError("z"))))]
 
 
+async def singles(url: str, namespace: str) -> list[Reason]:
+    """The asyncio engine: applied, duplicate, handler error."""
+    client = redis.asyncio.Redis.from_url(url)
+    dedupe = AsyncDeduplicator(client, namespace=namespace, lease=30, result_ttl=60, renew_interval=60)
+
+    async def value() -> int:
+        return 1
+
+    async def fail() -> int:
+        raise KeyError("z")
+
+    try:
+        return [(await adecide(dedupe, key, handler)).reason
+                for key, handler in (("async", value), ("async", value), ("async-fail", fail))]
+    finally:
+        await dedupe.aclose()
+        await client.aclose()
+
+
 def run_monitored(server: services.RedisServer) -> tuple[list[Reason], list[tuple[str, ...]]]:
     client = redis.Redis.from_url(server.url)
     # renewals every 60 s: none lands inside the recording
-    dedupe = Deduplicator(client, namespace=f"n{uuid.uuid4().hex[:8]}", lease=30, result_ttl=60,
+    namespace = f"n{uuid.uuid4().hex[:8]}"
+    dedupe = Deduplicator(client, namespace=namespace, lease=30, result_ttl=60,
                           renew_interval=60, permanent_errors=(Permanent,))
     try:
         decide_many(dedupe, [(f"old{i}", None, lambda: "first") for i in range(10)] + [("taken", "mine", lambda: 1)])
         with Monitor(server.url) as monitor:
             reasons = batch(dedupe)
+            reasons += asyncio.run(singles(server.url, namespace))
         return reasons, scripts(monitor.commands)
     finally:
         dedupe.close()
@@ -130,7 +155,7 @@ def test_a_batch_makes_the_same_redis_calls_with_observers_on_and_off(
     assert current.enabled
     reasons_on, calls_on = run_monitored(private_redis)
     assert reasons_on == reasons_off
-    assert reasons_off.count(Reason.APPLIED) == 107 and reasons_off.count(Reason.DUPLICATE) == 12
+    assert reasons_off.count(Reason.APPLIED) == 108 and reasons_off.count(Reason.DUPLICATE) == 13
     assert {Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.CONFLICT} <= set(reasons_off)
     assert calls_on == calls_off
     # the batch was claimed by several script calls in one write (streamed), not one call per round trip
