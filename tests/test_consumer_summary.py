@@ -36,8 +36,10 @@ def summaries(caplog: pytest.LogCaptureFixture, name: str, state: str) -> list[d
 
 
 def test_the_tally_logs_every_interval_and_at_close(caplog: pytest.LogCaptureFixture) -> None:
-    now = [100.0]
+    now = [50.0]
     tally = Tally("test consumer", interval=10.0, clock=lambda: now[0])
+    now[0] = 100.0  # built early, started later: the clock runs from begin()
+    tally.begin()
     caplog.set_level(logging.INFO, LOGGER)
     tally.count(Done.ACKED, Reason.APPLIED)
     tally.acked(2, 3)

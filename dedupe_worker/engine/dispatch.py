@@ -207,6 +207,11 @@ class Tally:
         self.due = self.started + interval
         self.applied = self.duplicates = self.deferred = self.retried = self.dead_lettered = 0
 
+    def begin(self) -> None:
+        """Start the clock (the consumer starts consuming): the next line is ``interval`` away."""
+        self.started = self.clock()
+        self.due = self.started + self.interval
+
     def count(self, done: Done, reason: Reason) -> None:
         """Count one message that ``done`` reports on."""
         if done is Done.ACKED:

@@ -156,6 +156,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         warn_once(self.dedupe.store.client, result_ttl=self.dedupe.result_ttl)
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
+        self.tally.begin()
         try:
             while not self._stop.is_set():
                 self._resume_due()

@@ -136,6 +136,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     def run(self, _tokens: int = 1, **kwargs: Any) -> None:
         """Consume until :meth:`stop`; reconnects by itself after connection errors. Logs a
         summary line every ``summary_interval`` seconds and once when it returns."""
+        self.tally.begin()
         try:
             super().run(_tokens, **kwargs)  # type: ignore[no-untyped-call]
         finally:
