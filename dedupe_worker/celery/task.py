@@ -41,16 +41,16 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import celery
 from celery._state import _task_stack
 from celery.exceptions import Reject, Retry
 
 from ..deduplicator import Deduplicator
-from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, outcome, refused
+from ..engine import Action, Decision, Hooks, RetryPolicy, decide, outcome, refused
 from ..engine.context import current_claim
-from ..engine.hooks import call_hook
+from ..engine.dispatch import ACKED, Acted, Done, dispatch
 from ..errors import InvalidKey
 from .options import deduplicator_for, identify
 from .send import send_once
@@ -178,6 +178,19 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         if "on_defer" in cls.__dict__:
             warnings.warn(f"{cls.__name__}.on_defer is deprecated: override on_deferred(self, message, "
                           "decision, delay)", DeprecationWarning, stacklevel=2)
+        if "on_defer" in cls.__dict__ and not getattr(cls.on_deferred, "_calls_on_defer", False):
+            deferred = cls.on_deferred
+
+            @functools.wraps(deferred)
+            def on_deferred(self: IdempotentTask, message: Any, decision: Decision, delay: float) -> None:
+                try:
+                    deferred(self, message, decision, delay)
+                finally:
+                    if decision.action is Action.DEFER:
+                        self.on_defer(decision, delay)
+
+            on_deferred._calls_on_defer = True  # type: ignore[attr-defined]
+            cls.on_deferred = on_deferred  # type: ignore[method-assign,assignment]
 
     # -- hooks ----------------------------------------------------------------------------------
     # on_applied, on_duplicate, on_deferred, on_lease_lost, on_dead_letter: the hooks every
@@ -185,7 +198,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
 
     def on_defer(self, decision: Decision, countdown: float) -> None:
         """Deprecated: override :meth:`on_deferred` (``(request, decision, delay)``) instead.
-        Still called, after ``on_deferred``, when a subclass defines it."""
+        Still called for deferrals, right after ``on_deferred``, when a subclass defines it."""
 
     # -- machinery ------------------------------------------------------------------------------
 
@@ -237,45 +250,20 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         return self.run(*args, **kwargs)
 
     def _settle(self, decision: Decision, key: str) -> Any:
-        """Act on the engine's verdict: return the value, re-send the task, or raise."""
-        request = self.request
-        reason, action = decision.reason, decision.action
-        offline = request.is_eager or request.called_directly  # no broker to re-send through
-        if reason is Reason.APPLIED:
-            call_hook(self.on_applied, request, decision)
-        elif action is Action.ACK:
-            log.info("duplicate task=%s id=%s key=%s token=%s reason=%s", self.name, request.id, key,
-                     decision.token, reason.value)
-            call_hook(self.on_duplicate, request, decision)
-        elif action is Action.DEFER:
-            if reason is Reason.LEASE_LOST:
-                call_hook(self.on_lease_lost, request, decision)
-            if not offline:
-                self.defer(decision, key)
-        elif action is Action.RETRY:
-            log.info("body failed, claim released task=%s id=%s key=%s token=%s: %s", self.name,
-                     request.id, key, decision.token, decision.detail)
-            if not offline and not isinstance(decision.error, (Retry, *getattr(self, "autoretry_for", ()))):
-                self.retry_failed(decision, key)  # Celery's own retries stay in charge of theirs
-        else:
-            log.error("failing without retry task=%s id=%s key=%s token=%s reason=%s: %s", self.name,
-                      request.id, key, decision.token, reason.value, decision.detail)
-            call_hook(self.on_dead_letter, request, decision)
+        """Act on the engine's verdict through :func:`~dedupe_worker.engine.dispatch.dispatch`
+        (hooks after the action): return the value, re-send the task, or raise."""
+        dispatch(_TaskSteps(self, key), self, self.request, key, decision)
         return outcome(decision)
 
-    def defer(self, decision: Decision, key: str) -> NoReturn:
-        """Re-send this task to run later, without spending ``max_retries`` (see class doc)."""
+    def defer(self, decision: Decision, key: str) -> Acted:
+        """Re-send this task to run later, without spending ``max_retries`` (see class doc).
+        Returns the deferral with the ``Retry`` the task raises once the hooks ran."""
         request = self.request
         deferrals = int(self._header(request, DEFERRALS_HEADER) or 0) + 1
         countdown = self.defer_delay(deferrals, decision.retry_after or None)
-        log.info("deferring task=%s id=%s key=%s token=%s reason=%s by %.3fs (deferral %d)", self.name,
-                 request.id, key, decision.token, decision.reason.value, countdown, deferrals)
-        call_hook(self.on_deferred, request, decision, countdown)
-        if type(self).on_defer is not IdempotentTask.on_defer:
-            call_hook(self.on_defer, decision, countdown)
         request.retries -= 1  # retry() sends retries + 1: the re-sent message keeps our count
         try:
-            raise self.retry(countdown=countdown, headers={DEFERRALS_HEADER: deferrals})
+            sent = self.retry(countdown=countdown, headers={DEFERRALS_HEADER: deferrals}, throw=False)
         except Reject as exc:
             # retry() could not publish the copy and would drop the message: requeue it instead.
             log.warning("re-send failed, requeueing task=%s id=%s key=%s: %s", self.name, request.id, key,
@@ -283,18 +271,20 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
             raise Reject(exc.reason, requeue=True) from exc
         finally:
             request.retries += 1
+        return Acted(Done.DEFERRED, countdown, then=sent)
 
-    def retry_failed(self, decision: Decision, key: str) -> None:
+    def retry_failed(self, decision: Decision, key: str) -> Acted:
         """Re-send the task after a body that raised, ``retry_delay`` later, while attempts are left
-        (``request.retries + 1`` of ``max_attempts``); return when none are."""
+        (``request.retries + 1`` of ``max_attempts``): RETRIED, with the ``Retry`` to raise; when
+        none are, DEAD_LETTERED (the task fails with the error)."""
         request = self.request
         attempt = request.retries + 1
         if attempt >= self.max_attempts:
-            return
+            return Acted(Done.DEAD_LETTERED)
         countdown = self.retry_delay(attempt)
-        call_hook(self.on_deferred, request, decision, countdown)
         assert decision.error is not None
-        raise self.retry(exc=decision.error, countdown=countdown, max_retries=self.max_attempts - 1)
+        sent = self.retry(exc=decision.error, countdown=countdown, max_retries=self.max_attempts - 1, throw=False)
+        return Acted(Done.RETRIED, countdown, then=sent)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Celery's ``apply_async``; with ``dedupe_on_send``, first asks Redis whether the work is
@@ -321,3 +311,34 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         if value is None:
             value = (getattr(request, "headers", None) or {}).get(name)
         return value
+
+
+class _TaskSteps:
+    """The dispatch port of :class:`IdempotentTask` (:class:`~dedupe_worker.engine.dispatch.Broker`)
+    for one call. Eager and direct calls have no broker to re-send through: a deferral is not done
+    and a handler error goes to the caller (:func:`~dedupe_worker.engine.outcome` raises it)."""
+
+    __slots__ = ("key", "offline", "task")
+
+    def __init__(self, task: IdempotentTask, key: str) -> None:
+        self.task = task
+        self.key = key
+        self.offline = task.request.is_eager or task.request.called_directly
+
+    def ack(self, request: Any, decision: Decision) -> Acted:
+        return ACKED  # acks_late: Celery acks once the task returns the value
+
+    def defer(self, request: Any, decision: Decision) -> Acted:
+        return Acted(Done.NOT_DONE) if self.offline else self.task.defer(decision, self.key)
+
+    def retry(self, request: Any, decision: Decision) -> Acted:
+        # Celery's own retries (autoretry_for, self.retry() in the body) stay in charge of theirs
+        if self.offline or isinstance(decision.error, (Retry, *getattr(self.task, "autoretry_for", ()))):
+            return Acted(Done.HANDED_OVER)
+        return self.task.retry_failed(decision, self.key)
+
+    def dead_letter(self, request: Any, decision: Decision) -> Acted:
+        return Acted(Done.DEAD_LETTERED)  # the task fails with the error, without retry
+
+    def where(self, request: Any) -> str:
+        return f"task={self.task.name} id={request.id}"

@@ -51,7 +51,7 @@ import contextvars
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import dramatiq
 from dramatiq.common import q_name, xq_name
@@ -64,8 +64,8 @@ except ImportError:  # dramatiq without its rabbitmq extra: other brokers dead-l
     RabbitmqBroker = None  # type: ignore[assignment,misc]
 
 from ..deduplicator import Deduplicator
-from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, decide, refused
-from ..engine.hooks import call_hook
+from ..engine import Decision, Hooks, RetryPolicy, decide, refused
+from ..engine.dispatch import ACKED, Acted, Done, dispatch
 from ..errors import InvalidKey
 from ..messages.deadletter import dead_letter_headers
 from ..messages.envelope import Envelope
@@ -124,9 +124,7 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,
                  defer_wait: float | None = None) -> None:
         self.dedupe = dedupe
-        for name, value in (("defer_base", defer_base), ("defer_cap", defer_cap), ("defer_wait", defer_wait)):
-            if value is not None:
-                setattr(self, name, value)
+        self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
 
     @property
     def actor_options(self) -> set[str]:
@@ -182,7 +180,7 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
             key = self.key_for(actor, message, args, kwargs)
             fingerprint = self.fingerprint_for(actor, args, kwargs)
         except InvalidKey as exc:
-            return self.dead_letter(actor.broker, message, refused(exc, "dramatiq"), None)
+            return self.settle(actor.broker, message, refused(exc, "dramatiq"), None)
         body = functools.partial(fn, *args, **kwargs)
         decision = decide(self.dedupe, key, body, fingerprint=fingerprint, wait=self.defer_wait,
                           integration="dramatiq")
@@ -218,52 +216,31 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         except Exception as exc:
             raise InvalidKey(f"idempotency_fingerprint of {actor.actor_name} failed: {exc!r}") from exc
 
-    def settle(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str) -> Any:
-        """Act on the engine's verdict: return the value, defer through ``Retries``, or raise."""
-        reason, action = decision.reason, decision.action
-        if reason is Reason.APPLIED:
-            call_hook(self.on_applied, message, decision)
-            return decision.value
-        if action is Action.ACK:
-            log.info("duplicate message_id=%s key=%s token=%s reason=%s", message.message_id, key,
-                     decision.token, reason.value)
-            call_hook(self.on_duplicate, message, decision)
-            return decision.value
-        if action is Action.DEFER:
-            if reason is Reason.LEASE_LOST:
-                call_hook(self.on_lease_lost, message, decision)
-            self.defer(message, decision, key)
-        if action is Action.RETRY:  # Dramatiq's Retries counts it, backs off, dead-letters when spent
-            log.info("actor failed, claim released message_id=%s key=%s token=%s: %s", message.message_id, key,
-                     decision.token, decision.detail)
-            assert decision.error is not None
-            raise decision.error
-        self.dead_letter(broker, message, decision, key)
+    def settle(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str | None) -> Any:
+        """Act on the engine's verdict through :func:`~dedupe_worker.engine.dispatch.dispatch`
+        (hooks after the action): return the value, or raise what carries the action out
+        (``Retry`` for ``Retries``, the handler's error, :class:`DeadLettered`)."""
+        dispatch(_MessageSteps(self, broker, key), self, message, key, decision)
+        return decision.value
 
-    def defer(self, message: Any, decision: Decision, key: str) -> NoReturn:
-        """Raise ``Retry`` so that ``Retries`` re-sends the message later, without spending
-        ``max_retries`` (see the class doc)."""
+    def defer(self, message: Any, decision: Decision, key: str | None) -> Acted:
+        """Set the message up to come back later without spending ``max_retries`` (see the class
+        doc); returns the deferral with the ``Retry`` that ``Retries`` re-enqueues it on."""
         deferrals = int(message.options.get(DEFERRALS_OPTION, 0)) + 1
         delay = self.defer_delay(deferrals, decision.retry_after or None)
-        log.info("deferring message_id=%s key=%s token=%s reason=%s by %.3fs (deferral %d)", message.message_id,
-                 key, decision.token, decision.reason.value, delay, deferrals)
         message.options[DEFERRALS_OPTION] = deferrals
         message.options["retries"] = message.options.get("retries", 0) - 1  # Retries adds it back
-        call_hook(self.on_deferred, message, decision, delay)
-        raise dramatiq.Retry(delay=max(1, round(delay * 1000)))
+        return Acted(Done.DEFERRED, delay, then=dramatiq.Retry(delay=max(1, round(delay * 1000))))
 
-    def dead_letter(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str | None) -> NoReturn:
-        """Set the message aside with its reason (see the module doc), call ``on_dead_letter``, and
-        raise :class:`DeadLettered` so that Dramatiq neither retries it nor stores a result."""
-        log.error("dead-lettering message_id=%s key=%s token=%s reason=%s: %s", message.message_id, key,
-                  decision.token, decision.reason.value, decision.detail)
+    def dead_letter(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str | None) -> Acted:
+        """Set the message aside with its reason (see the module doc); returns it with the
+        :class:`DeadLettered` that makes Dramatiq neither retry it nor store a result."""
         headers = dead_letter_headers(decision, key=key, original_queue=q_name(message.queue_name))
         message.options.update({"dedupe_reason": decision.reason.value, "dedupe_error": decision.detail,
                                 "dedupe_key": key})
         if not self._publish_dead_letter(broker, message, headers):
             message.fail()  # the broker's own dead-letter queue, without the headers
-        call_hook(self.on_dead_letter, message, decision)
-        raise DeadLettered(decision, key)
+        return Acted(Done.DEAD_LETTERED, then=DeadLettered(decision, key))
 
     @staticmethod
     def _publish_dead_letter(broker: dramatiq.Broker, message: Any, headers: dict[str, str]) -> bool:
@@ -279,3 +256,31 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
             log.warning("dead-letter publish failed message_id=%s: %s", message.message_id, exc)
             return False
         return True
+
+
+class _MessageSteps:
+    """The dispatch port of :class:`DedupeMiddleware` (:class:`~dedupe_worker.engine.dispatch.Broker`)
+    for one message."""
+
+    __slots__ = ("broker", "key", "middleware")
+
+    def __init__(self, middleware: DedupeMiddleware, broker: dramatiq.Broker, key: str | None) -> None:
+        self.middleware = middleware
+        self.broker = broker
+        self.key = key
+
+    def ack(self, message: Any, decision: Decision) -> Acted:
+        return ACKED  # Dramatiq acks once the actor returns
+
+    def defer(self, message: Any, decision: Decision) -> Acted:
+        return self.middleware.defer(message, decision, self.key)
+
+    def retry(self, message: Any, decision: Decision) -> Acted:
+        # Dramatiq's Retries counts it, backs off, dead-letters when spent
+        return Acted(Done.HANDED_OVER, then=decision.error)
+
+    def dead_letter(self, message: Any, decision: Decision) -> Acted:
+        return self.middleware.dead_letter(self.broker, message, decision, self.key)
+
+    def where(self, message: Any) -> str:
+        return f"message_id={message.message_id}"

@@ -287,19 +287,11 @@ class _Batch:
         streams = self.run_batch is None and self.pacing.flush_after <= self.dedupe.lease / 2
         step = STREAM_STEP if streams else max(1, len(chunk))
         try:
-            if observer.enabled:
-                op = "complete_and_claim" if outcomes and chunk else ("claim" if chunk else "complete")
-                with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
-                                                    "dedupe.stored": len(outcomes), "dedupe.claimed": len(chunk)}):
-                    began = time.perf_counter()
-                    stored, released, claims = self.dedupe.settle_and_claim(outcomes, freed, requests)
-                    observer.round_trip(op, time.perf_counter() - began)
-                self.settled(done, releases, stored, freed, released)
-                if claims:
-                    self.claimed(0, claims)
+            if observer.enabled:  # the same Redis calls as below, timed and in a span
+                stored, released = self.observed_flush(outcomes, freed, requests, step)
             else:
                 stored, released = self.dedupe.settle_and_stream(outcomes, freed, requests, self.claimed, step)
-                self.settled(done, releases, stored, freed, released)
+            self.settled(done, releases, stored, freed, released)
         except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
             self.outage = exc
             self.settled(done, releases, exc.stored, freed, exc.released)
@@ -318,6 +310,29 @@ class _Batch:
         if outcomes and log.isEnabledFor(logging.DEBUG):
             log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
         return True
+
+    def observed_flush(self, outcomes: list[tuple[Claim, Stored, bytes]], freed: list[Claim],
+                       requests: list[Request], step: int) -> tuple[list[bool], list[bool]]:
+        """:meth:`flush`'s round trip with observers on: the same ``settle_and_stream`` call, in a
+        ``dedupe.flush`` span (the handlers run while its replies stream in are its children) and
+        timed without the time spent in those handlers."""
+        op = "complete_and_claim" if outcomes and requests else ("claim" if requests else "complete")
+        inside = 0.0
+
+        def claimed(start: int, claims: list[Claim]) -> None:
+            nonlocal inside
+            began = time.perf_counter()
+            try:
+                self.claimed(start, claims)
+            finally:
+                inside += time.perf_counter() - began
+
+        with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
+                                            "dedupe.stored": len(outcomes), "dedupe.claimed": len(requests)}):
+            began = time.perf_counter()
+            settled = self.dedupe.settle_and_stream(outcomes, freed, requests, claimed, step)
+            observer.round_trip(op, time.perf_counter() - began - inside)
+        return settled
 
     def requeue(self) -> list[int]:
         """Queue the claims given back in this chunk again, to be claimed first; return the queue

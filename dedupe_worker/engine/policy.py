@@ -30,6 +30,15 @@ class RetryPolicy:
     #: paused Kafka partition). 0 turns waiting off.
     defer_wait: float = 5.0
 
+    def set_options(self, **options: float | None) -> None:
+        """Set each option given (``max_attempts=3``, ``defer_wait=0``, ...) on this instance;
+        ``None`` keeps the class's value. The integrations' keyword arguments go through here."""
+        for name, value in options.items():
+            if not hasattr(RetryPolicy, name) or callable(getattr(RetryPolicy, name)):
+                raise TypeError(f"unknown retry option {name!r}")
+            if value is not None:
+                setattr(self, name, value)
+
     def retry_delay(self, attempt: int) -> float:
         """Seconds before handler attempt ``attempt + 1``."""
         return backoff(attempt, base=self.retry_base, cap=self.retry_cap)

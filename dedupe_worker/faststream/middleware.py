@@ -61,7 +61,7 @@ from faststream.exceptions import AckMessage, NackMessage, RejectMessage
 
 from ..asyncio import AsyncClaimClient, decide
 from ..engine import Action, Decision, Hooks, Reason, RetryPolicy, refused
-from ..engine.hooks import call_hook
+from ..engine.dispatch import ACKED, Acted, Done, dispatch_async
 from ..errors import InvalidKey, UndecodableMessage
 from ..messages.deadletter import dead_letter_headers
 from ..messages.envelope import Envelope
@@ -90,9 +90,7 @@ class DedupeMiddleware(Hooks, RetryPolicy):
         self.key = key
         self.fingerprint = fingerprint
         self.dead_letter_producer = dead_letter_producer
-        for name, value in (("defer_base", defer_base), ("defer_cap", defer_cap), ("defer_wait", defer_wait)):
-            if value is not None:
-                setattr(self, name, value)
+        self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
         self._deferrals: dict[str, int] = {}
 
     def __call__(self, msg: Any, /, *, context: Any) -> _Scope:
@@ -118,38 +116,59 @@ class DedupeMiddleware(Hooks, RetryPolicy):
         """Map the verdict onto the broker. Raises FastStream's ``AckMessage``/``NackMessage``/
         ``RejectMessage`` after acting, so that nothing is published and FastStream's own
         acknowledgement (already done) is a no-op."""
-        reason, action = decision.reason, decision.action
-        deferrals = self._deferrals.pop(key, 0) if key is not None else 0
-        if reason is Reason.APPLIED:
-            call_hook(self.on_applied, msg, decision)
-            return decision.value
-        if action is Action.ACK:
-            log.info("duplicate key=%s token=%s reason=%s", key, decision.token, reason.value)
-            await msg.ack()
-            call_hook(self.on_duplicate, msg, decision)
-            raise AckMessage()
-        if action is Action.DEFER:
-            assert key is not None
-            if reason is Reason.LEASE_LOST:
-                call_hook(self.on_lease_lost, msg, decision)
+        if key is not None and decision.action is not Action.DEFER:
+            self._deferrals.pop(key, None)  # decided: a later deferral of the key starts over
+        await dispatch_async(_MessageSteps(self, adapter, envelope, key, broker), self, msg, key, decision)
+        return decision.value
+
+    def next_deferral(self, key: str | None) -> int:
+        """Count one more deferral of ``key`` (kept while the key keeps being deferred)."""
+        deferrals = self._deferrals.pop(key, 0) + 1 if key is not None else 1
+        if key is not None:
             if len(self._deferrals) >= MAX_TRACKED_DEFERRALS:
                 self._deferrals.clear()
-            self._deferrals[key] = deferrals + 1
-            delay = self.defer_delay(deferrals + 1, decision.retry_after or None)
-            log.info("deferring key=%s token=%s reason=%s by %.3fs (deferral %d)", key, decision.token,
-                     reason.value, delay, deferrals + 1)
-            await adapter.requeue(msg, delay)
-            call_hook(self.on_deferred, msg, decision, delay)
-            raise NackMessage()
-        if action is Action.RETRY:  # FastStream's ack_policy decides, as for any handler exception
-            log.info("handler failed, claim released key=%s token=%s: %s", key, decision.token, decision.detail)
-            assert decision.error is not None
-            raise decision.error
-        log.error("dead-lettering key=%s token=%s reason=%s: %s", key, decision.token, reason.value, decision.detail)
-        headers = {**dead_letter_headers(decision, key=key), **adapter.origin(envelope)}
-        await adapter.dead_letter(msg, envelope, headers, self.dead_letter_producer or broker)
-        call_hook(self.on_dead_letter, msg, decision)
-        raise RejectMessage()
+            self._deferrals[key] = deferrals
+        return deferrals
+
+
+class _MessageSteps:
+    """The dispatch port of :class:`DedupeMiddleware` (:class:`~dedupe_worker.engine.dispatch.AsyncBroker`)
+    for one message. Each step raises FastStream's ``AckMessage``/``NackMessage``/``RejectMessage``
+    after acting (through :attr:`~dedupe_worker.engine.dispatch.Acted.then`), so that nothing is
+    published and FastStream's own acknowledgement (already done) is a no-op."""
+
+    __slots__ = ("adapter", "broker", "envelope", "key", "owner")
+
+    def __init__(self, owner: DedupeMiddleware, adapter: BrokerAdapter, envelope: Envelope, key: str | None,
+                 broker: Any) -> None:
+        self.owner = owner
+        self.adapter = adapter
+        self.envelope = envelope
+        self.key = key
+        self.broker = broker
+
+    async def ack(self, msg: Any, decision: Decision) -> Acted:
+        if decision.reason is Reason.APPLIED:
+            return ACKED  # FastStream acks once the handler's value is returned
+        await msg.ack()
+        return Acted(Done.ACKED, then=AckMessage())
+
+    async def defer(self, msg: Any, decision: Decision) -> Acted:
+        delay = self.owner.defer_delay(self.owner.next_deferral(self.key), decision.retry_after or None)
+        await self.adapter.requeue(msg, delay)
+        return Acted(Done.DEFERRED, delay, then=NackMessage())
+
+    async def retry(self, msg: Any, decision: Decision) -> Acted:
+        # FastStream's ack_policy decides, as for any handler exception
+        return Acted(Done.HANDED_OVER, then=decision.error)
+
+    async def dead_letter(self, msg: Any, decision: Decision) -> Acted:
+        headers = {**dead_letter_headers(decision, key=self.key), **self.adapter.origin(self.envelope)}
+        await self.adapter.dead_letter(msg, self.envelope, headers, self.owner.dead_letter_producer or self.broker)
+        return Acted(Done.DEAD_LETTERED, then=RejectMessage())
+
+    def where(self, msg: Any) -> str:
+        return f"message_id={getattr(msg, 'message_id', None)}"
 
 
 class _Scope(BaseMiddleware):

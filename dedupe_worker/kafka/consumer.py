@@ -31,12 +31,13 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from ..deduplicator import Deduplicator
 from ..engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, decide_many, refused
 from ..engine.decision import HANDLER_RAN
-from ..engine.hooks import Hooks, call_hook
+from ..engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
+from ..engine.hooks import Hooks
 from ..messages.envelope import Envelope, from_kafka
 from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from ..operate.doctor import warn_once
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
-from .flow import TP, PartitionFlow, tp_of
+from .flow import TP, PartitionFlow
 from .hooks import ConsumerHooks
 from .positions import DONE, Hold, PartitionState, plan_partition
 
@@ -82,6 +83,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
     :param producer_overrides: extra settings for the dead-letter producer.
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
+    :param summary_interval: seconds between the summary lines logged at INFO while consuming
+        (applied, duplicates, deferred, retried, dead-lettered; one more at shutdown).
     """
 
     def __init__(
@@ -106,11 +109,10 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
         dead_letter_timeout: float = 30.0,
+        summary_interval: float = 10.0,
     ) -> None:
-        for name, value in (("max_attempts", max_attempts), ("retry_base", retry_base), ("retry_cap", retry_cap),
-                            ("defer_base", defer_base), ("defer_cap", defer_cap), ("defer_wait", defer_wait)):
-            if value is not None:
-                setattr(self, name, value)
+        self.set_options(max_attempts=max_attempts, retry_base=retry_base, retry_cap=retry_cap,
+                         defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
         if batch_size < 1 or self.max_attempts < 1:
             raise ValueError("batch_size and max_attempts must be at least 1")
         if (handler is None) == (batch_handler is None):
@@ -131,6 +133,11 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.dead_letters = DeadLetterProducer(producer, dead_letter_topic, dead_letter_timeout)
         #: Count of decisions by reason value, plus ``"dead_lettered"`` and ``"committed"``.
         self.stats: Counter[str] = Counter()
+        #: What was done with the messages, for the summary lines.
+        self.tally = Tally("kafka consumer", summary_interval)
+        #: ``(message, key, decision)`` of the ACKs of the batch being processed whose hooks run
+        #: after its commit (only collected when ``on_applied`` or ``on_duplicate`` is overridden).
+        self._acked: list[tuple[Message, str, Decision]] = []
         self._partitions: dict[TP, PartitionState] = {}
         self._stop = threading.Event()
         self._woken = deque()
@@ -149,16 +156,19 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         warn_once(self.dedupe.store.client, result_ttl=self.dedupe.result_ttl)
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
+        self.tally.begin()
         try:
             while not self._stop.is_set():
                 self._resume_due()
                 messages = self.consumer.consume(self.batch_size, self._wait())
                 if messages:
                     self.process(messages)
+                self.tally.tick()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
+            self.tally.close()
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current batch (safe from any thread or signal)."""
@@ -181,6 +191,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 live.append(msg)
                 tps.append(tp)
         outcomes = self._outcomes(live, tps)
+        acked, self._acked = self._acked, []
         rows: dict[TP, list[tuple[int, Any]]] = {}
         for msg, tp, outcome in zip(live, tps, outcomes, strict=True):
             row = rows.get(tp)
@@ -195,25 +206,28 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 commits.append(TopicPartition(tp[0], tp[1], plan.commit))
             if plan.rewind is not None:
                 offset, hold = plan.rewind
-                self._rewind(tp, state, offset, hold.delay)
-                self._held(next(m for m, t in zip(live, tps, strict=True)
-                                if t == tp and (m.offset() or 0) == offset), hold)
+                held = next(m for m, t in zip(live, tps, strict=True) if t == tp and (m.offset() or 0) == offset)
+                acted = self._hold(tp, state, held, hold)
+                if acted is not None:
+                    assert hold.decision is not None
+                    report(self, held, hold.key, hold.decision, acted, self.tally, _where)
         self._commit(commits)
+        for msg, key, decision in acked:  # the commit past them is done (or follows a hold): their hooks
+            report(self, msg, key, decision, ACKED, None, _where)
 
-    def _held(self, msg: Message, hold: Hold) -> None:
-        """Log and report the message its partition was rewound to."""
+    def _hold(self, tp: TP, state: PartitionState, msg: Message, hold: Hold) -> Acted | None:
+        """The broker step of a message not decided (deferred, or a handler error to retry): rewind
+        its partition to it, and wait on its key when it is held elsewhere. ``None`` for a dead
+        letter not delivered (logged already)."""
+        self._rewind(tp, state, msg.offset() or 0, hold.delay)
         decision = hold.decision
-        if decision is None:  # its dead letter was not delivered; logged already
-            return
-        token = decision.claim.token if decision.claim else 0
-        log.info("deferring key=%s token=%s reason=%s %s:%s@%s for %.2fs: %s", hold.key, token,
-                 decision.reason.value, msg.topic(), msg.partition(), msg.offset(), hold.delay,
-                 decision.detail)
+        if decision is None:
+            return None
         if self._watchable(decision):
             assert decision.claim is not None
-            self._state(msg).held = msg
-            self.dedupe.watcher.watch(decision.claim.stem, partial(self._wake, tp_of(msg)), hold.delay)
-        call_hook(self.on_deferred, msg, decision, hold.delay)
+            state.held = msg
+            self.dedupe.watcher.watch(decision.claim.stem, partial(self._wake, tp), hold.delay)
+        return Acted(Done.RETRIED if decision.action is Action.RETRY else Done.DEFERRED, hold.delay)
 
     def _watchable(self, decision: Decision) -> bool:
         """A key held elsewhere: its partition waits on the key and resumes once it is decided."""
@@ -249,20 +263,26 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             items.append((key, fp, partial(handler, msg)))
         decisions = self.decide_batch(items, [live[i] for i, _ in keyed])
         self.stats.update([decision.reason._value_ for decision in decisions])
-        on_applied = None if _is_noop(self.on_applied, Hooks.on_applied) else self.on_applied
-        on_duplicate = None if _is_noop(self.on_duplicate, Hooks.on_duplicate) else self.on_duplicate
+        # ACK hooks run after the batch's commit (process()); not collected when both are no-ops
+        hooked = not (is_noop(self.on_applied, Hooks.on_applied) and is_noop(self.on_duplicate, Hooks.on_duplicate))
+        acked = self._acked
         debug = log.isEnabledFor(logging.DEBUG)
+        applied = duplicates = 0
         for (i, key), decision in zip(keyed, decisions, strict=True):
             reason = decision.reason
             if reason is _APPLIED or reason is _DUPLICATE or reason is _PREVIOUSLY_FAILED:  # ACK
+                if reason is _APPLIED:
+                    applied += 1
+                else:
+                    duplicates += 1
                 if debug:
                     log.debug("%s key=%s token=%s offset=%s", reason.value, key, decision.token, live[i].offset())
-                hook = on_applied if reason is _APPLIED else on_duplicate
-                if hook is not None:
-                    call_hook(hook, live[i], decision)
+                if hooked:
+                    acked.append((live[i], key, decision))
                 outcomes[i] = DONE
             else:
                 outcomes[i] = self._verdict(live[i], key, decision, letters, i)
+        self.tally.acked(applied, duplicates)
         delivered = self.dead_letters.send([letter for _, letter in letters])
         for (i, letter), ok in zip(letters, delivered, strict=True):
             holds = self._state(letter.message).holds
@@ -295,9 +315,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         if action is Action.RETRY and attempts < self.max_attempts:
             delay = self.retry_delay(attempts)
         elif action is Action.DEFER:
-            if decision.reason is Reason.LEASE_LOST:
-                call_hook(self.on_lease_lost, msg, decision)
-            if self._watchable(decision):  # resumed when the key is decided (see _held)
+            if self._watchable(decision):  # resumed when the key is decided (see _hold)
                 delay = min(decision.retry_after + 0.01, self.defer_wait)
             else:
                 delay = self.defer_delay(state.holds + 1, decision.retry_after or None)
@@ -308,16 +326,12 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
     def _after_dead_letter(self, letter: DeadLetter, ok: bool) -> None:
         msg, decision = letter.message, letter.decision
-        token = decision.claim.token if decision.claim else 0
-        where = f"{msg.topic()}:{msg.partition()}@{msg.offset()}"
         if ok:
             self.stats["dead_lettered"] += 1
-            log.warning("dead-lettered key=%s token=%s reason=%s %s: %s", letter.key, token,
-                        decision.reason.value, where, decision.detail)
-            call_hook(self.on_dead_letter, msg, decision)
+            report(self, msg, letter.key, decision, _DEAD_LETTERED, self.tally, _where)
         else:
             log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
-                      letter.key, token, where)
+                      letter.key, decision.token, _where(msg))
 
 
 _APPLIED, _DUPLICATE, _PREVIOUSLY_FAILED = Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED
@@ -327,9 +341,12 @@ def _offset(row: tuple[int, Any]) -> int:
     return row[0]
 
 
-def _is_noop(hook: Callable[..., None], base: Callable[..., None]) -> bool:
-    """Whether ``hook`` is the no-op ``base`` (not overridden): then it is not called per message."""
-    return getattr(hook, "__func__", None) is base
+_DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
+
+
+def _where(msg: Message) -> str:
+    """``topic:partition@offset`` of ``msg``, for log lines."""
+    return f"{msg.topic()}:{msg.partition()}@{msg.offset()}"
 
 
 def _batched(_message: Message) -> None:

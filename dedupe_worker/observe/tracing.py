@@ -1,9 +1,10 @@
 """OpenTelemetry spans of the engine (the ``otel`` extra, ``opentelemetry-api``).
 
 ``dedupe.claim``, ``dedupe.handler`` and ``dedupe.complete`` (``dedupe.flush`` for a batch's round
-trip), children of the span current when the engine is called, with ``dedupe.key`` (the Redis
-key, so a hashed key shows its hash, never the original), ``dedupe.token``, ``dedupe.outcome`` and
-``dedupe.integration``. Spans the handler opens are children of ``dedupe.handler``.
+trip; the handlers run while its claims stream in are its children), children of the span
+current when the engine is called, with ``dedupe.key`` (the Redis key, so a hashed key shows its
+hash, never the original), ``dedupe.token``, ``dedupe.outcome`` and ``dedupe.integration``. Spans
+the handler opens are children of ``dedupe.handler``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 :class:`BrokerActions` holds the options and the no-op hooks of
 :class:`~dedupe_worker.rabbitmq.DedupeConsumer` that concern these actions; it contains no dedupe
-logic (the :class:`~dedupe_worker.handling.Decision` is made before) and never acks a message
-before its outcome is stored or its copy confirmed.
+logic (the :class:`~dedupe_worker.engine.Decision` is made before) and never acks a message
+before its outcome is stored or its copy confirmed. Its steps are the consumer's port of the
+engine's one dispatch (:mod:`dedupe_worker.engine.dispatch`), which logs, counts and calls the
+hooks once a step is done.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from ..backoff import backoff
 from ..engine import Action, Decision, Hooks, Reason, RetryPolicy
-from ..engine.hooks import call_hook
+from ..engine.dispatch import ACKED, Acted, Done, Tally, dispatch, report
 from ..messages.deadletter import ATTEMPTS, dead_letter_headers
 from .republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
@@ -56,6 +58,14 @@ def _short(key: str | None) -> str | None:
     return key if key is None or len(key) <= 120 else f"{key[:100]}...({len(key)} chars)"
 
 
+#: A step that could not be carried out: the message was requeued as it came (logged by the step).
+NOT_DONE = Acted(Done.NOT_DONE)
+
+
+def _where(message: Any) -> str:
+    return f"delivery_tag={message.delivery_tag}"
+
+
 def settled(message: Any) -> bool:
     """Whether ``message`` was acked or rejected already (by a handler that should not have)."""
     if message.acknowledged:
@@ -79,15 +89,17 @@ class BrokerActions(Hooks, RetryPolicy):
     _outages: int = 0
     #: The waiting room: un-acked messages whose key is held elsewhere, by delivery tag, with the
     #: time they first waited; the key watcher puts them back in ``_woken`` once it is decided.
+    #: Counts of what was done, logged every ``summary_interval`` seconds and at shutdown.
+    tally: Tally
     _waiting: dict[Any, float]
     _woken: deque[tuple[str, Any, BaseException | None]]
     dedupe: Any
 
-    def _wait_on_key(self, item: Item, decision: Decision) -> bool:
+    def _wait_on_key(self, item: Item, decision: Decision) -> Acted | None:
         """Keep ``item`` un-acked in the waiting room until its key is decided elsewhere (or the
         holder's lease or ``defer_wait`` runs out), instead of a copy to ``<queue>.delay``: it is
-        then decided again at once. Not when the room is full (half the prefetch) or the message
-        has waited ``defer_wait`` already."""
+        then decided again at once. Not (``None``) when the room is full (half the prefetch) or
+        the message has waited ``defer_wait`` already."""
         claim, tag = decision.claim, item.message.delivery_tag
         first = self._waiting.get(tag, time.monotonic())
         room = max(1, self.prefetch_count * len(self.queues) // 2)  # type: ignore[attr-defined]
@@ -95,84 +107,58 @@ class BrokerActions(Hooks, RetryPolicy):
         if (decision.reason is not Reason.IN_PROGRESS or claim is None or left <= 0
                 or (tag not in self._waiting and len(self._waiting) >= room)):
             self._waiting.pop(tag, None)
-            return False
+            return None
         self._waiting[tag] = first
         queue, message = item.queue, item.message
         timeout = min(left, decision.retry_after + 0.01)
         self.dedupe.watcher.watch(claim.stem, lambda: self._woken.append((queue, message, None)), timeout)
-        log.info("waiting key=%s token=%s reason=%s for at most %.2fs", _short(item.key), decision.token,
-                 decision.reason.value, timeout)
-        call_hook(self.on_deferred, item.message, decision, timeout)
-        return True
+        log.debug("waiting key=%s token=%s on the key for at most %.2fs", _short(item.key), decision.token, timeout)
+        return Acted(Done.DEFERRED, timeout)
 
     # -- actions ---------------------------------------------------------------------------------
 
     def _settle(self, item: Item, acked: bool = False) -> None:
-        """Carry out the decision on ``item`` (``acked``: its ack was already sent)."""
+        """Carry out the decision on ``item`` (``acked``: its ack was already sent) through
+        :func:`~dedupe_worker.engine.dispatch.dispatch`: the broker step, then the hooks."""
         decision, message = item.decision, item.message
         assert decision is not None
-        action = decision.action
-        if self._waiting and action is not Action.DEFER:  # it leaves the waiting room, if it was there
+        if self._waiting and decision.action is not Action.DEFER:  # it leaves the waiting room, if it was there
             self._waiting.pop(message.delivery_tag, None)
-        if action is Action.ACK:
-            if not acked and not settled(message):
-                message.ack()
-            if log.isEnabledFor(logging.DEBUG):  # its arguments cost more than the check
-                log.debug("acked key=%s token=%s reason=%s", _short(item.key), decision.token,
-                          decision.reason.value)
-            if decision.reason is Reason.APPLIED:
-                call_hook(self.on_applied, message, decision)
-            else:
-                call_hook(self.on_duplicate, message, decision)
-        elif action is Action.DEFER:
-            self._defer(item, decision)
-        elif action is Action.RETRY:
-            if isinstance(decision.error, Stopping):
-                if not settled(message):
-                    message.requeue()
-            else:
-                self._retry(item, decision)
-        else:
-            handler_ran = decision.reason in (Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT)
-            self._dead_letter(item, decision, _int_header(message, ATTEMPTS) + int(handler_ran))
+        dispatch(_ItemSteps(self, item, acked), self, message, _short(item.key), decision, self.tally)
 
-    def _defer(self, item: Item, decision: Decision) -> None:
-        if self._wait_on_key(item, decision):
-            return
+    def _defer(self, item: Item, decision: Decision) -> Acted:
+        waiting = self._wait_on_key(item, decision)
+        if waiting is not None:
+            return waiting
         deferrals = _int_header(item.message, DEFERRALS) + 1
         delay = self.defer_delay(deferrals, decision.retry_after or None)
         headers = {**item.message.headers, DEFERRALS: str(deferrals)}
         if not self._copy(item, decision, delay_queue(item.queue), headers, delay):
-            return
-        log.info("deferred key=%s token=%s reason=%s for %.2fs", _short(item.key), decision.token,
-                 decision.reason.value, delay)
-        if decision.reason is Reason.LEASE_LOST:
-            call_hook(self.on_lease_lost, item.message, decision)
-        call_hook(self.on_deferred, item.message, decision, delay)
+            return NOT_DONE
+        return Acted(Done.DEFERRED, delay)
 
-    def _retry(self, item: Item, decision: Decision) -> None:
+    def _retry(self, item: Item, decision: Decision) -> Acted:
         attempts = _int_header(item.message, ATTEMPTS) + 1
         if attempts >= self.max_attempts:
-            self._dead_letter(item, decision, attempts)
-            return
+            return self._dead_letter(item, decision, attempts)
         delay = self.retry_delay(attempts)
         headers = {**item.message.headers, ATTEMPTS: str(attempts)}
-        if self._copy(item, decision, delay_queue(item.queue), headers, delay):
-            log.warning("handler failed key=%s token=%s attempt %d/%d, retry in %.2fs: %s", _short(item.key),
-                        decision.token, attempts, self.max_attempts, delay, decision.detail)
-            call_hook(self.on_deferred, item.message, decision, delay)
+        if not self._copy(item, decision, delay_queue(item.queue), headers, delay):
+            return NOT_DONE
+        log.debug("retry key=%s token=%s is attempt %d/%d", _short(item.key), decision.token, attempts + 1,
+                  self.max_attempts)
+        return Acted(Done.RETRIED, delay)
 
-    def _dead_letter(self, item: Item, decision: Decision, attempts: int) -> None:
+    def _dead_letter(self, item: Item, decision: Decision, attempts: int) -> Acted:
         info = item.message.delivery_info or {}
         headers = {k: v for k, v in item.message.headers.items() if k != DEFERRALS}
         headers.update(dead_letter_headers(
             decision, key=item.key, attempts=attempts, original_queue=item.queue,
             original_exchange=info.get("exchange") or "", original_routing_key=info.get("routing_key") or "",
         ))
-        if self._copy(item, decision, dlq(item.queue), headers, None):
-            log.error("dead-lettered key=%s token=%s reason=%s attempts=%d: %s", _short(item.key),
-                      decision.token, decision.reason.value, attempts, decision.detail)
-            call_hook(self.on_dead_letter, item.message, decision)
+        if not self._copy(item, decision, dlq(item.queue), headers, None):
+            return NOT_DONE
+        return Acted(Done.DEAD_LETTERED)
 
     def _copy(self, item: Item, decision: Decision, queue: str, headers: dict[str, Any],
               expiration: float | None) -> bool:
@@ -206,12 +192,45 @@ class BrokerActions(Hooks, RetryPolicy):
             self._waiting.pop(item.message.delivery_tag, None)
             if not settled(item.message):
                 item.message.requeue()
+        requeued = Acted(Done.DEFERRED, delay)
+        for item in items:  # each requeue is done: now its hooks
             assert item.decision is not None
-            log.info("requeued key=%s token=%s reason=store_unavailable", _short(item.key),
-                     item.decision.token)
-            call_hook(self.on_deferred, item.message, item.decision, delay)
+            report(self, item.message, _short(item.key), item.decision, requeued, self.tally, _where)
 
     def _pause(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self.should_stop and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(0.1, left))
+
+
+class _ItemSteps:
+    """The dispatch port of the consumer (:class:`~dedupe_worker.engine.dispatch.Broker`) for one
+    prefetched message; ``acked``: the batch's ``ack(multiple)`` settled it already."""
+
+    __slots__ = ("acked", "actions", "item")
+
+    def __init__(self, actions: BrokerActions, item: Item, acked: bool) -> None:
+        self.actions = actions
+        self.item = item
+        self.acked = acked
+
+    def ack(self, message: Any, decision: Decision) -> Acted:
+        if not self.acked and not settled(message):
+            message.ack()
+        return ACKED
+
+    def defer(self, message: Any, decision: Decision) -> Acted:
+        return self.actions._defer(self.item, decision)
+
+    def retry(self, message: Any, decision: Decision) -> Acted:
+        if isinstance(decision.error, Stopping):  # not an attempt: back to the queue as it came
+            if not settled(message):
+                message.requeue()
+            return NOT_DONE
+        return self.actions._retry(self.item, decision)
+
+    def dead_letter(self, message: Any, decision: Decision) -> Acted:
+        handler_ran = decision.reason in (Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT)
+        return self.actions._dead_letter(self.item, decision, _int_header(message, ATTEMPTS) + int(handler_ran))
+
+    where = staticmethod(_where)

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..deduplicator import Deduplicator
 from ..engine import FLUSH_AFTER, Action, Pacing, Reason, decide, decide_many, refused
+from ..engine.dispatch import Tally
 from ..errors import UndecodableMessage
 from ..extras import require
 from ..messages.envelope import Envelope, from_kombu
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 
 #: Keyword options of :class:`DedupeConsumer` (class attributes, so a subclass may set them too).
 OPTIONS = ("prefetch_count", "batch", "accept", "flush_after", "max_attempts", "retry_base", "retry_cap",
-           "defer_base", "defer_cap", "defer_wait", "outage_cap")
+           "defer_base", "defer_cap", "defer_wait", "outage_cap", "summary_interval")
 
 #: ``handler(body, message)``: the decoded body and the kombu message, as kombu callbacks get them.
 Handler = Callable[[Any, Any], Any]
@@ -93,6 +94,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     #: Seconds of handler time whose finished outcomes may wait to be stored together (see the
     #: module doc); also the target run time of each claimed chunk.
     flush_after: float = FLUSH_AFTER
+    #: Seconds between the summary lines logged at INFO while consuming (and one at shutdown).
+    summary_interval: float = 10.0
 
     def __init__(
         self,
@@ -126,12 +129,18 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         self._outages = 0
         #: Handler timings carried from batch to batch, to size the claimed chunks.
         self.pacing = Pacing(self.flush_after)
+        self.tally = Tally("rabbitmq consumer", self.summary_interval)
 
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self, _tokens: int = 1, **kwargs: Any) -> None:
-        """Consume until :meth:`stop`; reconnects by itself after connection errors."""
-        super().run(_tokens, **kwargs)  # type: ignore[no-untyped-call]
+        """Consume until :meth:`stop`; reconnects by itself after connection errors. Logs a
+        summary line every ``summary_interval`` seconds and once when it returns."""
+        self.tally.begin()
+        try:
+            super().run(_tokens, **kwargs)  # type: ignore[no-untyped-call]
+        finally:
+            self.tally.close()
 
     def close(self) -> None:
         """Release the connection given to the constructor (the deduplicator is the caller's)."""
@@ -178,6 +187,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
                             conn.drain_events(timeout=0.02 if self._waiting else safety_interval)
                         except TimeoutError:
                             conn.heartbeat_check()
+                            self.tally.tick()
                             continue
                     # Whatever else the broker already sent is handled in the same batch.
                     while self.batch and len(self._pending) < self.prefetch_count * len(self.queues):
@@ -187,6 +197,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
                             break
                     batch, self._pending = self._pending, []
                     self.handle(batch)
+                    self.tally.tick()
                     yield
         finally:
             self.ready.clear()

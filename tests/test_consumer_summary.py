@@ -1,0 +1,95 @@
+"""A running consumer logs what it did at INFO every ``summary_interval`` seconds and once at
+shutdown (applied, duplicates, deferred, retried, dead-lettered). Real RabbitMQ, Kafka (tansu)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+from kombu import Connection
+
+from dedupe_worker import Deduplicator
+from dedupe_worker.engine import Reason
+from dedupe_worker.engine.dispatch import Done, Tally
+from dedupe_worker.kafka import DedupeKafkaConsumer
+from dedupe_worker.messages.keys import header_key
+from dedupe_worker.rabbitmq import DedupeConsumer
+
+from .kafka_fixtures import Topics, kafka_topics, produce, running, wait_until
+from .rabbitmq_fixtures import amqp, consumer_thread, publish, queue_name, wait_for
+
+__all__ = ["amqp", "kafka_topics", "queue_name"]
+
+LOGGER = "dedupe_worker.engine.dispatch"
+
+
+def summaries(caplog: pytest.LogCaptureFixture, name: str, state: str) -> list[dict[str, int]]:
+    """The counts of each ``<name> <state>`` summary line logged at INFO so far."""
+    out = []
+    for record in caplog.records:
+        message = record.getMessage()
+        if record.levelno == logging.INFO and message.startswith(f"{name} {state} for "):
+            out.append({k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", message)})
+    return out
+
+
+def test_the_tally_logs_every_interval_and_at_close(caplog: pytest.LogCaptureFixture) -> None:
+    now = [50.0]
+    tally = Tally("test consumer", interval=10.0, clock=lambda: now[0])
+    now[0] = 100.0  # built early, started later: the clock runs from begin()
+    tally.begin()
+    caplog.set_level(logging.INFO, LOGGER)
+    tally.count(Done.ACKED, Reason.APPLIED)
+    tally.acked(2, 3)
+    tally.count(Done.DEFERRED, Reason.IN_PROGRESS)
+    tally.count(Done.RETRIED, Reason.HANDLER_ERROR)
+    tally.count(Done.DEAD_LETTERED, Reason.CONFLICT)
+    tally.count(Done.NOT_DONE, Reason.CONFLICT)  # a copy not confirmed: requeued, not counted
+    now[0] = 109.9
+    tally.tick()
+    assert summaries(caplog, "test consumer", "running") == []
+    now[0] = 110.0
+    tally.tick()
+    tally.tick()  # not again before another interval
+    assert summaries(caplog, "test consumer", "running") == [
+        {"applied": 3, "duplicates": 3, "deferred": 1, "retried": 1, "dead_lettered": 1}]
+    assert "for 10s" in caplog.records[-1].getMessage()
+    now[0] = 125.0
+    tally.close()
+    assert summaries(caplog, "test consumer", "stopped") == [
+        {"applied": 3, "duplicates": 3, "deferred": 1, "retried": 1, "dead_lettered": 1}]
+
+
+def test_the_rabbitmq_consumer_logs_a_summary_while_running_and_at_shutdown(
+        amqp: Connection, queue_name: str, dedupe: Deduplicator, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, LOGGER)
+    consumer = DedupeConsumer(amqp.clone(), [queue_name], lambda body, message: body, dedupe,
+                              key_strategy=header_key("idempotency-key"), summary_interval=0.2)
+    with consumer_thread(consumer):
+        for key in ("a", "b", "a"):
+            publish(amqp, queue_name, json.dumps({"id": key}), headers={"idempotency-key": key})
+        publish(amqp, queue_name, "{}")  # no key: dead-lettered
+        wait_for(lambda: any(s == {"applied": 2, "duplicates": 1, "deferred": 0, "retried": 0, "dead_lettered": 1}
+                             for s in summaries(caplog, "rabbitmq consumer", "running")),
+                 timeout=10, what="a summary line with the four messages")
+    assert summaries(caplog, "rabbitmq consumer", "stopped") == [
+        {"applied": 2, "duplicates": 1, "deferred": 0, "retried": 0, "dead_lettered": 1}]
+
+
+def test_the_kafka_consumer_logs_a_summary_while_running_and_at_shutdown(
+        kafka_bootstrap: str, kafka_topics: Topics, dedupe: Deduplicator, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, LOGGER)
+    topic = kafka_topics.create(1, prefix="summary")
+    consumer = DedupeKafkaConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic}-g",
+                                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+                                   [topic], lambda msg: None, dedupe, key_strategy=header_key("idempotency-key"),
+                                   poll_timeout=0.1, summary_interval=0.2)
+    records = [(0, None, b"{}", [("idempotency-key", key.encode())]) for key in ("a", "b", "a")]
+    produce(kafka_bootstrap, topic, [*records, (0, None, b"{}", [])])  # the last has no key: dead-lettered
+    expected = {"applied": 2, "duplicates": 1, "deferred": 0, "retried": 0, "dead_lettered": 1}
+    with running(consumer):
+        wait_until(lambda: expected in summaries(caplog, "kafka consumer", "running"), timeout=60,
+                   what="a summary line with the four messages")
+    assert summaries(caplog, "kafka consumer", "stopped") == [expected]
