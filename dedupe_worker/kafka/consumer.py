@@ -34,7 +34,7 @@ from ..engine.decision import HANDLER_RAN
 from ..engine.hooks import Hooks, call_hook
 from ..messages.envelope import Envelope, from_kafka
 from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
-from ..operate.doctor import warn_once
+from ..operate.doctor import check_at_start
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
 from .flow import TP, PartitionFlow, tp_of
 from .hooks import ConsumerHooks
@@ -146,7 +146,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())
-        warn_once(self.dedupe.store.client, result_ttl=self.dedupe.result_ttl)
+        check_at_start(self.dedupe)
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
         try:
