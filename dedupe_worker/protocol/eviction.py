@@ -127,6 +127,8 @@ def check_store(client: redis.Redis | RedisCluster) -> None:
 
 async def check_store_async(client: Any) -> None:
     """:func:`check_store` on a ``redis.asyncio`` client."""
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        await client.initialize()  # learns the nodes (once; a no-op after)
     nodes = _primaries(client)
     check = EvictionCheck(", ".join(name for name, _ in nodes))
     for name, target in nodes:
