@@ -6,7 +6,8 @@ clear message instead of breaking the whole CLI.
 
 As ``celery -A`` does, the current directory is importable, so ``dedupe-worker rabbitmq ...
 myhandlers:apply`` finds ``myhandlers.py`` where it is run. ``-v`` counts before or after the
-subcommand. A Redis that cannot be reached is one line on stderr and exit status 2.
+subcommand. A Redis that cannot be reached, or one that may evict our records, is one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import redis
 
-from ..errors import StoreUnavailable
+from ..errors import EvictionPolicyError, StoreUnavailable
 
 __all__ = ["main"]
 
@@ -65,4 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (StoreUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
         print(f"dedupe-worker {args.command}: cannot reach Redis: {exc}", file=sys.stderr)
+        return 2
+    except EvictionPolicyError as exc:
+        print(f"dedupe-worker {args.command}: refusing to start: {exc} (--allow-eviction)", file=sys.stderr)
         return 2
