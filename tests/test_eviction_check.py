@@ -177,6 +177,22 @@ def services_wait(condition: Any, timeout: float = 10.0) -> bool:
     return False
 
 
+def test_dramatiq_worker_refuses_to_boot_without_retries(private_redis: services.RedisServer,
+                                                         rabbitmq_url: str) -> None:
+    import dramatiq
+    from dramatiq.middleware import MiddlewareError, Retries
+
+    from .dramatiq_app import build as build_dramatiq
+
+    app = build_dramatiq(rabbitmq_url, build(private_redis), f"ev-dq-{uuid.uuid4().hex[:8]}", "unused")
+    app.broker.middleware[:] = [m for m in app.broker.middleware if not isinstance(m, Retries)]
+    try:
+        with pytest.raises(MiddlewareError, match="Retries"):  # was logged, and the worker booted
+            dramatiq.Worker(app.broker, worker_threads=1, worker_timeout=100).start()
+    finally:
+        app.broker.close()
+
+
 def test_rabbitmq_consumer_refuses_to_start(evicting: services.RedisServer, rabbitmq_url: str) -> None:
     from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
 

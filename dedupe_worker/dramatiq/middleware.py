@@ -144,10 +144,11 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         evict our records (:func:`~dedupe_worker.operate.check_at_start`); wrap actors declared
         before this middleware was added."""
         if not any(isinstance(m, Retries) for m in broker.middleware):
-            raise RuntimeError("DedupeMiddleware defers messages through dramatiq's Retries middleware: add it")
+            # dramatiq logs any other exception of a boot hook and boots anyway
+            raise MiddlewareError("DedupeMiddleware defers messages through dramatiq's Retries middleware: add it")
         try:
             check_at_start(self.dedupe)
-        except EvictionPolicyError as exc:  # dramatiq lets only MiddlewareError stop the boot
+        except EvictionPolicyError as exc:
             raise MiddlewareError(str(exc)) from exc
         for name in broker.get_declared_actors():
             self.wrap(broker.get_actor(name))
