@@ -240,6 +240,14 @@ def test_the_check_runs_once_per_client(private_redis: services.RedisServer) -> 
         build(private_redis).begin("c")
 
 
+def test_clients_made_per_request_on_one_redis_client_ask_once(private_redis: services.RedisServer) -> None:
+    shared = redis.Redis(port=private_redis.port)
+    for i in range(20):
+        assert Deduplicator(shared, namespace="per-request").begin(f"k{i}").acquired
+    calls = shared.info("commandstats").get("cmdstat_config|get", {}).get("calls", 0)
+    assert calls == 1
+
+
 def test_config_refused_logs_a_warning_and_works(private_redis: services.RedisServer,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     admin = redis.Redis(port=private_redis.port)

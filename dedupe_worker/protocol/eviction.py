@@ -5,7 +5,8 @@ the handler again. Every record we write has a TTL, so the ``volatile-*`` polici
 readily as the ``allkeys-*`` ones; only ``noeviction`` keeps them (Redis then refuses new claims,
 and the engine defers those messages).
 
-Each client checks once, before its first claim (:meth:`ClaimClient.check_store
+Each client checks once, before its first claim (clients sharing one Redis client object, as
+clients made per request do, share the check: a Redis that passed is not asked again) (:meth:`ClaimClient.check_store
 <dedupe_worker.protocol.ClaimClient.check_store>`), and the consumers call it as they start, so
 they refuse to start. On a Redis Cluster every primary is asked. What happens:
 
@@ -24,6 +25,7 @@ The decision is :class:`EvictionCheck` (no I/O); :func:`check_store` and
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import redis
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 EVICTING_PREFIXES = ("allkeys-", "volatile-")
 
 _warned: set[str] = set()
+#: Redis client objects whose primaries passed (weakly held: a client dropped is forgotten).
+_passed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def is_evicting(policy: str | None) -> bool:
@@ -113,6 +117,8 @@ def _ask(client: Any, target: Any) -> Any:
 
 def check_store(client: redis.Redis | RedisCluster) -> None:
     """Ask every primary of ``client`` for its ``maxmemory-policy`` and decide (module doc)."""
+    if client in _passed:
+        return
     nodes = _primaries(client)
     check = EvictionCheck(", ".join(name for name, _ in nodes))
     for name, target in nodes:
@@ -123,10 +129,13 @@ def check_store(client: redis.Redis | RedisCluster) -> None:
                 raise check.failed(name, exc) from exc
             check.refused(name, exc)
     check.finish()
+    _passed.add(client)
 
 
 async def check_store_async(client: Any) -> None:
     """:func:`check_store` on a ``redis.asyncio`` client."""
+    if client in _passed:
+        return
     if isinstance(client, redis.asyncio.cluster.RedisCluster):
         await client.initialize()  # learns the nodes (once; a no-op after)
     nodes = _primaries(client)
@@ -139,3 +148,4 @@ async def check_store_async(client: Any) -> None:
                 raise check.failed(name, exc) from exc
             check.refused(name, exc)
     check.finish()
+    _passed.add(client)
