@@ -25,6 +25,7 @@ from .engine import Action, Decision, Hooks, Reason, current_claim, decide, deci
 from .errors import (
     ClaimError,
     DedupeError,
+    EvictionPolicyError,
     InProgress,
     InvalidKey,
     KeyConflict,
@@ -50,6 +51,7 @@ __all__ = [
     "DedupeSettings",
     "Deduplicator",
     "Envelope",
+    "EvictionPolicyError",
     "Hooks",
     "InProgress",
     "InvalidKey",

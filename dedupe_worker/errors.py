@@ -7,6 +7,7 @@ One root, so ``except DedupeError`` catches everything this package raises::
     │   └── MissingKey        the message carries no key where one is required
     ├── UndecodableMessage    the message body cannot be decoded to derive a key
     ├── StoreUnavailable      Redis could not be reached; nothing was run
+    ├── EvictionPolicyError   Redis may evict our records (maxmemory-policy); nothing was run
     ├── ResultNotSerializable the handler's value cannot be stored as JSON
     └── ClaimError            the claim protocol answered "no"
         ├── InProgress        another worker holds a live lease (carries ``retry_after``)
@@ -20,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "ClaimError",
     "DedupeError",
+    "EvictionPolicyError",
     "InProgress",
     "InvalidKey",
     "KeyConflict",
@@ -50,6 +52,28 @@ class UndecodableMessage(DedupeError, ValueError):
 
 class StoreUnavailable(DedupeError):
     """Redis could not be reached or answered with an error; the handler was not run."""
+
+
+class EvictionPolicyError(DedupeError, RuntimeError):
+    """Redis may evict our records: a primary's ``maxmemory-policy`` is ``allkeys-*`` or
+    ``volatile-*`` (every record has a TTL, so both evict them), and an evicted claim or result
+    lets a duplicate apply again. Raised before the first claim, so nothing was run.
+
+    ``args`` holds ``[(node, policy), ...]``. Fix: ``maxmemory-policy noeviction`` on every
+    primary; or build the client with ``allow_eviction=True`` (``DEDUPE_ALLOW_EVICTION=1``,
+    Celery ``dedupe_allow_eviction``) to accept that evicted keys run again.
+    """
+
+    def __init__(self, evicting: list[tuple[str, str]]) -> None:
+        super().__init__(evicting)
+        self.evicting = evicting
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{policy} on {node}" for node, policy in self.evicting)
+        return (f"Redis may evict dedupe records (maxmemory-policy {where}): an evicted claim or result "
+                "lets a duplicate apply again. Set maxmemory-policy noeviction on every primary "
+                "(CONFIG SET maxmemory-policy noeviction, and in redis.conf), or pass allow_eviction=True "
+                "(DEDUPE_ALLOW_EVICTION=1) to accept that evicted keys run again.")
 
 
 class ResultNotSerializable(DedupeError, TypeError):

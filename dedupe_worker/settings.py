@@ -35,6 +35,9 @@ class DedupeSettings(BaseSettings):
     wait_replicas: int = Field(0, ge=0)
     #: Seconds to wait for them before the write counts as not durable.
     wait_timeout: float = Field(0.1, gt=0)
+    #: Accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run again). Off: the
+    #: first claim (and a consumer's start) refuses with ``EvictionPolicyError`` there.
+    allow_eviction: bool = False
     #: The broker the ``rabbitmq`` and ``replay rabbitmq`` commands connect to.
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).
@@ -44,4 +47,5 @@ class DedupeSettings(BaseSettings):
         """The options of a claim client (sync or asyncio) these settings set."""
         return dict(namespace=self.namespace, lease=self.lease, result_ttl=self.result_ttl,
                     max_key_length=self.max_key_length, max_result_bytes=self.max_result_bytes,
-                    fail_open=self.fail_open, wait_replicas=self.wait_replicas, wait_timeout=self.wait_timeout)
+                    fail_open=self.fail_open, wait_replicas=self.wait_replicas, wait_timeout=self.wait_timeout,
+                    allow_eviction=self.allow_eviction)

@@ -34,6 +34,7 @@ def in_memory(namespace: str = "test", **options: Any) -> Deduplicator:
     """A :class:`Deduplicator` on a fresh in-memory store; ``options`` as for the constructor."""
     fakeredis = require("fakeredis", "testing")
     require("lupa", "testing")  # fakeredis runs Lua through lupa
+    options.setdefault("allow_eviction", True)  # fakeredis has no CONFIG GET and never evicts
     return Deduplicator(fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=namespace, **options)
 
 
@@ -44,4 +45,5 @@ def in_memory_async(namespace: str = "test", **options: Any) -> AsyncDeduplicato
 
     fakeredis = require("fakeredis", "testing")
     require("lupa", "testing")
+    options.setdefault("allow_eviction", True)
     return AsyncDeduplicator(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()), namespace=namespace, **options)

@@ -114,3 +114,58 @@ def test_the_asyncio_client_on_a_cluster(cluster_ports: list[int], namespace: st
         await d.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.fixture
+def two_of_three_evict(cluster_ports: list[int]) -> Iterator[list[int]]:
+    """Two of the three primaries on ``allkeys-lru`` while the test runs."""
+    import redis
+
+    nodes = [redis.Redis(port=port) for port in cluster_ports]
+    for node in nodes[1:]:
+        node.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        yield cluster_ports
+    finally:
+        for node in nodes:
+            node.config_set("maxmemory-policy", "noeviction")
+
+
+def test_every_primary_is_checked_before_the_first_claim(two_of_three_evict: list[int], namespace: str) -> None:
+    from dedupe_worker import EvictionPolicyError
+
+    url = f"redis://127.0.0.1:{two_of_three_evict[0]}/0?cluster=1"  # the node asked first is fine
+    d = Deduplicator.from_url(url, namespace=namespace)
+    with pytest.raises(EvictionPolicyError) as raised:
+        d.begin("k")
+    assert {node for node, _ in raised.value.evicting} == {f"127.0.0.1:{p}" for p in two_of_three_evict[1:]}
+    assert Deduplicator.from_url(url, namespace=namespace, allow_eviction=True).begin("k").acquired
+
+
+def test_doctor_checks_every_primary(two_of_three_evict: list[int], capsys: pytest.CaptureFixture[str]) -> None:
+    from dedupe_worker.cli import main
+
+    url = f"redis://127.0.0.1:{two_of_three_evict[0]}/0?cluster=1"
+    assert main(["doctor", "--redis-url", url]) == 1
+    out = capsys.readouterr().out
+    eviction = next(line for line in out.splitlines() if "eviction" in line)
+    assert eviction.startswith("[FAIL]") and eviction.count("allkeys-lru") == 2 and "noeviction" in eviction
+    assert "cluster mode, 3 primaries" in out
+
+
+def test_asyncio_checks_every_primary(two_of_three_evict: list[int], namespace: str) -> None:
+    import asyncio
+
+    from dedupe_worker import EvictionPolicyError
+    from dedupe_worker.asyncio import AsyncDeduplicator
+
+    async def scenario() -> None:
+        d = AsyncDeduplicator.from_url(f"redis://127.0.0.1:{two_of_three_evict[0]}/0?cluster=1", namespace=namespace)
+        try:
+            with pytest.raises(EvictionPolicyError) as raised:
+                await d.begin("k")
+            assert len(raised.value.evicting) == 2
+        finally:
+            await d.aclose()
+
+    asyncio.run(scenario())

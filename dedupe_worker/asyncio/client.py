@@ -20,6 +20,7 @@ from ..errors import LeaseLost, StoreUnavailable
 from ..protocol.calls import KeyState
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.codec import ClaimCodec, Request
+from ..protocol.eviction import check_store_async
 from ..protocol.retry import FinishRetry
 from ..protocol.scripts import NotDurable
 from ..protocol.serialization import Serializer
@@ -49,6 +50,8 @@ class AsyncClaimClient(ClaimCodec):
     :param redis_client: a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``. Its
         pool must allow as many connections as coroutines that call at once, or queue them
         (``BlockingConnectionPool``, as :meth:`from_url` builds).
+    :param allow_eviction: as for the sync client: off, the first claim raises
+        :class:`~dedupe_worker.EvictionPolicyError` on a Redis that may evict our records.
     """
 
     def __init__(
@@ -67,9 +70,13 @@ class AsyncClaimClient(ClaimCodec):
         serializer: Serializer | None = None,
         wait_replicas: int = 0,
         wait_timeout: float = 0.1,
+        allow_eviction: bool = False,
     ) -> None:
         super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
                          max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
+        self.allow_eviction = allow_eviction
+        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
+        self.store_checked = allow_eviction
         self.store = AsyncRedisStore(redis_client, self.layout)
         self.store.require_replicas(wait_replicas, wait_timeout)
         self.permanent_errors = permanent_errors
@@ -136,6 +143,12 @@ class AsyncClaimClient(ClaimCodec):
             except StoreUnavailable as exc:
                 error = exc
 
+    async def check_store(self) -> None:
+        """:meth:`ClaimClient.check_store <dedupe_worker.protocol.ClaimClient.check_store>`, awaited."""
+        if not self.allow_eviction:
+            await check_store_async(self.store.client)
+        self.store_checked = True
+
     # -- transitions ----------------------------------------------------------------------------
 
     async def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0) -> Claim:
@@ -143,6 +156,8 @@ class AsyncClaimClient(ClaimCodec):
         :meth:`ClaimClient.begin <dedupe_worker.protocol.ClaimClient.begin>`, ``wait`` included.
         Raises :class:`InvalidKey` and :class:`StoreUnavailable`."""
         request = self.request(key, fingerprint)
+        if not self.store_checked:
+            await self.check_store()
         reply = await self.store.claim_one(request.stem, request.fingerprint, request.original,
                                            self._lease_ms, self._retention_ms)
         claim = self._claim(request, reply)
@@ -190,6 +205,8 @@ class AsyncClaimClient(ClaimCodec):
 
     async def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
         """:meth:`begin_many` for requests already checked by :meth:`request`."""
+        if not self.store_checked:
+            await self.check_store()
         replies = (await self.store.run(self.store.claim_calls(
             [(r.stem, r.fingerprint, r.original) for r in requests], self._lease_ms, self._retention_ms)))[0]
         claims = [self._claim(r, reply) for r, reply in zip(requests, self.store.claim_replies(replies), strict=True)]

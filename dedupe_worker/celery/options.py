@@ -35,6 +35,7 @@ SETTINGS = {
     "dedupe_fail_open": "fail_open",
     "dedupe_wait_replicas": "wait_replicas",
     "dedupe_wait_timeout": "wait_timeout",
+    "dedupe_allow_eviction": "allow_eviction",
 }
 
 _cache: dict[tuple[Any, ...], Deduplicator] = {}

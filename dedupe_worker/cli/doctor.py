@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..operate.doctor import diagnose
+from ..operate.doctor import DEFAULT_RATE, diagnose
 from .options import add_dedupe_options, deduplicator_from
 
 __all__ = ["register"]
@@ -16,7 +16,8 @@ __all__ = ["register"]
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="check that Redis is set up so the guarantees hold")
-    p.add_argument("--rate", type=float, default=100.0, help="messages/s for the memory projection (default 100)")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                   help=f"messages/s for the memory projection (default {DEFAULT_RATE:g})")
     add_dedupe_options(p)
     p.set_defaults(func=run)
 

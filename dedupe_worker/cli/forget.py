@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..operate.describe import describe
+from ..operate.describe import KeyReport, describe
 from .options import add_dedupe_options, deduplicator_from
 
 __all__ = ["register"]
@@ -24,6 +24,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def dry_run(report: KeyReport, if_token: int | None, force: bool) -> str:
+    """What the real run would print for ``report``'s key (``forget.lua``'s rules, read-only)."""
+    if report.started_ttl_ms == -2 and report.result_ttl_ms == -2:
+        return "nothing to remove"
+    if if_token is not None and if_token != report.token:
+        return f"would be refused: it carries token {report.token}, not {if_token}"
+    if report.state == "in_progress" and not force and if_token is None:
+        return f"would be refused: a live lease (token {report.token}) holds it; removed only with --force"
+    return f"would be removed ({report.state}, token {report.token})"
+
+
 def run(args: argparse.Namespace) -> int:
     dedupe = deduplicator_from(args)
     refused = 0
@@ -31,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
         for key in args.keys:
             report = describe(dedupe, key)
             if args.dry_run:
-                print(f"{key}: {report.state}, token {report.token}: would be removed"
-                      + ("" if report.state != "in_progress" or args.force or args.if_token is not None
-                         else " only with --force"))
+                print(f"{key}: {dry_run(report, args.if_token, args.force)}")
                 continue
             code, token = dedupe.store.forget(dedupe.request(key).stem, args.if_token, args.force)
             if code == 1:

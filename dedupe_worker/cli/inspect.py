@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
+from ..deduplicator import Deduplicator
 from ..operate.describe import describe
 from .options import add_dedupe_options, deduplicator_from
 
@@ -19,11 +21,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def namespace_is_empty(dedupe: Deduplicator) -> bool:
+    """Whether no Redis key at all starts with the namespace (a bounded SCAN, stops at the first)."""
+    pattern = f"{dedupe.layout.namespace}:*"
+    return next(iter(dedupe.store.client.scan_iter(match=pattern, count=1000)), None) is None
+
+
 def run(args: argparse.Namespace) -> int:
     dedupe = deduplicator_from(args)
+    never_seen = 0
     try:
         for key in args.keys:
             report = describe(dedupe, key)
+            never_seen += report.state == "free" and report.token == 0
             if args.json:
                 print(json.dumps(report.as_dict()))
                 continue
@@ -36,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
                   f":result ttl {report.result_ttl_ms} ms (-2 = none)")
             if report.original_key:
                 print(f"  original key: {report.original_key}")
+        if never_seen == len(args.keys) and namespace_is_empty(dedupe):
+            print(f"hint: namespace {dedupe.layout.namespace!r} holds no keys at all on this Redis: check "
+                  "--namespace (DEDUPE_NAMESPACE) and --redis-url (DEDUPE_REDIS_URL, its database number)",
+                  file=sys.stderr)
     finally:
         dedupe.close()
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..operate.doctor import DEFAULT_RATE
 from ..operate.survey import survey
 from .options import add_dedupe_options, deduplicator_from
 
@@ -15,7 +16,8 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stats", help="count a namespace's keys by state and project its memory")
     p.add_argument("--sample", type=int, default=1000, help="records looked at closely (default 1000)")
-    p.add_argument("--rate", type=float, default=100.0, help="messages/s for the projection (default 100)")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                   help=f"messages/s for the projection (default {DEFAULT_RATE:g})")
     p.add_argument("--json", action="store_true")
     add_dedupe_options(p)
     p.set_defaults(func=run)

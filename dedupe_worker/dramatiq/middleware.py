@@ -55,7 +55,7 @@ from typing import Any
 
 import dramatiq
 from dramatiq.common import q_name, xq_name
-from dramatiq.middleware import Middleware, Retries, SkipMessage
+from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
 
 try:
     import pika
@@ -66,10 +66,11 @@ except ImportError:  # dramatiq without its rabbitmq extra: other brokers dead-l
 from ..deduplicator import Deduplicator
 from ..engine import Decision, Hooks, RetryPolicy, decide, refused
 from ..engine.dispatch import ACKED, Acted, Done, dispatch
-from ..errors import InvalidKey
+from ..errors import EvictionPolicyError, InvalidKey
 from ..messages.deadletter import dead_letter_headers
 from ..messages.envelope import Envelope
 from ..messages.keys import fingerprint_of, message_id_key
+from ..operate.doctor import check_at_start
 
 __all__ = ["DEFERRALS_OPTION", "DeadLettered", "DedupeMiddleware"]
 
@@ -137,10 +138,16 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         self.wrap(actor)
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
-        """Refuse to start without ``Retries`` (deferrals go through it); wrap actors declared
+        """Refuse to start without ``Retries`` (deferrals go through it) or on a Redis that may
+        evict our records (:func:`~dedupe_worker.operate.check_at_start`); wrap actors declared
         before this middleware was added."""
         if not any(isinstance(m, Retries) for m in broker.middleware):
-            raise RuntimeError("DedupeMiddleware defers messages through dramatiq's Retries middleware: add it")
+            # dramatiq logs any other exception of a boot hook and boots anyway
+            raise MiddlewareError("DedupeMiddleware defers messages through dramatiq's Retries middleware: add it")
+        try:
+            check_at_start(self.dedupe)
+        except EvictionPolicyError as exc:
+            raise MiddlewareError(str(exc)) from exc
         for name in broker.get_declared_actors():
             self.wrap(broker.get_actor(name))
 

@@ -35,7 +35,7 @@ from ..engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
 from ..engine.hooks import Hooks
 from ..messages.envelope import Envelope, from_kafka
 from ..messages.keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
-from ..operate.doctor import warn_once
+from ..operate.doctor import check_at_start
 from .deadletter import DeadLetter, DeadLetterProducer, producer_config
 from .flow import TP, PartitionFlow
 from .hooks import ConsumerHooks
@@ -153,7 +153,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())
-        warn_once(self.dedupe.store.client, result_ttl=self.dedupe.result_ttl)
+        check_at_start(self.dedupe)
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
         self.tally.begin()

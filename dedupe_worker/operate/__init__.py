@@ -4,7 +4,8 @@ namespace (:mod:`.survey`). Used by the ``doctor``, ``inspect``, ``forget`` and 
 from __future__ import annotations
 
 from .describe import KeyReport, describe
-from .doctor import Check, diagnose, warn_once
+from .doctor import DEFAULT_RATE, Check, check_at_start, diagnose, warn_once
 from .survey import Survey, survey
 
-__all__ = ["Check", "KeyReport", "Survey", "describe", "diagnose", "survey", "warn_once"]
+__all__ = ["DEFAULT_RATE", "Check", "KeyReport", "Survey", "check_at_start", "describe", "diagnose", "survey",
+           "warn_once"]

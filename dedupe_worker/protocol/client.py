@@ -22,6 +22,7 @@ from ..settings import DedupeSettings
 from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, ClaimCodec, Request
 from .connection import redis_from_url
+from .eviction import check_store
 from .renewer import LeaseRenewer
 from .retry import FinishRetry
 from .scripts import Call, CallFailed, NotDurable, StreamCut
@@ -61,6 +62,8 @@ class ClaimClient(ClaimCodec):
     :param wait_replicas: send ``WAIT wait_replicas`` in the same round trip as every claim and
         completion; fewer acknowledgements within ``wait_timeout`` seconds raise
         :class:`StoreUnavailable` (the claims it took are given back). Not consensus: see README.
+    :param allow_eviction: accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run
+        again). Off: the first claim raises :class:`EvictionPolicyError` there (:meth:`check_store`).
     """
 
     def __init__(
@@ -79,9 +82,13 @@ class ClaimClient(ClaimCodec):
         serializer: Serializer | None = None,
         wait_replicas: int = 0,
         wait_timeout: float = 0.1,
+        allow_eviction: bool = False,
     ) -> None:
         super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
                          max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
+        self.allow_eviction = allow_eviction
+        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
+        self.store_checked = allow_eviction
         self.store = RedisStore(redis_client, self.layout)
         self.store.require_replicas(wait_replicas, wait_timeout)
         self.permanent_errors = permanent_errors
@@ -121,6 +128,16 @@ class ClaimClient(ClaimCodec):
             self._watcher.close()
         if self.store.scripts.held is not None:
             self.store.scripts.held.close()
+
+    def check_store(self) -> None:
+        """Check, once, that Redis will not evict our records (:mod:`.eviction`): raises
+        :class:`EvictionPolicyError` for an evicting ``maxmemory-policy`` on any primary, logs a
+        warning where ``CONFIG GET`` is refused, raises :class:`StoreUnavailable` (and checks again
+        next time) when Redis cannot be reached. The first claim calls it; consumers call it as
+        they start. Skipped with ``allow_eviction``."""
+        if not self.allow_eviction:
+            check_store(self.store.client)
+        self.store_checked = True
 
     # -- finishing writes, retried --------------------------------------------------------------
 
@@ -162,6 +179,8 @@ class ClaimClient(ClaimCodec):
         :class:`InvalidKey` and :class:`StoreUnavailable`.
         """
         request = self.request(key, fingerprint)
+        if not self.store_checked:
+            self.check_store()
         reply = self.store.claim_one(request.stem, request.fingerprint, request.original,
                                      self._lease_ms, self._retention_ms)
         claim = self._claim(request, reply)
@@ -341,6 +360,8 @@ class ClaimClient(ClaimCodec):
 
     def _claim_calls(self, requests: Sequence[Request]) -> list[Call]:
         """The script calls that claim ``requests``."""
+        if not self.store_checked:
+            self.check_store()
         return self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms, self._retention_ms)
 
     @staticmethod

@@ -47,7 +47,7 @@ from ..errors import UndecodableMessage
 from ..extras import require
 from ..messages.envelope import Envelope, from_kombu
 from ..messages.keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
-from ..operate.doctor import warn_once
+from ..operate.doctor import check_at_start
 from .actions import BrokerActions, Item, Stopping
 from .republish import Republisher
 
@@ -169,7 +169,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         self._publisher = Republisher(connection.channel(), getattr(connection, "userid", None))
         for queue in self.queues:
             self._publisher.declare(queue.name)
-        warn_once(self.dedupe.store.client, result_ttl=self.dedupe.result_ttl)
+        check_at_start(self.dedupe)
         self.ready.set()
         log.info("consuming %s (prefetch %d)", ", ".join(q.name for q in self.queues), self.prefetch_count)
 

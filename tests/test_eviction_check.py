@@ -1,0 +1,272 @@
+"""Every entry point refuses a Redis whose ``maxmemory-policy`` evicts keys (private servers), works
+with ``allow_eviction=True``, and only warns where ``CONFIG GET`` is refused (an ACL user)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection
+
+from dedupe_worker import (
+    DedupeSettings,
+    Deduplicator,
+    EvictionPolicyError,
+    Reason,
+    StoreUnavailable,
+    decide,
+    decide_many,
+    idempotent,
+)
+from dedupe_worker.asyncio import AsyncDeduplicator
+from dedupe_worker.asyncio import engine as async_engine
+from dedupe_worker.errors import DedupeError
+
+from . import services
+from .celery_fixtures import make_app
+
+LRU = ("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru")
+
+
+@pytest.fixture
+def evicting() -> Iterator[services.RedisServer]:
+    """A private redis-server with ``maxmemory-policy allkeys-lru``."""
+    if shutil.which("redis-server") is None:
+        services.unavailable("redis-server binary")
+    server = services.RedisServer(extra=LRU).start()
+    yield server
+    server.stop()
+
+
+def build(server: services.RedisServer, **options: Any) -> Deduplicator:
+    return Deduplicator.from_url(server.url, namespace=f"ev-{uuid.uuid4().hex[:8]}", lease=2, **options)
+
+
+def test_the_error_names_the_policy_and_the_fix(evicting: services.RedisServer) -> None:
+    d = build(evicting)
+    with pytest.raises(EvictionPolicyError) as raised:
+        d.run("k", lambda: 1)
+    text = str(raised.value)
+    assert "allkeys-lru" in text and f"127.0.0.1:{evicting.port}" in text
+    assert "noeviction" in text and "allow_eviction=True" in text
+    assert isinstance(raised.value, DedupeError)
+    assert redis.Redis(port=evicting.port).keys("*") == []  # refused before anything was written
+    d.close()
+
+
+def test_run_and_idempotent_refuse_and_work_when_allowed(evicting: services.RedisServer) -> None:
+    refused, allowed = build(evicting), build(evicting, allow_eviction=True)
+    calls: list[int] = []
+
+    def charge(order: int) -> int:
+        calls.append(order)
+        return order * 2
+
+    with pytest.raises(EvictionPolicyError):
+        refused.run("k", charge, 1)
+    with pytest.raises(EvictionPolicyError):
+        idempotent(refused, key="charge:{order}")(charge)(1)
+    assert calls == []
+    assert allowed.run("k", charge, 1) == 2 and allowed.run("k", charge, 1) == 2
+    assert idempotent(allowed, key="charge:{order}")(charge)(3) == 6
+    assert calls == [1, 3]
+    refused.close()
+    allowed.close()
+
+
+def test_decide_and_decide_many_refuse_and_work_when_allowed(evicting: services.RedisServer) -> None:
+    with pytest.raises(EvictionPolicyError):
+        decide(build(evicting), "k", lambda: 1)
+    with pytest.raises(EvictionPolicyError):
+        decide_many(build(evicting), [("a", None, lambda: 1), ("b", None, lambda: 2)])
+    allowed = build(evicting, allow_eviction=True)
+    assert decide(allowed, "k", lambda: 1).reason is Reason.APPLIED
+    assert [x.reason for x in decide_many(allowed, [("k", None, lambda: 1), ("b", None, lambda: 2)])] == [
+        Reason.DUPLICATE, Reason.APPLIED]
+
+
+def test_settings_and_from_settings_carry_allow_eviction(evicting: services.RedisServer,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEDUPE_REDIS_URL", evicting.url)
+    with pytest.raises(EvictionPolicyError):
+        Deduplicator.from_settings().begin("k")
+    monkeypatch.setenv("DEDUPE_ALLOW_EVICTION", "1")
+    assert DedupeSettings().allow_eviction
+    assert Deduplicator.from_settings().begin("k").acquired
+
+
+def test_asyncio_refuses_and_works_when_allowed(evicting: services.RedisServer) -> None:
+    async def scenario() -> None:
+        async def charge() -> int:
+            return 7
+
+        refused = AsyncDeduplicator.from_url(evicting.url, namespace="ev-async")
+        with pytest.raises(EvictionPolicyError):
+            await refused.run("k", charge)
+        with pytest.raises(EvictionPolicyError):
+            await refused.begin_many(["a", "b"])
+        with pytest.raises(EvictionPolicyError):  # what the FastStream middleware calls
+            await async_engine.decide(refused, "k", charge, integration="faststream")
+        await refused.aclose()
+        allowed = AsyncDeduplicator.from_url(evicting.url, namespace="ev-async", allow_eviction=True)
+        assert await allowed.run("k", charge) == 7
+        assert (await async_engine.decide(allowed, "k", charge)).reason is Reason.DUPLICATE
+        await allowed.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_celery_task_refuses_and_works_when_allowed(evicting: services.RedisServer, redis_url: str) -> None:
+    namespace = f"ev-celery-{uuid.uuid4().hex[:6]}"
+    app = make_app(broker="memory://", backend=redis_url, namespace=namespace, queue=namespace, eager=True,
+                   store_url=evicting.url)
+    with pytest.raises(EvictionPolicyError):
+        app.tasks["dt.charge"].delay(1, 10).get()
+    app.close()
+    app = make_app(broker="memory://", backend=redis_url, namespace=namespace, queue=namespace, eager=True,
+                   store_url=evicting.url)
+    app.conf.dedupe_allow_eviction = True
+    first = app.tasks["dt.charge"].delay(1, 10).get()
+    assert app.tasks["dt.charge"].delay(1, 10).get() == first
+    app.close()
+
+
+def test_dramatiq_worker_refuses_to_boot(evicting: services.RedisServer, rabbitmq_url: str) -> None:
+    import dramatiq
+    from dramatiq.middleware import MiddlewareError
+
+    from .dramatiq_app import build as build_dramatiq
+
+    queue = f"ev-dq-{uuid.uuid4().hex[:8]}"
+    app = build_dramatiq(rabbitmq_url, build(evicting), queue, "unused")
+    worker = dramatiq.Worker(app.broker, worker_threads=1, worker_timeout=100)
+    try:
+        with pytest.raises(MiddlewareError, match="allkeys-lru") as raised:  # the one error dramatiq lets through
+            worker.start()
+        assert isinstance(raised.value.__cause__, EvictionPolicyError)
+    finally:
+        app.broker.close()
+    allowed = build_dramatiq(rabbitmq_url, build(evicting, allow_eviction=True), queue, "unused")
+    worker = dramatiq.Worker(allowed.broker, worker_threads=1, worker_timeout=100)
+    try:
+        worker.start()
+        allowed.actors["apply"].send(1, 5)
+        assert services_wait(lambda: redis.Redis(port=evicting.port).llen("unused") == 2)
+    finally:
+        worker.stop()
+        allowed.broker.close()
+        with Connection(rabbitmq_url) as conn:
+            channel = conn.channel()
+            for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+                channel.queue_delete(queue=name)
+
+
+def services_wait(condition: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_dramatiq_worker_refuses_to_boot_without_retries(private_redis: services.RedisServer,
+                                                         rabbitmq_url: str) -> None:
+    import dramatiq
+    from dramatiq.middleware import MiddlewareError, Retries
+
+    from .dramatiq_app import build as build_dramatiq
+
+    app = build_dramatiq(rabbitmq_url, build(private_redis), f"ev-dq-{uuid.uuid4().hex[:8]}", "unused")
+    app.broker.middleware[:] = [m for m in app.broker.middleware if not isinstance(m, Retries)]
+    try:
+        with pytest.raises(MiddlewareError, match="Retries"):  # was logged, and the worker booted
+            dramatiq.Worker(app.broker, worker_threads=1, worker_timeout=100).start()
+    finally:
+        app.broker.close()
+
+
+def test_rabbitmq_consumer_refuses_to_start(evicting: services.RedisServer, rabbitmq_url: str) -> None:
+    from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
+
+    queue = f"ev-rmq-{uuid.uuid4().hex[:8]}"
+    with Connection(rabbitmq_url) as conn:
+        try:
+            consumer = DedupeConsumer(conn, [queue], lambda body, message: None, build(evicting))
+            with pytest.raises(EvictionPolicyError):
+                consumer.run()
+        finally:
+            channel = conn.channel()
+            for name in (queue, delay_queue(queue), dlq(queue)):
+                channel.queue_delete(queue=name)
+
+
+def test_kafka_consumer_refuses_to_start(evicting: services.RedisServer) -> None:
+    from dedupe_worker.kafka import DedupeKafkaConsumer
+
+    # The check runs before the consumer subscribes: no broker is contacted.
+    consumer = DedupeKafkaConsumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "ev"}, ["t"],
+                                   lambda message: None, build(evicting))
+    try:
+        with pytest.raises(EvictionPolicyError):
+            consumer.run(install_signal_handlers=False)
+    finally:
+        consumer.consumer.close()
+
+
+def test_volatile_policies_are_refused_too(evicting: services.RedisServer) -> None:
+    redis.Redis(port=evicting.port).config_set("maxmemory-policy", "volatile-ttl")
+    with pytest.raises(EvictionPolicyError, match="volatile-ttl"):
+        build(evicting).begin("k")
+    redis.Redis(port=evicting.port).config_set("maxmemory-policy", "noeviction")
+    assert build(evicting).begin("k").acquired
+
+
+def test_the_check_runs_once_per_client(private_redis: services.RedisServer) -> None:
+    d = build(private_redis)
+    assert not d.store_checked
+    d.begin("a")
+    assert d.store_checked
+    redis.Redis(port=private_redis.port).config_set("maxmemory-policy", "allkeys-lru")
+    assert d.begin("b").acquired  # checked at start-up, not on every claim
+    with pytest.raises(EvictionPolicyError):
+        build(private_redis).begin("c")
+
+
+def test_clients_made_per_request_on_one_redis_client_ask_once(private_redis: services.RedisServer) -> None:
+    shared = redis.Redis(port=private_redis.port)
+    for i in range(20):
+        assert Deduplicator(shared, namespace="per-request").begin(f"k{i}").acquired
+    calls = shared.info("commandstats").get("cmdstat_config|get", {}).get("calls", 0)
+    assert calls == 1
+
+
+def test_config_refused_logs_a_warning_and_works(private_redis: services.RedisServer,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    admin = redis.Redis(port=private_redis.port)
+    admin.config_set("maxmemory-policy", "allkeys-lru")  # unseen by a user without +config
+    admin.acl_setuser("app", enabled=True, passwords=["+secret"], keys=["*"],
+                      commands=["+@all", "-config"])
+    d = Deduplicator.from_url(f"redis://app:secret@127.0.0.1:{private_redis.port}/0", namespace="acl")
+    with caplog.at_level(logging.WARNING, logger="dedupe_worker.protocol.eviction"):
+        assert d.run("k", lambda: 5) == 5
+    assert any("could not read maxmemory-policy" in r.getMessage() and "noeviction" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_unreachable_redis_is_store_unavailable_and_checked_again(private_redis: services.RedisServer) -> None:
+    d = build(private_redis)
+    private_redis.stop()
+    with pytest.raises(StoreUnavailable):
+        d.begin("k")
+    assert decide(d, "k", lambda: 1).reason is Reason.STORE_UNAVAILABLE
+    assert not d.store_checked
+    private_redis.start()
+    assert d.begin("k").acquired and d.store_checked
