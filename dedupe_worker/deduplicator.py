@@ -11,10 +11,12 @@ from .engine.context import Holding
 from .engine.recorded import Outcomes
 from .protocol.claim import Claim
 from .protocol.client import KEY_HARD_LIMIT, ClaimClient
+from .settings import DedupeSettings
 
 __all__ = ["KEY_HARD_LIMIT", "Deduplicator"]
 
 T = TypeVar("T")
+D = TypeVar("D", bound="Deduplicator")
 
 
 class Deduplicator(ClaimClient):
@@ -48,6 +50,15 @@ class Deduplicator(ClaimClient):
         self.outcomes = outcomes
         if outcomes is not None:
             outcomes.attach(self)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        s = settings or DedupeSettings()
+        if "outcomes" not in options and s.sql_dsn:
+            options["outcomes"] = s.sql_outcomes()
+        return super().from_settings(s, **options)
 
     def run(self, key: str | bytes, fn: Callable[..., T], /, *args: Any, fingerprint: Any = None,
             wait: float = 0.0, **kwargs: Any) -> T:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from .sql import SqlOutcomes
 
 __all__ = ["DedupeSettings"]
 
@@ -35,6 +38,11 @@ class DedupeSettings(BaseSettings):
     wait_replicas: int = Field(0, ge=0)
     #: Seconds to wait for them before the write counts as not durable.
     wait_timeout: float = Field(0.1, gt=0)
+    #: Where ``dedupe_worker.sql.atomic()`` commits outcomes: a PostgreSQL DSN, or a SQLAlchemy URL
+    #: with its driver (``mysql+pymysql://...``). Unset: no SQL outcomes.
+    sql_dsn: str | None = None
+    #: The table of those outcomes.
+    sql_table: str = "dedupe_outcome"
     #: The broker the ``rabbitmq`` and ``replay rabbitmq`` commands connect to.
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).
@@ -45,3 +53,11 @@ class DedupeSettings(BaseSettings):
         return dict(namespace=self.namespace, lease=self.lease, result_ttl=self.result_ttl,
                     max_key_length=self.max_key_length, max_result_bytes=self.max_result_bytes,
                     fail_open=self.fail_open, wait_replicas=self.wait_replicas, wait_timeout=self.wait_timeout)
+
+    def sql_outcomes(self) -> SqlOutcomes | None:
+        """The :class:`~dedupe_worker.sql.SqlOutcomes` of ``sql_dsn`` and ``sql_table``, else ``None``."""
+        if not self.sql_dsn:
+            return None
+        from .sql import SqlOutcomes
+
+        return SqlOutcomes(self.sql_dsn, table=self.sql_table)

@@ -10,12 +10,14 @@ from ..engine.context import Holding
 from ..engine.decision import outcome
 from ..engine.recorded import Outcomes
 from ..protocol.claim import Claim
+from ..settings import DedupeSettings
 from . import engine as _engine
 from .client import AsyncClaimClient
 
 __all__ = ["AsyncDeduplicator"]
 
 T = TypeVar("T")
+D = TypeVar("D", bound="AsyncDeduplicator")
 
 
 class AsyncDeduplicator(AsyncClaimClient):
@@ -43,6 +45,15 @@ class AsyncDeduplicator(AsyncClaimClient):
         self.outcomes = outcomes
         if outcomes is not None:
             outcomes.attach(self)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        s = settings or DedupeSettings()
+        if "outcomes" not in options and s.sql_dsn:
+            options["outcomes"] = s.sql_outcomes()
+        return super().from_settings(s, **options)
 
     async def run(self, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any, fingerprint: Any = None,
                   wait: float = 0.0, **kwargs: Any) -> T:
