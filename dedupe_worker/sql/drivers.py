@@ -94,10 +94,10 @@ class DjangoDriver(Driver):
     nested), statements through that connection's cursor."""
 
     def __init__(self, using: str) -> None:
-        from django.db import connections
+        from ..extras import require
 
         self.using = using
-        self.connection = connections[using]
+        self.connection = require("django.db", "django").connections[using]
         self.dialect = self.connection.vendor
 
     def transaction(self) -> AbstractContextManager[Any]:

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import AlreadyApplied
+from ..extras import require
 from ..protocol.claim import Claim
 from ..protocol.codec import ClaimCodec
 from .statements import Dialect, Statement, check_table, dialect_named, recorded, stored_key
@@ -58,9 +59,7 @@ class SqlOutcomes:
     def __init__(self, target: Any, *, table: str = "dedupe_outcome") -> None:
         self.table = check_table(table)
         if isinstance(target, str) and "+" in target.split("://", 1)[0]:
-            from sqlalchemy import create_engine
-
-            target = create_engine(target, pool_pre_ping=True)
+            target = require("sqlalchemy", "sql").create_engine(target, pool_pre_ping=True)
         self.target = target
         self._codec: ClaimCodec | None = None
 
@@ -90,8 +89,7 @@ class SqlOutcomes:
     def _run(self, statement: Statement) -> Any:
         """Execute one statement in its own transaction; the first row or the row count."""
         if isinstance(self.target, str):
-            import psycopg
-
+            psycopg = require("psycopg", "sql")
             with psycopg.connect(self.target, autocommit=True) as conn:
                 cur = conn.execute(statement.sql, statement.params)
                 return cur.fetchone() if statement.reads else cur.rowcount
@@ -107,8 +105,7 @@ class SqlOutcomes:
 
     async def _run_async(self, statement: Statement) -> Any:
         if isinstance(self.target, str):
-            import psycopg
-
+            psycopg = require("psycopg", "sql")
             async with await psycopg.AsyncConnection.connect(self.target, autocommit=True) as conn:
                 cur = await conn.execute(statement.sql, statement.params)
                 return await cur.fetchone() if statement.reads else cur.rowcount

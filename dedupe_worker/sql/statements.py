@@ -74,8 +74,10 @@ class Dialect:
 
     def read(self, key: str, *, locking: bool) -> Statement:
         # MySQL's REPEATABLE READ answers a plain SELECT from the transaction's first snapshot,
-        # which may predate the commit the insert waited for: a locking read sees the latest.
-        lock = " FOR UPDATE" if locking and self.mysql else ""
+        # which may predate the commit the insert waited for: a locking read sees the latest. A
+        # shared lock, as the ignored insert already holds: copies waiting on the same row would
+        # deadlock upgrading theirs to FOR UPDATE.
+        lock = " LOCK IN SHARE MODE" if locking and self.mysql else ""
         return Statement(f"SELECT token, status, result FROM {self.table} WHERE dedupe_key = %(key)s{lock}",
                          {"key": key}, reads=True)
 
