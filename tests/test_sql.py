@@ -281,3 +281,51 @@ def test_the_ddl_files_name_the_table_and_its_index() -> None:
     assert "utf8mb4_bin" in ddl("mariadb")
     with pytest.raises(ValueError):
         SqlOutcomes("postgresql://x", table="bad name; drop")
+
+
+class CountingOutcomes(SqlOutcomes):
+    """SqlOutcomes that count the engine's look-ups."""
+
+    lookups = 0
+
+    def lookup(self, claim: Any) -> AlreadyApplied | None:
+        self.lookups += 1
+        return super().lookup(claim)
+
+
+def test_first_claims_pay_no_lookup_and_reclaims_one(redis_client: redis.Redis, namespace: str, pg: Tables,
+                                                     postgres_dsn: str) -> None:
+    outcomes = CountingOutcomes(postgres_dsn, table=pg.outcomes.table)
+    dedupe = Deduplicator(redis_client, namespace=namespace, outcomes=outcomes)
+    for i in range(5):
+        dedupe.run(f"first-{i}", credit, postgres_dsn, pg.accounts, 1, [])
+    assert outcomes.lookups == 0
+    with pytest.raises(ValueError):
+        dedupe.run("retried", lambda: (_ for _ in ()).throw(ValueError("first attempt fails")))
+    assert dedupe.run("retried", credit, postgres_dsn, pg.accounts, 1, []) == {"credited": 1, "run": 1}
+    assert outcomes.lookups == 1 and pg_balance(postgres_dsn, pg.accounts) == 6
+    dedupe.close()
+
+
+def test_sql_command_inits_prints_and_purges(postgres_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from dedupe_worker.cli import main
+
+    table = f"cli_outcome_{int(time.time() * 1000) % 10**9}"
+    try:
+        assert main(["sql", "init", "--dsn", postgres_dsn, "--table", table]) == 0
+        assert main(["sql", "init", "--dsn", postgres_dsn, "--table", table]) == 0  # idempotent
+        assert main(["sql", "purge", "--dsn", postgres_dsn, "--table", table]) == 0
+        assert main(["sql", "ddl", "--dialect", "mysql"]) == 0
+        out = capsys.readouterr().out
+        assert f"{table}: ready (postgresql)" in out and "purged 0 expired" in out and "LONGBLOB" in out
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_settings_give_the_deduplicator_its_outcomes(monkeypatch: pytest.MonkeyPatch, postgres_dsn: str) -> None:
+    monkeypatch.setenv("DEDUPE_SQL_DSN", postgres_dsn)
+    monkeypatch.setenv("DEDUPE_SQL_TABLE", "my_outcomes")
+    dedupe = Deduplicator.from_settings()
+    assert isinstance(dedupe.outcomes, SqlOutcomes) and dedupe.outcomes.table == "my_outcomes"
+    dedupe.close()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS = ("demo", "kafka", "rabbitmq", "replay", "inspect", "forget", "stats", "doctor")
+COMMANDS = ("demo", "kafka", "rabbitmq", "replay", "inspect", "forget", "stats", "doctor", "sql")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -73,18 +73,21 @@ def kafka_config(args: argparse.Namespace, command: str) -> dict[str, str]:
 
 
 def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
-    """``--redis-url``, ``--namespace``, ``--lease``, ``--result-ttl`` (defaults: ``DEDUPE_*``)."""
+    """``--redis-url``, ``--namespace``, ``--lease``, ``--result-ttl``, ``--sql-dsn`` (defaults:
+    ``DEDUPE_*``)."""
     group = parser.add_argument_group("deduplication (defaults from DEDUPE_* environment variables)")
     group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default redis://127.0.0.1:6379/0)")
     group.add_argument("--namespace", help="key prefix (DEDUPE_NAMESPACE; default 'dedupe')")
     group.add_argument("--lease", type=float, help="lease in seconds (DEDUPE_LEASE; default 30)")
     group.add_argument("--result-ttl", type=float, help="seconds outcomes are kept (DEDUPE_RESULT_TTL)")
+    group.add_argument("--sql-dsn", help="database of the outcomes atomic() commits (DEDUPE_SQL_DSN; "
+                                         "PostgreSQL DSN or SQLAlchemy URL)")
 
 
 def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
     overrides = {
         name: value
-        for name in ("redis_url", "namespace", "lease", "result_ttl")
+        for name in ("redis_url", "namespace", "lease", "result_ttl", "sql_dsn")
         if (value := getattr(args, name, None)) is not None
     }
     return Deduplicator.from_settings(DedupeSettings(**overrides))
