@@ -34,6 +34,7 @@ def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
         assert f"dedupe_worker/lua/{name}.lua" in names
     assert "dedupe_worker/py.typed" in names
     assert any(n.endswith("entry_points.txt") for n in names)
+    assert {"dedupe_worker/sql/ddl/postgresql.sql", "dedupe_worker/sql/ddl/mysql.sql"} <= names  # atomic()'s DDL
 
 
 def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> None:

@@ -204,14 +204,15 @@ def test_fail_open_with_redis_down_twenty_concurrent_copies_apply_once(pg: Table
 
     def copy() -> None:
         barrier.wait(10)
-        answers.append(dedupe.run("order-7", credit, postgres_dsn, pg.accounts, 1, []))
+        answers.append(decide(dedupe, "order-7", lambda: credit(postgres_dsn, pg.accounts, 1, [])))
 
     threads = [threading.Thread(target=copy) for _ in range(20)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert len(answers) == 20 and all(answer == answers[0] for answer in answers)
+    assert sorted(a.reason.value for a in answers) == ["applied"] + ["duplicate"] * 19
+    assert all(answer.value == answers[0].value for answer in answers)
     assert pg_balance(postgres_dsn, pg.accounts) == 1
     dedupe.close()
 

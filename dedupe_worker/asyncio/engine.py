@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 from ..engine.context import Holding
 from ..engine.decision import Decision, Reason, outcome, poison, settle
-from ..engine.recorded import applied_before_async, found_before_async, unclaimed_async
 from ..engine.single import attributes, failure_reason, not_stored, outage
 from ..errors import AlreadyApplied, InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
 from ..observe.base import current as observer
 from ..protocol.claim import Claim
 from .client import AsyncClaimClient
+from .recorded import applied_before_async, found_before_async, unclaimed_async
 
 __all__ = ["AsyncHandler", "decide", "execute", "run", "settle_failure"]
 

@@ -2,16 +2,18 @@
 
 The engine calls these hooks and nothing else of that feature:
 
-- :func:`applied_before` / :func:`applied_before_async`: a handler raised
+- :func:`applied_before`: a handler raised
   :class:`~dedupe_worker.AlreadyApplied` (its ``atomic()`` block found an earlier run's committed
   row). The verdict is DUPLICATE with the committed result, which is stored in Redis under the
   claim, so the next delivery is answered there in one round trip.
-- :func:`found_before` / :func:`found_before_async`: before running the handler of a key claimed
+- :func:`found_before`: before running the handler of a key claimed
   again after an earlier claim (``Claim.reclaimed``: a crash, an outage, a lost lease), look the
   key's row up (one query) and answer DUPLICATE from it without running the handler. First
   claims pay nothing.
-- :func:`unclaimed` / :func:`unclaimed_async`: under ``fail_open`` with Redis down, the handler
+- :func:`unclaimed`: under ``fail_open`` with Redis down, the handler
   runs with a claim of token 0 bound, so ``atomic()`` still lets one copy of a key commit.
+
+Their asyncio forms are :mod:`dedupe_worker.asyncio.recorded`'s.
 
 Crash story: the committed row is the truth. If the process dies after the row committed and
 before Redis stored the outcome, the next delivery finds the row (here, or in ``atomic()``).
@@ -20,7 +22,7 @@ before Redis stored the outcome, the next delivery finds the row (here, or in ``
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import AlreadyApplied, LeaseLost, ResultNotSerializable, StoreUnavailable
@@ -29,12 +31,10 @@ from .context import bind_claim
 from .decision import Decision, Reason
 
 if TYPE_CHECKING:
-    from ..asyncio.client import AsyncClaimClient
     from ..protocol.client import ClaimClient
     from ..protocol.codec import ClaimCodec
 
-__all__ = ["Outcomes", "applied_before", "applied_before_async", "found_before", "found_before_async",
-           "lookup", "outcomes_of", "unclaimed", "unclaimed_async"]
+__all__ = ["Outcomes", "applied_before", "found_before", "lookup", "outcomes_of", "unbound_claim", "unclaimed"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,13 @@ def outcomes_of(dedupe: object) -> Outcomes | None:
     return getattr(dedupe, "outcomes", None)
 
 
-def _duplicate(claim: Claim, found: AlreadyApplied) -> Decision:
+def duplicate(claim: Claim, found: AlreadyApplied) -> Decision:
     log.info("key=%s token=%s already applied by token=%s (committed in the database)",
              claim.key, claim.token, found.token)
     return Decision(Reason.DUPLICATE, claim, found.result)
 
 
-def _not_stored(claim: Claim, exc: Exception) -> None:
+def not_stored(claim: Claim, exc: Exception) -> None:
     # The row stays the truth: a later delivery finds it again, so the message is acked anyway.
     log.warning("could not store the committed result of key=%s token=%s in Redis: %s", claim.key, claim.token, exc)
 
@@ -73,17 +73,8 @@ def applied_before(dedupe: ClaimClient, claim: Claim, found: AlreadyApplied) -> 
     try:
         dedupe.complete(claim, found.result)
     except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
-        _not_stored(claim, exc)
-    return _duplicate(claim, found)
-
-
-async def applied_before_async(dedupe: AsyncClaimClient, claim: Claim, found: AlreadyApplied) -> Decision:
-    """:func:`applied_before` on asyncio."""
-    try:
-        await dedupe.complete(claim, found.result)
-    except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
-        _not_stored(claim, exc)
-    return _duplicate(claim, found)
+        not_stored(claim, exc)
+    return duplicate(claim, found)
 
 
 def lookup(dedupe: ClaimClient, claim: Claim) -> AlreadyApplied | None:
@@ -105,54 +96,21 @@ def found_before(dedupe: ClaimClient, claim: Claim) -> Decision | None:
     return None if found is None else applied_before(dedupe, claim, found)
 
 
-async def found_before_async(dedupe: AsyncClaimClient, claim: Claim) -> Decision | None:
-    """:func:`found_before` on asyncio."""
-    outcomes = outcomes_of(dedupe)
-    if outcomes is None or not claim.reclaimed:
-        return None
-    try:
-        found = await outcomes.lookup_async(claim)
-    except Exception as exc:
-        log.warning("outcome lookup failed key=%s token=%s, running the handler: %s", claim.key, claim.token, exc)
-        return None
-    return None if found is None else await applied_before_async(dedupe, claim, found)
-
-
-def _unbound_claim(dedupe: ClaimCodec, key: str | bytes) -> Claim:
+def unbound_claim(dedupe: ClaimCodec, key: str | bytes) -> Claim:
     request = dedupe.request(key)
     return Claim(request.key, Outcome.ACQUIRED, 0, stem=request.stem)
 
 
 def unclaimed(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any]) -> Callable[[], Any]:
     """``handler`` as ``fail_open`` runs it without a claim: with ``outcomes`` set, under a bound
-    claim of token 0 (so ``atomic()`` works and one copy commits), and an
-    :class:`~dedupe_worker.AlreadyApplied` answered with its committed result."""
+    claim of token 0, so ``atomic()`` works and one copy commits (the others' ``AlreadyApplied``
+    is answered DUPLICATE with the committed result by the engine's outage path)."""
     if outcomes_of(dedupe) is None:
         return handler
-    claim = _unbound_claim(dedupe, key)
+    claim = unbound_claim(dedupe, key)
 
     def run() -> Any:
         with bind_claim(claim):
-            try:
-                return handler()
-            except AlreadyApplied as found:
-                return found.result
-
-    return run
-
-
-def unclaimed_async(dedupe: AsyncClaimClient, key: str | bytes,
-                    handler: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
-    """:func:`unclaimed` on asyncio."""
-    if outcomes_of(dedupe) is None:
-        return handler
-    claim = _unbound_claim(dedupe, key)
-
-    async def run() -> Any:
-        with bind_claim(claim):
-            try:
-                return await handler()
-            except AlreadyApplied as found:
-                return found.result
+            return handler()
 
     return run
