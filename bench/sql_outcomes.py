@@ -4,10 +4,11 @@ without, as a ratio to the plain transaction, both in the same run (issue 22's g
 
     python -m bench.sql_outcomes [--messages N] [--rounds R] [--dsn DSN] [--redis-url URL]
 
-Each message: one claim and one completion in Redis (the same in both variants), and one
-transaction on a held psycopg connection: ``UPDATE`` of one row (plain), or the same ``UPDATE``
-between ``atomic()``'s ``INSERT`` of the key's row and its ``UPDATE`` of the outcome. The tables
-are the run's own and dropped at the end; keys are new every round (first claims: no look-up).
+Each message: one claim and one completion in Redis (the same in every variant), and one
+transaction on a held psycopg connection: ``UPDATE`` of one row (plain); the same ``UPDATE`` after
+``atomic()``'s ``INSERT`` of the key's row, returning ``None`` (no statement at exit); and the same
+returning a small dict, whose exit ``UPDATE`` writes it to the row. The tables are the run's own and
+dropped at the end; keys are new every round (first claims: no look-up).
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ def main() -> None:
     def recorded() -> Any:
         with atomic(conn) as outcome:
             conn.execute(update)
-            outcome.result = None
+        return outcome.result
+
+    def with_result() -> Any:
+        with atomic(conn) as outcome:
+            conn.execute(update)
+            outcome.result = {"account": 1, "credited": 1}
         return outcome.result
 
     def measure(handler: Any, count: int) -> float:
@@ -64,10 +70,10 @@ def main() -> None:
         return count / (time.perf_counter() - began)
 
     try:
-        rates: dict[str, list[float]] = {"plain": [], "atomic()": []}
-        measure(plain, 100)
-        measure(recorded, 100)  # warm both paths
-        cases = [("plain", plain), ("atomic()", recorded)]
+        cases = [("plain", plain), ("atomic()", recorded), ("+ result", with_result)]
+        rates: dict[str, list[float]] = {name: [] for name, _ in cases}
+        for _, handler in cases:
+            measure(handler, 100)  # warm every path
         for n in range(args.rounds):  # alternate which goes first: a shared machine drifts
             for name, handler in cases if n % 2 == 0 else cases[::-1]:
                 rates[name].append(measure(handler, args.messages))

@@ -330,3 +330,17 @@ def test_settings_give_the_deduplicator_its_outcomes(monkeypatch: pytest.MonkeyP
     dedupe = Deduplicator.from_settings()
     assert isinstance(dedupe.outcomes, SqlOutcomes) and dedupe.outcomes.table == "my_outcomes"
     dedupe.close()
+
+
+def test_a_none_outcome_needs_no_exit_statement_and_reads_back_as_none(dedupe: Deduplicator, pg: Tables,
+                                                                       postgres_dsn: str) -> None:
+    def handler() -> None:
+        with psycopg.connect(postgres_dsn) as conn, atomic(conn):
+            conn.execute(f"UPDATE {pg.accounts} SET balance = balance + 1 WHERE id = 1")
+
+    assert dedupe.run("order-n", handler) is None
+    assert row(postgres_dsn, pg.outcomes.table, dedupe.request("order-n").stem)[1:] == ("c", None)  # type: ignore[index]
+    dedupe.forget("order-n")
+    decision = decide(dedupe, "order-n", handler)
+    assert decision.reason is Reason.DUPLICATE and decision.value is None
+    assert pg_balance(postgres_dsn, pg.accounts) == 1

@@ -14,9 +14,9 @@ What is guaranteed: of all the runs of one key (redeliveries after a crash, a zo
 ran out, copies run under ``fail_open`` while Redis was down, a redelivery after Redis lost its
 data) the first transaction to commit wins; every other run's block raises
 :class:`~dedupe_worker.AlreadyApplied` with the winner's result, and nothing of it commits. The
-engine answers that as DUPLICATE (stored in Redis, acked). The block adds two statements to the
-transaction: an ``INSERT`` at entry (it waits while another run of the key holds an uncommitted
-row) and an ``UPDATE`` with the outcome at exit.
+engine answers that as DUPLICATE (stored in Redis, acked). The block adds at most two statements
+to the transaction: an ``INSERT`` at entry (it waits while another run of the key holds an
+uncommitted row) and an ``UPDATE`` with the outcome at exit (none when the outcome is ``None``).
 
 Transactions: with no transaction open, the block is its own (committed at exit, rolled back
 when it raises). Inside an open one it is a savepoint: what the block did is rolled back when it
@@ -99,9 +99,11 @@ class Atomic:
                  tb: TracebackType | None) -> bool | None:
         driver, transaction = self._driver, self._transaction
         assert driver is not None and transaction is not None
-        if kind is None:
+        record = None if kind is not None else leave(self._dialect(driver.dialect), self.codec, self.claim,
+                                                          self.outcome.result)
+        if record is not None:
             try:
-                driver.execute(leave(self._dialect(driver.dialect), self.codec, self.claim, self.outcome.result))
+                driver.execute(record)
             except BaseException as failed:
                 transaction.__exit__(type(failed), failed, failed.__traceback__)
                 raise
@@ -129,10 +131,11 @@ class Atomic:
                         tb: TracebackType | None) -> bool | None:
         driver: AsyncDriver = self._async_driver
         transaction = self._transaction
-        if kind is None:
+        record = None if kind is not None else leave(self._dialect(driver.dialect), self.codec, self.claim,
+                                                          self.outcome.result)
+        if record is not None:
             try:
-                await driver.execute(leave(self._dialect(driver.dialect), self.codec, self.claim,
-                                           self.outcome.result))
+                await driver.execute(record)
             except BaseException as failed:
                 await transaction.__aexit__(type(failed), failed, failed.__traceback__)
                 raise

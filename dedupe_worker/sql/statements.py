@@ -8,7 +8,9 @@ only executes the :class:`Statement` objects they yield:
    key, so of two runs the first to commit wins and the other sees its committed row;
 2. no row inserted: ``SELECT`` it and raise :class:`~dedupe_worker.AlreadyApplied` with its
    outcome (the driver rolls back what it opened);
-3. at exit: ``UPDATE`` the row with the outcome, encoded as the claim client stores results.
+3. at exit: ``UPDATE`` the row with the outcome, encoded as the claim client stores results;
+   a ``None`` outcome (the common no-op result) needs no statement: the row is inserted as
+   "completed, result NULL", which reads back as ``None``.
 
 Rows are keyed by the claim's Redis stem (``<namespace>:{<key or its hash>}``), so the row and the
 Redis records of one key have the same name, hashed keys included.
@@ -31,8 +33,9 @@ __all__ = ["KEY_COLUMN_LIMIT", "Dialect", "Statement", "dialect_named", "enter",
 
 #: Longest key (UTF-8 bytes) kept as it is in the key column; longer stems are stored hashed.
 KEY_COLUMN_LIMIT = 512
-#: Status of a row whose block has not committed yet (never seen committed by a well-formed run).
-PENDING = "p"
+#: Status the entry writes: completed with a NULL result (``None``) until the exit records another.
+#: (Rows of earlier builds may carry ``'p'``: read the same way.)
+ENTERED = Stored.COMPLETED.value
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
@@ -69,7 +72,7 @@ class Dialect:
         head = "INSERT IGNORE INTO" if self.mysql else "INSERT INTO"
         tail = "" if self.mysql else " ON CONFLICT (dedupe_key) DO NOTHING"
         return Statement(f"{head} {self.table} (dedupe_key, token, status, expires_at) "
-                         f"VALUES (%(key)s, %(token)s, '{PENDING}', %(expires_at)s){tail}",
+                         f"VALUES (%(key)s, %(token)s, '{ENTERED}', %(expires_at)s){tail}",
                          {"key": key, "token": token, "expires_at": expires_at})
 
     def read(self, key: str, *, locking: bool) -> Statement:
@@ -127,7 +130,7 @@ def recorded(codec: ClaimCodec, claim: Claim, row: Any) -> AlreadyApplied:
             result = codec.serializer.loads(data)
         except Exception:  # written by something else: still proof the work was done
             result = OMITTED
-    else:  # committed without an outcome (the block's exit never ran in that transaction)
+    else:  # completed with a NULL result: the outcome was None
         result = None
     return AlreadyApplied(claim.key, result, int(token))
 
@@ -148,8 +151,11 @@ def enter(dialect: Dialect, codec: ClaimCodec, claim: Claim) -> Generator[Statem
     raise RuntimeError(f"could not insert nor read the outcome row of key={claim.key} token={claim.token}")
 
 
-def leave(dialect: Dialect, codec: ClaimCodec, claim: Claim, value: Any) -> Statement:
-    """The exit step: the statement that records ``value`` as this run's outcome."""
+def leave(dialect: Dialect, codec: ClaimCodec, claim: Claim, value: Any) -> Statement | None:
+    """The exit step: the statement that records ``value`` as this run's outcome, or ``None`` when
+    the row as inserted already says it (``value`` is ``None``)."""
+    if value is None:
+        return None
     status, data, _ = codec.encode(claim, value)
     return dialect.record(stored_key(claim.stem), claim.token, status.value,
                           data if status is Stored.COMPLETED else None)

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS dedupe_outcome (
     dedupe_key varchar(512) PRIMARY KEY,
     -- the fencing token of the run that committed the row
     token      bigint       NOT NULL,
-    -- 'c' completed, 'o' completed with the result omitted (too large), 'p' not recorded yet
+    -- 'c' completed (a NULL result is None), 'o' completed with the result omitted (too large)
     status     char(1)      NOT NULL,
     -- the result as the claim client stores it (JSON by default)
     result     bytea,
