@@ -330,6 +330,10 @@ def test_settings_give_the_deduplicator_its_outcomes(monkeypatch: pytest.MonkeyP
     dedupe = Deduplicator.from_settings()
     assert isinstance(dedupe.outcomes, SqlOutcomes) and dedupe.outcomes.table == "my_outcomes"
     dedupe.close()
+    outcomes = SqlOutcomes(postgres_dsn, table="url_outcomes")
+    from_url = Deduplicator.from_url("redis://127.0.0.1:6379/0", namespace="t-from-url", outcomes=outcomes)
+    assert from_url.outcomes is outcomes
+    from_url.close()
 
 
 def test_a_none_outcome_needs_no_exit_statement_and_reads_back_as_none(dedupe: Deduplicator, pg: Tables,
