@@ -23,6 +23,7 @@ from .decorators import idempotent
 from .deduplicator import Deduplicator
 from .engine import Action, Decision, Hooks, Reason, current_claim, decide, decide_many
 from .errors import (
+    AlreadyApplied,
     ClaimError,
     DedupeError,
     EvictionPolicyError,
@@ -43,6 +44,7 @@ from .settings import DedupeSettings
 __all__ = [
     "OMITTED",
     "Action",
+    "AlreadyApplied",
     "Claim",
     "ClaimClient",
     "ClaimError",

@@ -8,12 +8,15 @@ from typing import Any, TypeVar
 from .engine import decision as _decision
 from .engine import single as _engine
 from .engine.context import Holding
+from .engine.recorded import Outcomes
 from .protocol.claim import Claim
 from .protocol.client import KEY_HARD_LIMIT, ClaimClient
+from .settings import DedupeSettings
 
 __all__ = ["KEY_HARD_LIMIT", "Deduplicator"]
 
 T = TypeVar("T")
+D = TypeVar("D", bound="Deduplicator")
 
 
 class Deduplicator(ClaimClient):
@@ -35,8 +38,27 @@ class Deduplicator(ClaimClient):
     asynchronous replication a just-written claim or result can be lost. After ``result_ttl`` a
     redelivery is treated as new.
 
-    Options: see :class:`~dedupe_worker.protocol.ClaimClient`.
+    Options: see :class:`~dedupe_worker.protocol.ClaimClient`, and ``outcomes``: a
+    :class:`dedupe_worker.sql.SqlOutcomes` whose table ``dedupe_worker.sql.atomic()`` records each
+    key's outcome in, inside the handler's own database transaction, so an effect committed there
+    is never applied twice, even when Redis forgets the key or a crash comes before ``complete()``.
     """
+
+    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
+        super().__init__(redis_client, **options)
+        #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
+        self.outcomes = outcomes
+        if outcomes is not None:
+            outcomes.attach(self)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        s = settings or DedupeSettings()
+        if "outcomes" not in options and s.sql_dsn:
+            options["outcomes"] = s.sql_outcomes()
+        return super().from_settings(s, **options)
 
     def run(self, key: str | bytes, fn: Callable[..., T], /, *args: Any, fingerprint: Any = None,
             wait: float = 0.0, **kwargs: Any) -> T:

@@ -9,6 +9,7 @@ One root, so ``except DedupeError`` catches everything this package raises::
     ├── StoreUnavailable      Redis could not be reached; nothing was run
     ├── EvictionPolicyError   Redis may evict our records (maxmemory-policy); nothing was run
     ├── ResultNotSerializable the handler's value cannot be stored as JSON
+    ├── AlreadyApplied        an earlier run of the key committed in the database (``.result``)
     └── ClaimError            the claim protocol answered "no"
         ├── InProgress        another worker holds a live lease (carries ``retry_after``)
         ├── KeyConflict       the key was used before for a different payload
@@ -19,6 +20,7 @@ One root, so ``except DedupeError`` catches everything this package raises::
 from __future__ import annotations
 
 __all__ = [
+    "AlreadyApplied",
     "ClaimError",
     "DedupeError",
     "EvictionPolicyError",
@@ -83,6 +85,26 @@ class ResultNotSerializable(DedupeError, TypeError):
     :data:`~dedupe_worker.OMITTED`) rather than released: releasing would let a redelivery apply
     the side effects again.
     """
+
+
+class AlreadyApplied(DedupeError):
+    """An earlier run of ``key`` already committed its effects and outcome in the database
+    (:func:`dedupe_worker.sql.atomic`); nothing of this run's ``atomic()`` block commits.
+
+    Raised inside a handler run by the engine, it is not a failure: the engine answers DUPLICATE
+    with ``result`` (the committed run's outcome), stores that in Redis and acks. ``token`` is
+    the fencing token of the run that committed. ``args`` holds the constructor's arguments, so
+    the exception survives pickling.
+    """
+
+    def __init__(self, key: str, result: object = None, token: int = 0) -> None:
+        super().__init__(key, result, token)
+        self.key = key
+        self.result = result
+        self.token = token
+
+    def __str__(self) -> str:
+        return f"{self.key!r} was already applied (committed by fencing token {self.token})"
 
 
 class ClaimError(DedupeError):

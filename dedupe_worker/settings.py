@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from .sql import SqlOutcomes
 
 __all__ = ["DedupeSettings"]
 
@@ -38,6 +41,11 @@ class DedupeSettings(BaseSettings):
     #: Accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run again). Off: the
     #: first claim (and a consumer's start) refuses with ``EvictionPolicyError`` there.
     allow_eviction: bool = False
+    #: Where ``dedupe_worker.sql.atomic()`` commits outcomes: a PostgreSQL DSN, or a SQLAlchemy URL
+    #: with its driver (``mysql+pymysql://...``). Unset: no SQL outcomes.
+    sql_dsn: str | None = None
+    #: The table of those outcomes.
+    sql_table: str = "dedupe_outcome"
     #: The broker the ``rabbitmq`` and ``replay rabbitmq`` commands connect to.
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).
@@ -49,3 +57,11 @@ class DedupeSettings(BaseSettings):
                     max_key_length=self.max_key_length, max_result_bytes=self.max_result_bytes,
                     fail_open=self.fail_open, wait_replicas=self.wait_replicas, wait_timeout=self.wait_timeout,
                     allow_eviction=self.allow_eviction)
+
+    def sql_outcomes(self) -> SqlOutcomes | None:
+        """The :class:`~dedupe_worker.sql.SqlOutcomes` of ``sql_dsn`` and ``sql_table``, else ``None``."""
+        if not self.sql_dsn:
+            return None
+        from .sql import SqlOutcomes
+
+        return SqlOutcomes(self.sql_dsn, table=self.sql_table)

@@ -9,7 +9,10 @@
 -- ARGV[2i+2] - the original key of message i when the Redis key holds its hash, else ''
 --
 -- Returns four values per message, in order:
---   {1, token, false, false}            ACQUIRED: we own the claim under a new fencing token
+--   {1, token, reclaimed, false}        ACQUIRED: we own the claim under a new fencing token;
+--                                       reclaimed is 1 when the key was claimed before (its
+--                                       token counter existed: a crash, an outage, a lost lease
+--                                       or a release), false on a first claim
 --   {2, token, status, value}           DUPLICATE: an outcome is stored (status 'c' completed,
 --                                       'o' completed with the body omitted, 'f' failed)
 --   {3, owner_token, remaining_ms, false} IN_PROGRESS: a live lease is held by another token
@@ -106,7 +109,7 @@ for i = 1, #KEYS / 2 do
       -- the fingerprint of the claim this one takes over is not ours
       if fp == '' and st[4] and st[4] ~= '' then redis.call('HDEL', started, 'fp') end
       take(started, token_s, fp, orig)
-      out[n + 1] = 1; out[n + 2] = token; out[n + 3] = false; out[n + 4] = false; n = n + 4
+      out[n + 1] = 1; out[n + 2] = token; out[n + 3] = 1; out[n + 4] = false; n = n + 4
     end
   end
 end

@@ -1,4 +1,4 @@
-"""Shared fixtures: real Redis, RabbitMQ, Kafka (tansu) and PostgreSQL; see ``services.py``."""
+"""Shared fixtures: real Redis, RabbitMQ, Kafka (tansu), PostgreSQL and MariaDB; see ``services.py``."""
 
 from __future__ import annotations
 
@@ -72,3 +72,8 @@ def nats_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     yield from services.find_postgres_dsn()
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    yield from services.find_mysql_url()

@@ -336,6 +336,30 @@ def find_postgres_dsn() -> Iterator[str]:
     unavailable("PostgreSQL")
 
 
+# -- MySQL / MariaDB ------------------------------------------------------------------------------
+
+
+def find_mysql_url() -> Iterator[str]:
+    """A SQLAlchemy URL (``mysql+pymysql://``) of a MySQL or MariaDB database: from
+    ``DEDUPE_TEST_MYSQL_URL``, else the local server on :3306 (user root, database test)."""
+    url = os.environ.get("DEDUPE_TEST_MYSQL_URL")
+    if url:
+        yield url
+        return
+    if port_open("127.0.0.1", 3306):
+        candidate = "mysql+pymysql://root@127.0.0.1:3306/test"
+        try:
+            import pymysql
+
+            pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test", connect_timeout=3).close()
+        except Exception:
+            pass
+        else:
+            yield candidate
+            return
+    unavailable("MySQL/MariaDB")
+
+
 def python() -> str:
     """The interpreter running the tests, for worker subprocesses."""
     return sys.executable

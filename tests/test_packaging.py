@@ -34,6 +34,7 @@ def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
         assert f"dedupe_worker/lua/{name}.lua" in names
     assert "dedupe_worker/py.typed" in names
     assert any(n.endswith("entry_points.txt") for n in names)
+    assert {"dedupe_worker/sql/ddl/postgresql.sql", "dedupe_worker/sql/ddl/mysql.sql"} <= names  # atomic()'s DDL
 
 
 def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> None:
@@ -62,8 +63,8 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
 
 def test_public_names() -> None:
     expected = {
-        "OMITTED", "Action", "Claim", "ClaimClient", "ClaimError", "DedupeError", "DedupeSettings", "Decision",
-        "EvictionPolicyError", "Hooks", "State", "Stored",
+        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "DedupeError", "DedupeSettings",
+        "Decision", "EvictionPolicyError", "Hooks", "State", "Stored",
         "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
         "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",
         "StoreUnavailable", "UndecodableMessage", "current_claim", "decide", "decide_many", "idempotent",

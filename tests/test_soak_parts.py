@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,41 @@ def test_a_rerun_is_attributed_to_the_fault_between_the_two_runs() -> None:
     assert attribute((43, 99.9), 103.0, [kill, restart], lease=2.0) == "unexplained"  # another process
     assert attribute((43, 198.5), 204.0, [kill, restart], lease=2.0).startswith("redis_restart")
     assert attribute((43, 300.0), 304.0, [kill, restart], lease=2.0, lease_lost=True).startswith("lease expired")
+
+
+def test_a_rerun_after_redis_lost_its_data_is_attributed_to_the_flush() -> None:
+    flush = Fault("redis_flush", "redis", ("celery",), start=500.0)
+    assert attribute((43, 100.0), 520.0, [flush], lease=2.0).startswith("redis_flush")  # long before it
+    assert attribute((43, 501.0), 520.0, [flush], lease=2.0) == "unexplained"  # both after it
+
+
+def test_the_plain_write_inside_atomic_commits_once(postgres_dsn: str, redis_client: Any, namespace: str) -> None:
+    from dedupe_worker import Deduplicator, Reason, decide
+    from dedupe_worker.sql import SqlOutcomes
+
+    ledger = Ledger(postgres_dsn, f"t{uuid.uuid4().hex[:8]}")
+    ledger.create()
+    try:
+        outcomes = SqlOutcomes(postgres_dsn, table=ledger.outcomes)
+        outcomes.create_table()
+        dedupe = Deduplicator(redis_client, namespace=namespace, outcomes=outcomes)
+        ledger.open_account(Operation("op-1", "rabbitmq", 5))
+        first = dedupe.run("op-1", lambda: ledger.write_plain("op-1", 5, dedupe_token()))
+        dedupe.forget("op-1")
+        again = decide(dedupe, "op-1", lambda: ledger.write_plain("op-1", 5, dedupe_token()))
+        assert again.reason is Reason.DUPLICATE and again.value == first
+        assert ledger.rows("SELECT balance FROM {accounts} WHERE id = 'op-1'") == [(5,)]
+        phases = [p for (p,) in ledger.rows("SELECT phase FROM {invocations} ORDER BY seq")]
+        assert phases == ["applied", "already_applied"]
+        dedupe.close()
+    finally:
+        ledger.drop()
+        ledger.close()
+
+
+def dedupe_token() -> int:
+    from dedupe_worker import current_claim
+
+    claim = current_claim()
+    assert claim is not None
+    return claim.token

@@ -8,13 +8,16 @@ from typing import Any, TypeVar
 from ..deduplicator import Deduplicator
 from ..engine.context import Holding
 from ..engine.decision import outcome
+from ..engine.recorded import Outcomes
 from ..protocol.claim import Claim
+from ..settings import DedupeSettings
 from . import engine as _engine
 from .client import AsyncClaimClient
 
 __all__ = ["AsyncDeduplicator"]
 
 T = TypeVar("T")
+D = TypeVar("D", bound="AsyncDeduplicator")
 
 
 class AsyncDeduplicator(AsyncClaimClient):
@@ -33,8 +36,24 @@ class AsyncDeduplicator(AsyncClaimClient):
     side effects with :func:`~dedupe_worker.current_claim`, which is set inside the coroutine).
 
     One renewer task per event loop keeps the leases of running handlers alive; call
-    :meth:`aclose` when done.
+    :meth:`aclose` when done. ``outcomes``: as :class:`~dedupe_worker.Deduplicator`'s.
     """
+
+    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
+        super().__init__(redis_client, **options)
+        #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
+        self.outcomes = outcomes
+        if outcomes is not None:
+            outcomes.attach(self)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        s = settings or DedupeSettings()
+        if "outcomes" not in options and s.sql_dsn:
+            options["outcomes"] = s.sql_outcomes()
+        return super().from_settings(s, **options)
 
     async def run(self, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any, fingerprint: Any = None,
                   wait: float = 0.0, **kwargs: Any) -> T:

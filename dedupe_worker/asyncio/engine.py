@@ -27,10 +27,11 @@ from typing import Any, TypeVar
 from ..engine.context import Holding
 from ..engine.decision import Decision, Reason, outcome, poison, settle
 from ..engine.single import attributes, failure_reason, not_stored, outage
-from ..errors import InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
+from ..errors import AlreadyApplied, InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
 from ..observe.base import current as observer
 from ..protocol.claim import Claim
 from .client import AsyncClaimClient
+from .recorded import applied_before_async, found_before_async, unclaimed_async
 
 __all__ = ["AsyncHandler", "decide", "execute", "run", "settle_failure"]
 
@@ -61,6 +62,8 @@ async def unavailable(dedupe: AsyncClaimClient, exc: StoreUnavailable, handler: 
         return deferred[0]
     try:
         return Decision(Reason.APPLIED, value=await handler())
+    except AlreadyApplied as found:
+        return Decision(Reason.DUPLICATE, value=found.result)
     except Exception as err:
         return Decision(Reason.HANDLER_ERROR, error=err)
 
@@ -99,8 +102,14 @@ async def execute(dedupe: AsyncClaimClient, claim: Claim, handler: AsyncHandler,
     ``error``; a ``BaseException`` (``CancelledError``, ``KeyboardInterrupt``) releases the claim
     and propagates."""
     with Holding(dedupe.renewer, claim):
+        if claim.reclaimed:  # a re-run: an earlier run may have committed its outcome (engine/recorded.py)
+            found = await found_before_async(dedupe, claim)
+            if found is not None:
+                return found
         try:
             value = await run_handler(handler, claim, integration)
+        except AlreadyApplied as exc:
+            return await applied_before_async(dedupe, claim, exc)
         except Exception as exc:
             await settle_failure(dedupe, claim, exc)
             return Decision(failure_reason(dedupe, exc), claim, error=exc)
@@ -118,7 +127,7 @@ async def _begin(dedupe: AsyncClaimClient, key: str | bytes, handler: AsyncHandl
     except InvalidKey as exc:
         return poison(exc)
     except StoreUnavailable as exc:
-        return await unavailable(dedupe, exc, handler)
+        return await unavailable(dedupe, exc, unclaimed_async(dedupe, key, handler))
 
 
 async def decide(dedupe: AsyncClaimClient, key: str | bytes, handler: AsyncHandler, *, fingerprint: Any = None,

@@ -36,6 +36,8 @@ SETTINGS = {
     "dedupe_wait_replicas": "wait_replicas",
     "dedupe_wait_timeout": "wait_timeout",
     "dedupe_allow_eviction": "allow_eviction",
+    "dedupe_sql_dsn": "sql_dsn",
+    "dedupe_sql_table": "sql_table",
 }
 
 _cache: dict[tuple[Any, ...], Deduplicator] = {}
@@ -64,6 +66,15 @@ def _resolve(task: Any) -> tuple[dict[str, Any], tuple[type[BaseException], ...]
     return values, permanent
 
 
+def _outcomes(dsn: str | None, table: str) -> Any:
+    """``dedupe_sql_dsn``'s :class:`~dedupe_worker.sql.SqlOutcomes` (``None`` when unset)."""
+    if not dsn:
+        return None
+    from ..sql import SqlOutcomes
+
+    return SqlOutcomes(dsn, table=table)
+
+
 def deduplicator_for(task: Any) -> Deduplicator:
     """The (cached, per process) :class:`Deduplicator` for ``task``'s resolved settings."""
     values, permanent = _resolve(task)
@@ -72,7 +83,8 @@ def deduplicator_for(task: Any) -> Deduplicator:
         found = _cache.get(cache_key)
         if found is None:
             url = values.pop("redis_url")
-            found = Deduplicator.from_url(url, permanent_errors=permanent, **values)
+            dsn, table = values.pop("sql_dsn"), values.pop("sql_table")
+            found = Deduplicator.from_url(url, permanent_errors=permanent, outcomes=_outcomes(dsn, table), **values)
             _cache[cache_key] = found
         return found
 

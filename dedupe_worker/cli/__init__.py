@@ -26,7 +26,7 @@ from ..errors import EvictionPolicyError, StoreUnavailable
 __all__ = ["main"]
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS = ("demo", "kafka", "rabbitmq", "replay", "inspect", "forget", "stats", "doctor")
+COMMANDS = ("demo", "kafka", "rabbitmq", "replay", "inspect", "forget", "stats", "doctor", "sql")
 
 
 def build_parser() -> argparse.ArgumentParser:

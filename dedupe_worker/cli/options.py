@@ -73,8 +73,8 @@ def kafka_config(args: argparse.Namespace, command: str) -> dict[str, str]:
 
 
 def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
-    """``--redis-url``, ``--namespace``, ``--lease``, ``--result-ttl``, ``--allow-eviction``
-    (defaults: ``DEDUPE_*``)."""
+    """``--redis-url``, ``--namespace``, ``--lease``, ``--result-ttl``, ``--allow-eviction``,
+    ``--sql-dsn`` (defaults: ``DEDUPE_*``)."""
     group = parser.add_argument_group("deduplication (defaults from DEDUPE_* environment variables)")
     group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default redis://127.0.0.1:6379/0)")
     group.add_argument("--namespace", help="key prefix (DEDUPE_NAMESPACE; default 'dedupe')")
@@ -83,12 +83,14 @@ def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--allow-eviction", action="store_true", default=None,
                        help="run on a Redis whose maxmemory-policy evicts keys; evicted keys run again "
                             "(DEDUPE_ALLOW_EVICTION)")
+    group.add_argument("--sql-dsn", help="database of the outcomes atomic() commits (DEDUPE_SQL_DSN; "
+                                         "PostgreSQL DSN or SQLAlchemy URL)")
 
 
 def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
     overrides = {
         name: value
-        for name in ("redis_url", "namespace", "lease", "result_ttl", "allow_eviction")
+        for name in ("redis_url", "namespace", "lease", "result_ttl", "allow_eviction", "sql_dsn")
         if (value := getattr(args, name, None)) is not None
     }
     return Deduplicator.from_settings(DedupeSettings(**overrides))

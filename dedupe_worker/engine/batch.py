@@ -40,11 +40,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from ..errors import InvalidKey, LeaseLost, StoreUnavailable
+from ..errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
 from ..observe.base import current as observer
 from ..protocol.claim import Claim, Outcome, Stored
 from ..protocol.client import ClaimClient, Request
 from ..protocol.scripts import StreamCut
+from . import recorded
 from .context import _current as current
 from .decision import Decision, Reason, in_progress, poison, settle
 from .pacing import FLUSH_AFTER, Pacing
@@ -170,10 +171,24 @@ class _Batch:
             return
         # each lease is renewed from its claim until its outcome is stored or its claim released
         self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
+        if recorded.outcomes_of(self.dedupe) is not None:
+            acquired = self.found_before(acquired)
         if self.stopped:
             self.give_back(acquired)
         else:
             self.run(acquired)
+
+    def found_before(self, acquired: list[tuple[int, Claim]]) -> list[tuple[int, Claim]]:
+        """The claims whose handlers must run: a re-claimed key whose earlier run committed its
+        outcome in the database (engine/recorded.py) is DUPLICATE, stored with the next round trip."""
+        run = []
+        for i, claim in acquired:
+            found = recorded.lookup(self.dedupe, claim) if claim.reclaimed else None
+            if found is None:
+                run.append((i, claim))
+            else:
+                self.failed(i, claim, found)
+        return run
 
     def give_back(self, acquired: list[tuple[int, Claim]]) -> None:
         """Claims whose handlers will not start in this chunk: released with the next round trip;
@@ -262,7 +277,13 @@ class _Batch:
         self.done.append((i, claim, decision, (status, data)))
 
     def failed(self, i: int, claim: Claim, exc: Exception) -> None:
-        """A handler raised ``exc``: its claim is released, or the failure stored when permanent."""
+        """A handler raised ``exc``: its claim is released, or the failure stored when permanent.
+        :class:`AlreadyApplied` (an earlier run committed in the database) is DUPLICATE, its
+        committed result stored as the outcome."""
+        if isinstance(exc, AlreadyApplied):
+            status, data, _ = self.dedupe.encode(claim, exc.result)
+            self.done.append((i, claim, Decision(_DUPLICATE, claim, exc.result), (status, data)))
+            return
         reason = failure_reason(self.dedupe, exc)
         record = (Stored.FAILED, self.dedupe.encode_failure(exc)) if reason is Reason.PERMANENT_FAILURE else None
         self.done.append((i, claim, Decision(reason, claim, error=exc), record))
@@ -376,8 +397,8 @@ class _Batch:
     def unavailable(self, unclaimed: list[int]) -> None:
         """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
         assert self.outage is not None
-        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage,
-                                                      [self.items[i][2] for i in unclaimed]), strict=True):
+        handlers = [recorded.unclaimed(self.dedupe, self.key(i), self.items[i][2]) for i in unclaimed]
+        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage, handlers), strict=True):
             self.decided(i, decision)
         # the copies still waiting, and (fail_open) those of the first copies just run, which would
         # be claimed next: deferred, so one batch never runs a key twice

@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..errors import InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
+from ..errors import AlreadyApplied, InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
 from ..observe.base import current as observer
 from ..protocol.claim import Claim
 from ..protocol.client import ClaimClient
 from .context import bind, unbind
 from .decision import Decision, Reason, outcome, poison, settle
+from .recorded import applied_before, found_before, unclaimed
 
 __all__ = ["ClientOptions", "decide", "execute", "failure_reason", "not_stored", "outage", "refused", "run",
            "settle_failure", "unavailable"]
@@ -76,6 +77,8 @@ def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[C
     for handler in handlers:
         try:
             decisions.append(Decision(Reason.APPLIED, value=handler()))
+        except AlreadyApplied as found:
+            decisions.append(Decision(Reason.DUPLICATE, value=found.result))
         except Exception as err:
             decisions.append(Decision(Reason.HANDLER_ERROR, error=err))
     return decisions
@@ -146,8 +149,14 @@ def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any], integ
     renewer.track(stem, token)
     reset = bind(claim)
     try:
+        if claim.reclaimed:  # a re-run: an earlier run may have committed its outcome (engine/recorded.py)
+            found = found_before(dedupe, claim)
+            if found is not None:
+                return found
         try:
             value = run_handler(handler, claim, integration) if observer.enabled else handler()
+        except AlreadyApplied as exc:
+            return applied_before(dedupe, claim, exc)
         except Exception as exc:
             settle_failure(dedupe, claim, exc)
             return Decision(failure_reason(dedupe, exc), claim, error=exc)
@@ -189,7 +198,7 @@ def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *,
         except InvalidKey as exc:
             return poison(exc)
         except StoreUnavailable as exc:
-            return unavailable(dedupe, exc, [handler])[0]
+            return unavailable(dedupe, exc, [unclaimed(dedupe, key, handler)])[0]
         return settle(claim) or execute(dedupe, claim, handler, integration)
     with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
         began = time.perf_counter()
@@ -210,7 +219,7 @@ def _begin(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], fi
     except InvalidKey as exc:
         return poison(exc)
     except StoreUnavailable as exc:
-        return unavailable(dedupe, exc, [handler])[0]
+        return unavailable(dedupe, exc, [unclaimed(dedupe, key, handler)])[0]
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,

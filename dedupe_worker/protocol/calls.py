@@ -36,7 +36,7 @@ def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
         return ClaimReply(outcome, int(token), _STORED[a], b)
     if outcome is Outcome.IN_PROGRESS:
         return ClaimReply(outcome, int(token), remaining_ms=int(a))
-    return ClaimReply(outcome, int(token))
+    return ClaimReply(outcome, int(token), reclaimed=bool(a))
 
 
 class ClaimReply(NamedTuple):
@@ -48,6 +48,8 @@ class ClaimReply(NamedTuple):
     status: Stored | None = None
     value: bytes | str | None = None
     remaining_ms: int = 0
+    #: For ACQUIRED: the key was claimed before (its token counter existed).
+    reclaimed: bool = False
 
 
 @dataclass(frozen=True)

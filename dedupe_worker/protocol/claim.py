@@ -77,14 +77,19 @@ class Claim:
     #: The Redis key stem (``<namespace>:{<key or its hash>}``) the records live under.
     stem: str = field(default="", repr=False)
     fingerprint: str = field(default="", repr=False)
+    #: For ACQUIRED: the key was claimed before (a re-run after a crash, an outage, a lost lease or
+    #: a release), so an earlier run may have committed effects; ``False`` on a first claim.
+    reclaimed: bool = field(default=False, repr=False)
 
     def __init__(self, key: str, outcome: Outcome, token: int = 0, result: Any = None, retry_after: float = 0.0,
-                 failed: bool = False, error: Any = None, stem: str = "", fingerprint: str = "") -> None:
+                 failed: bool = False, error: Any = None, stem: str = "", fingerprint: str = "",
+                 reclaimed: bool = False) -> None:
         # One per message on every path: filling __dict__ at once is half the cost of the frozen
         # dataclass __init__ (one object.__setattr__ per field); the fields and defaults are the
         # ones declared above, and the instance stays frozen.
         self.__dict__.update(key=key, outcome=outcome, token=token, result=result, retry_after=retry_after,
-                             failed=failed, error=error, stem=stem, fingerprint=fingerprint)
+                             failed=failed, error=error, stem=stem, fingerprint=fingerprint,
+                             reclaimed=reclaimed)
 
     @property
     def acquired(self) -> bool:

@@ -135,7 +135,7 @@ class ClaimCodec:
         append = claims.append
         for r, code, token, status, value in zip(requests, flat[0::4], flat[1::4], flat[2::4], flat[3::4], strict=True):
             if code == 1:
-                append(Claim(r[0], _ACQUIRED, token, None, 0.0, False, None, r[1], r[2]))
+                append(Claim(r[0], _ACQUIRED, token, None, 0.0, False, None, r[1], r[2], status == 1))
             elif code == 2 and json and value == b"null" and status == b"c":
                 append(Claim(r[0], _DUPLICATE, token, None, 0.0, False, None, r[1], r[2]))
             else:
@@ -154,7 +154,7 @@ class ClaimCodec:
         if outcome is Outcome.IN_PROGRESS:
             return Claim(key, outcome, reply.token, retry_after=reply.remaining_ms / 1000,
                          stem=stem, fingerprint=fp)
-        return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp)
+        return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp, reclaimed=reply.reclaimed)
 
     def _stored(self, key: str, reply: ClaimReply) -> Any:
         """Decode a stored value. One that does not parse (written by something else, or

@@ -21,9 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=8.0, help="operations per second (default 8)")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(4.0, 10.0), metavar=("MIN", "MAX"),
                         help="seconds between faults (default 4 10)")
-    parser.add_argument("--write", choices=("idempotent", "fenced"), default="idempotent",
-                        help="the handler's ledger write: fenced and idempotent (default), or the bare fenced "
-                             "increment, which a re-run after a committed effect applies again")
+    parser.add_argument("--write", "--writes", dest="write", choices=("idempotent", "fenced", "plain"),
+                        default="idempotent",
+                        help="the handler's ledger write: fenced and idempotent (default); the bare fenced "
+                             "increment, which a re-run after a committed effect applies again; or plain, a "
+                             "non-idempotent increment inside dedupe_worker.sql.atomic()")
     parser.add_argument("--keep", action="store_true", help="keep the ledger tables")
     args = parser.parse_args(argv)
     chosen = [i.strip() for i in args.integrations.split(",") if i.strip()]

@@ -11,6 +11,8 @@ redis_restart       SIGKILL the private Redis (AOF, ``appendfsync always``), sta
 broker_cut          close every connection through the RabbitMQ or the Kafka proxy
 kafka_rebalance     a Kafka consumer joins the group, and a few seconds later an older one leaves
 redis_unreachable   the Redis proxy drops every connection and refuses new ones for 2-4 s
+redis_flush         SIGKILL the private Redis, delete its data, start it again empty on the same
+                    port: Redis forgets every claim and outcome (a restart without persistence)
 ==================  ===========================================================================
 
 The order is a shuffled cycle of the kinds (so every kind recurs evenly) and every choice comes
@@ -35,7 +37,7 @@ __all__ = ["KINDS", "Fault", "FaultScheduler", "session_pids"]
 
 log = logging.getLogger(__name__)
 
-KINDS = ("sigkill", "sigstop", "redis_restart", "broker_cut", "kafka_rebalance", "redis_unreachable")
+KINDS = ("sigkill", "sigstop", "redis_restart", "broker_cut", "kafka_rebalance", "redis_unreachable", "redis_flush")
 
 
 @dataclass
@@ -85,7 +87,7 @@ class FaultScheduler:
 
     def kinds(self) -> list[str]:
         has = set(self.integrations)
-        kinds = ["sigkill", "sigstop", "redis_restart", "redis_unreachable"]
+        kinds = ["sigkill", "sigstop", "redis_restart", "redis_unreachable", "redis_flush"]
         if has & {"rabbitmq", "celery", "replay", "kafka"}:
             kinds.append("broker_cut")
         if "kafka" in has:
@@ -164,6 +166,13 @@ class FaultScheduler:
         fault = Fault("redis_restart", "redis", tuple(self.integrations), time.time())
         self.processes.restart_redis(down)
         fault.detail = f"down {down:.1f}s"
+        return fault
+
+    def redis_flush(self) -> Fault:
+        down = self.rng.uniform(0.5, 2.0)
+        fault = Fault("redis_flush", "redis", tuple(self.integrations), time.time())
+        self.processes.restart_redis(down, forget=True)
+        fault.detail = f"down {down:.1f}s, every record lost"
         return fault
 
     def redis_unreachable(self) -> Fault:

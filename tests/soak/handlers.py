@@ -3,7 +3,8 @@ Celery app). Their configuration comes from the environment the harness sets:
 
 ``SOAK_DSN`` (PostgreSQL), ``SOAK_RUN`` (the run id naming the ledger tables), ``SOAK_WORK``
 (the longest simulated work of one handler, in seconds; each takes a random share of it),
-``SOAK_WRITE`` (``idempotent``, the default, or ``fenced``: see :mod:`tests.soak.ledger`).
+``SOAK_WRITE`` (``idempotent``, the default, ``fenced`` or ``plain``: see :mod:`tests.soak.ledger`;
+with ``plain`` the workers also get ``DEDUPE_SQL_DSN``/``DEDUPE_SQL_TABLE``).
 
 Every handler takes the token from :func:`~dedupe_worker.current_claim` and applies one
 operation to the ledger with :func:`~tests.soak.ledger.apply_operation`. The hooks record the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from typing import Any
 
 from dedupe_worker import Decision, current_claim
@@ -40,6 +42,10 @@ def charge(op_id: str, amount: int) -> dict[str, Any]:
     if claim is None:
         raise RuntimeError("soak handler called outside a claim")
     work = random.uniform(0.2, 1.0) * float(os.environ.get("SOAK_WORK", "0.1"))
+    if os.environ.get("SOAK_WRITE") == "plain":
+        ledger().started(op_id, claim.token)
+        time.sleep(work)
+        return ledger().write_plain(op_id, amount, claim.token)
     idempotent = os.environ.get("SOAK_WRITE", "idempotent") != "fenced"
     phase = apply_operation(ledger(), op_id, amount, claim.token, work, idempotent)
     return {"id": op_id, "phase": phase, "token": claim.token}

@@ -47,7 +47,7 @@ class SoakConfig:
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/test"
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     keep: bool = False
-    write: str = "idempotent"    # or "fenced": the bare fenced increment (see tests/soak/ledger.py)
+    write: str = "idempotent"    # "fenced": the bare fenced increment; "plain": a plain one in atomic() (ledger.py)
 
 
 @dataclass
@@ -115,6 +115,11 @@ class Run:
         env = {"SOAK_DSN": c.postgres_dsn, "SOAK_RUN": self.id, "SOAK_WORK": str(c.work),
                "SOAK_NAMESPACE": self.namespace, "SOAK_LEASE": str(c.lease),
                "SOAK_CELERY_QUEUE": self.queues["celery"], "SOAK_WRITE": c.write}
+        if c.write == "plain":  # every worker's Deduplicator gets the outcome table (DEDUPE_SQL_*)
+            from dedupe_worker.sql import SqlOutcomes
+
+            SqlOutcomes(c.postgres_dsn, table=self.ledger.outcomes).create_table()
+            env.update(DEDUPE_SQL_DSN=c.postgres_dsn, DEDUPE_SQL_TABLE=self.ledger.outcomes)
         procs = self.processes = Processes(self.logdir, env)
         redis = procs.start_redis()
         self.proxies["redis"] = TcpProxy(redis.port, "redis")

@@ -13,6 +13,12 @@ instead of adding the amount again (the README's "make effects idempotent"). The
 cannot tell that case apart: the re-run holds a *larger* token, so its write passes the fence.
 ``SOAK_WRITE=fenced`` (``--write fenced``) leaves the guard out to measure exactly that.
 
+``SOAK_WRITE=plain`` (``--writes plain``) asks the handler for nothing: a plain, non-idempotent
+``UPDATE accounts SET balance = balance + :amount`` inside :func:`dedupe_worker.sql.atomic`, whose
+row in ``soak_<run>_outcomes`` (same transaction) makes the effect commit once; a re-run that finds
+an earlier run's row committed gets :class:`~dedupe_worker.AlreadyApplied` and is logged as
+``already_applied``.
+
 Every invocation writes a ``started`` row before its work (autocommit: it survives a SIGKILL)
 and, in the transaction of the write, one of ``applied`` / ``fenced`` (0 rows: a newer token wrote
 first) / ``already_applied``.
@@ -47,8 +53,8 @@ class Ledger:
         if not re.fullmatch(r"[a-z0-9_]+", run):
             raise ValueError(f"run id must be [a-z0-9_]+, got {run!r}")
         self.dsn, self.run = dsn, run
-        self.accounts, self.invocations, self.events = (f"soak_{run}_{t}"
-                                                        for t in ("accounts", "invocations", "events"))
+        self.accounts, self.invocations, self.events, self.outcomes = (
+            f"soak_{run}_{t}" for t in ("accounts", "invocations", "events", "outcomes"))
         self._conn: psycopg.Connection[Any] | None = None
 
     @property
@@ -70,7 +76,7 @@ class Ledger:
             "at double precision NOT NULL, detail text)")
 
     def drop(self) -> None:
-        for table in (self.accounts, self.invocations, self.events):
+        for table in (self.accounts, self.invocations, self.events, self.outcomes):
             self.conn.execute(f"DROP TABLE IF EXISTS {table}")
 
     def close(self) -> None:
@@ -109,6 +115,24 @@ class Ledger:
                 phase = "applied" if cur.rowcount == 1 else "fenced"
             self.log(key, token, phase)
         return phase
+
+    def write_plain(self, key: str, amount: int, token: int) -> dict[str, Any]:
+        """The plain increment inside ``atomic()`` (``SOAK_WRITE=plain``); return the outcome it
+        committed. Raises :class:`~dedupe_worker.AlreadyApplied` (logged) when an earlier run of
+        the key committed first."""
+        from dedupe_worker import AlreadyApplied
+        from dedupe_worker.sql import atomic
+
+        try:
+            with atomic(self.conn) as outcome:
+                self.conn.execute(f"UPDATE {self.accounts} SET balance = balance + %s, fence = %s, applied_at = %s "
+                                  "WHERE id = %s", (amount, token, time.time(), key))
+                self.log(key, token, "applied")
+                outcome.result = {"id": key, "phase": "applied", "token": token}
+        except AlreadyApplied:
+            self.log(key, token, "already_applied")
+            raise
+        return dict(outcome.result)
 
     def log(self, key: str, token: int, phase: str) -> None:
         self.conn.execute(f"INSERT INTO {self.invocations} (key, token, pid, at, phase) VALUES (%s, %s, %s, %s, %s)",

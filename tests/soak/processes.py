@@ -122,11 +122,18 @@ class Processes:
         self.redis = services.RedisServer(extra=("--appendonly", "yes", "--appendfsync", "always")).start()
         return self.redis
 
-    def restart_redis(self, down: float) -> None:
+    def restart_redis(self, down: float, forget: bool = False) -> None:
         """Stop the private Redis (SIGKILL: a crash), wait ``down`` seconds, start it again on the
-        same port and data directory; it reloads its append-only file."""
+        same port and data directory; it reloads its append-only file, or with ``forget`` (its
+        data deleted meanwhile) starts empty, as one without persistence would."""
         assert self.redis is not None
         self.redis.stop()
+        if forget:
+            for entry in Path(self.redis.dir).iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
         time.sleep(down)
         self.redis.start()
 

@@ -5,7 +5,8 @@ integration.
 - **applied twice**: an operation whose balance is not its amount (more than one write added it);
 - **handler re-runs**: every invocation of a key after its first, each attributed to a cause found
   in the fault log (the earlier invocation's process was SIGKILLed or SIGSTOPped after it began,
-  or Redis was restarted or unreachable between the two), and listed with what its write did;
+  Redis was restarted or unreachable between the two, or it lost its data in between), and listed
+  with what its write did;
   one with no such fault is listed as ``unexplained``;
 - **fenced**: writes refused by the fence (0 rows: a newer token had written);
 - **already applied**: re-runs that found an earlier token's write committed (the README's crash
@@ -68,6 +69,9 @@ def attribute(key_pid_at: tuple[int, float], next_at: float, faults: list[Fault]
     for f in faults:
         if f.kind in ("redis_restart", "redis_unreachable") and at - lease <= f.start <= next_at:
             return f"{f.kind} between the handler and its completion"
+    for f in faults:  # Redis forgot the key: any later delivery of it is claimed as new
+        if f.kind == "redis_flush" and at <= f.start <= next_at:
+            return "redis_flush: Redis lost the key's records"
     if lease_lost:
         return "lease expired while the handler ran (its completion was refused)"
     return "unexplained"
