@@ -23,7 +23,7 @@ class Deduplicator(ClaimClient):
     """Makes at-least-once delivery apply once, with Redis as the store of claims and outcomes.
 
     The protocol calls (``begin``, ``complete``, ``fail``, ``release``, ``renew``, ``status`` and
-    their batch forms) are :class:`~dedupe_worker._protocol.ClaimClient`'s; :meth:`run` and
+    their batch forms) are :class:`~dedupe_worker.ClaimClient`'s; :meth:`run` and
     :meth:`apply` hand the work to the engine (:mod:`dedupe_worker._engine`), the same one every
     integration uses.
 
@@ -38,7 +38,7 @@ class Deduplicator(ClaimClient):
     asynchronous replication a just-written claim or result can be lost. After ``result_ttl`` a
     redelivery is treated as new.
 
-    Options: see :class:`~dedupe_worker._protocol.ClaimClient`, and ``outcomes``: a
+    Options: see :class:`~dedupe_worker.ClaimClient`, and ``outcomes``: a
     :class:`dedupe_worker.sql.SqlOutcomes` whose table ``dedupe_worker.sql.atomic()`` records each
     key's outcome in, inside the handler's own database transaction, so an effect committed there
     is never applied twice, even when Redis forgets the key or a crash comes before ``complete()``.

@@ -418,7 +418,7 @@ def decide_many(
     pacing: Pacing | None = None,
     integration: str = "run",
 ) -> list[Decision]:
-    """:func:`~dedupe_worker._engine.decide` for a batch of ``(key, fingerprint, handler)``, in
+    """:func:`~dedupe_worker.decide` for a batch of ``(key, fingerprint, handler)``, in
     order; see the module docstring for when claims are taken and outcomes stored. Never raises
     for bad input, Redis or the handlers' own exceptions.
 

@@ -1,7 +1,7 @@
 """The verdict on one message: :class:`Decision`, its :class:`Reason` and the :class:`Action` it asks for.
 
-Every integration gets its verdicts from the engine (:func:`~dedupe_worker._engine.decide`,
-:func:`~dedupe_worker._engine.decide_many`) and only maps the action to its broker; none holds
+Every integration gets its verdicts from the engine (:func:`~dedupe_worker.decide`,
+:func:`~dedupe_worker.decide_many`) and only maps the action to its broker; none holds
 dedupe logic of its own. ``run()`` and Celery turn a verdict into a value or an exception through
 the one mapping here, :func:`outcome`.
 

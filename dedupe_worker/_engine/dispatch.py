@@ -1,4 +1,4 @@
-"""One dispatch: a :class:`~dedupe_worker._engine.Decision` becomes broker actions, log lines,
+"""One dispatch: a :class:`~dedupe_worker.Decision` becomes broker actions, log lines,
 counts and hooks, in the same order in every integration.
 
 Each integration implements :class:`Broker`, the port: the few broker steps a verdict can need
@@ -80,7 +80,7 @@ ACKED = Acted(Done.ACKED)
 
 
 class Broker(Protocol):
-    """The port: one method per :class:`~dedupe_worker._engine.Action`, called with the message
+    """The port: one method per :class:`~dedupe_worker.Action`, called with the message
     the integration consumed and its verdict. Each does the broker work (and logs what only it
     knows, such as a failed publish) and returns what it did; none calls a hook."""
 

@@ -1,7 +1,7 @@
 """The engine for one message: claim, run, store, verdict.
 
 :func:`decide` is what ``run()``, ``@idempotent``, Celery's ``IdempotentTask`` and an unbatched
-consumer call; :func:`~dedupe_worker._engine.batch.decide_many` is its batch form and shares the
+consumer call; :func:`~dedupe_worker.decide_many` is its batch form and shares the
 helpers below (how a handler failure is classified and settled, what a Redis outage means).
 
 Crash story, one message: the outcome is stored in the round trip right after the handler

@@ -1,5 +1,5 @@
 """The I/O-free half of the protocol client: keys into requests, replies into claims, values
-into stored records. Shared by :class:`~dedupe_worker._protocol.ClaimClient` and the asyncio client
+into stored records. Shared by :class:`~dedupe_worker.ClaimClient` and the asyncio client
 (:mod:`dedupe_worker.asyncio`), so both check keys, decode outcomes and encode results alike.
 """
 

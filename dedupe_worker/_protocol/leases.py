@@ -2,7 +2,7 @@
 
 Sans-I/O: :class:`LeaseBook` holds the table; the thread renewer
 (:class:`~dedupe_worker._protocol.renewer.LeaseRenewer`, under its lock) and the asyncio renewer
-(:class:`~dedupe_worker.asyncio._renewer.AsyncLeaseRenewer`, one book per event loop) drive it.
+(:class:`~dedupe_worker.asyncio.AsyncLeaseRenewer`, one book per event loop) drive it.
 
 A renewal that Redis refuses means the token no longer owns the claim. That is a loss only when
 our own write did not end the lease: once ``complete.lua`` stored the outcome (it deletes the

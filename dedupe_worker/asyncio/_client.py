@@ -1,6 +1,6 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
-:class:`AsyncClaimClient` is :class:`~dedupe_worker._protocol.ClaimClient` with every round trip
+:class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
 encoding (both subclass :class:`~dedupe_worker._protocol.codec.ClaimCodec`), so a key claimed by
 one is seen by the other exactly as by itself. No verdicts here: that is the engine's
@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 class AsyncClaimClient(ClaimCodec):
     """The claim protocol's client on ``redis.asyncio``; options as
-    :class:`~dedupe_worker._protocol.ClaimClient`'s, and the same guarantees: while a key's records
+    :class:`~dedupe_worker.ClaimClient`'s, and the same guarantees: while a key's records
     live, at most one outcome is stored for it, and a claimant whose lease ran out can never
     store over its successor's (fencing tokens).
 

@@ -8,7 +8,7 @@ Usage::
         token = self.request.fencing_token      # or dedupe_worker.current_claim().token
         ...
 
-How each verdict of the engine (:func:`dedupe_worker._engine.decide`) becomes a Celery outcome
+How each verdict of the engine (:func:`dedupe_worker.decide`) becomes a Celery outcome
 (the value or exception is :func:`dedupe_worker._engine.outcome`'s, as for ``run()``):
 
 ===================  ======================================================================
@@ -170,7 +170,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
 
     # -- hooks ----------------------------------------------------------------------------------
     # on_applied, on_duplicate, on_deferred, on_lease_lost, on_dead_letter: the hooks every
-    # integration shares (dedupe_worker._engine.Hooks); ``message`` is ``self.request``.
+    # integration shares (dedupe_worker.Hooks); ``message`` is ``self.request``.
 
     # -- machinery ------------------------------------------------------------------------------
 

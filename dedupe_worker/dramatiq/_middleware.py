@@ -11,7 +11,7 @@ Usage::
         ...
 
 The middleware wraps each actor's function: the worker's call goes through the engine
-(:func:`dedupe_worker._engine.decide`), which claims the key, runs the actor with its lease renewed
+(:func:`dedupe_worker.decide`), which claims the key, runs the actor with its lease renewed
 and ``current_claim()`` set, stores its return value, and gives a verdict. The middleware maps the
 verdict onto Dramatiq and holds no dedupe logic of its own:
 

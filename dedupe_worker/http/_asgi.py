@@ -4,7 +4,7 @@ Pure ASGI (no Starlette import), so it wraps FastAPI, Starlette, Quart or a bare
 
     app.add_middleware(IdempotencyMiddleware, dedupe=AsyncDeduplicator.from_url(url), required=True)
 
-The rules are :class:`~dedupe_worker.http._rules.IdempotencyRules`' (shared with the WSGI and
+The rules are :class:`~dedupe_worker.http.IdempotencyRules`' (shared with the WSGI and
 Django middleware); this module only moves ASGI messages. The request body is read once, before
 the claim (it is part of the fingerprint), and handed to the app intact. The response streams to
 the client as the app sends it; it is stored when the app hands over its last chunk, before that

@@ -4,7 +4,7 @@ Pure WSGI (PEP 3333), so it wraps Flask, Bottle, Falcon or a bare WSGI callable:
 
     app.wsgi_app = WSGIIdempotencyMiddleware(app.wsgi_app, Deduplicator.from_url(url), required=True)
 
-The rules are :class:`~dedupe_worker.http._rules.IdempotencyRules`' (shared with the ASGI and
+The rules are :class:`~dedupe_worker.http.IdempotencyRules`' (shared with the ASGI and
 Django middleware). The request body is read once, before the claim, and put back as
 ``wsgi.input`` for the app. The response body streams through as the server iterates it; it is
 stored when the server has asked for the end of it (every chunk before was written), and the key

@@ -1,7 +1,7 @@
 """The deduplicating Kafka consumer loop (confluent-kafka, classic consumer groups).
 
 One thread consumes a batch, derives each message's key, decides the whole batch with the engine's
-:func:`~dedupe_worker._engine.decide_many` (each chunk claimed just before its handlers run, each
+:func:`~dedupe_worker.decide_many` (each chunk claimed just before its handlers run, each
 outcome stored as soon as the handlers that finished since the last store reach ``flush_after``,
 together with the next chunk's claim), dead-letters what must be, and then commits, per partition,
 the offset after the last message before which everything is decided. The first undecided message
@@ -293,7 +293,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
                      messages: Sequence[Message]) -> list[Decision]:
         """The dedupe verdicts for ``(key, fingerprint, handler)`` items (one per message):
-        :func:`~dedupe_worker._engine.decide_many`, with the batch handler if there is one."""
+        :func:`~dedupe_worker.decide_many`, with the batch handler if there is one."""
         if not items:
             return []
         batch = self.batch_handler

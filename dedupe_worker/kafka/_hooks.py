@@ -1,6 +1,6 @@
 """Hooks of :class:`~dedupe_worker.kafka.DedupeKafkaConsumer`: override them in a subclass.
 
-The message hooks are the ones every integration shares (:class:`~dedupe_worker._engine.Hooks`);
+The message hooks are the ones every integration shares (:class:`~dedupe_worker.Hooks`);
 Kafka adds ``on_commit``, ``on_assign`` and ``on_revoke``. Every hook runs in the consumer thread;
 an exception raised by a hook is logged and ignored, so a hook can never stall or crash the loop
 (nor change what is committed).

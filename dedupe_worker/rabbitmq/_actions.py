@@ -2,7 +2,7 @@
 
 :class:`BrokerActions` holds the options and the no-op hooks of
 :class:`~dedupe_worker.rabbitmq.DedupeConsumer` that concern these actions; it contains no dedupe
-logic (the :class:`~dedupe_worker._engine.Decision` is made before) and never acks a message
+logic (the :class:`~dedupe_worker.Decision` is made before) and never acks a message
 before its outcome is stored or its copy confirmed. Its steps are the consumer's port of the
 engine's one dispatch (:mod:`dedupe_worker._engine.dispatch`), which logs, counts and calls the
 hooks once a step is done.
@@ -79,7 +79,7 @@ class BrokerActions(Hooks, RetryPolicy):
     """Maps a decision to broker actions; mixed into the consumer. The retry and deferral options
     (``max_attempts``, ``retry_base``, ``retry_cap``, ``defer_base``, ``defer_cap``) and the hooks
     are the ones every integration shares (:class:`~dedupe_worker._engine.RetryPolicy`,
-    :class:`~dedupe_worker._engine.Hooks`)."""
+    :class:`~dedupe_worker.Hooks`)."""
 
     #: Longest pause before prefetched messages are requeued while Redis is unreachable.
     outage_cap: float = 5.0

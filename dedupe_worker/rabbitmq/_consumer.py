@@ -1,8 +1,8 @@
 """The deduplicating kombu consumer: claim, run, then ack, defer, retry or dead-letter.
 
 Per message the consumer derives the key as ``key_strategy(from_kombu(message, queue))`` and the
-fingerprint as ``fingerprint(envelope)``, asks the engine (:func:`~dedupe_worker._engine.decide_many`
-for the messages prefetched together, :func:`~dedupe_worker._engine.decide` with ``batch=False``)
+fingerprint as ``fingerprint(envelope)``, asks the engine (:func:`~dedupe_worker.decide_many`
+for the messages prefetched together, :func:`~dedupe_worker.decide` with ``batch=False``)
 and maps the verdict to broker actions:
 
 =====================  =========================================================================

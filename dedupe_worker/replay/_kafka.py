@@ -10,7 +10,7 @@ first fetch, with a record or an end-of-partition event, so a slow first fetch d
 run early), or at ``limit`` records.
 
 Records are handled in batches. Each record is judged by the
-:class:`~dedupe_worker.replay._plan.Planner`, then:
+:class:`~dedupe_worker.replay.Planner`, then:
 
 - DROP: nothing is produced;
 - REPLAY: the record (key, value, headers; see :func:`replay_headers`) is produced to the

@@ -2,7 +2,7 @@
 
 How one run goes: the queue's ready-message count is read once at the start and at most that many
 messages are taken with ``basic.get`` (so messages dead-lettered again during the run wait for the
-next run). Each message is judged by the :class:`~dedupe_worker.replay._plan.Planner`, then:
+next run). Each message is judged by the :class:`~dedupe_worker.replay.Planner`, then:
 
 - DROP: acked (removed from the dead-letter queue);
 - REPLAY: published with ``mandatory`` under publisher confirms; only after the broker confirmed
