@@ -37,7 +37,7 @@ from dedupe_worker import Deduplicator
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.dramatiq import DedupeMiddleware
 from dedupe_worker.faststream import dedupe_middleware
-from dedupe_worker.messages.keys import field_key
+from dedupe_worker.keys import field_key
 
 #: A case: handle ``n`` messages, return the seconds it took.
 Case = Callable[[int], float]

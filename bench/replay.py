@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from dedupe_worker import Deduplicator
-from dedupe_worker.messages.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT
+from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT
 from dedupe_worker.replay import Planner, ReplayOptions, replay_kafka, replay_rabbitmq
 
 

@@ -195,7 +195,7 @@ def test_crash_safety_defaults() -> None:
 
 
 def test_hooks_and_retry_options_are_the_shared_ones(eager_app: Celery) -> None:
-    from dedupe_worker.engine import Hooks, RetryPolicy
+    from dedupe_worker._engine import Hooks, RetryPolicy
     from dedupe_worker.kafka import DedupeKafkaConsumer
     from dedupe_worker.rabbitmq import DedupeConsumer
 
@@ -226,18 +226,3 @@ def test_hooks_and_retry_options_are_the_shared_ones(eager_app: Celery) -> None:
     with pytest.raises(KeyConflict):
         hooked.apply(args=(3,)).get()
     assert seen[-1] == ("dead_letter", "conflict")
-
-
-def test_old_style_hooks_still_work_with_a_deprecation_warning(eager_app: Celery) -> None:
-    calls: list[Any] = []
-    with pytest.warns(DeprecationWarning, match="on_duplicate"):
-        class Old(IdempotentTask):
-            def on_duplicate(self, decision: Any) -> None:
-                calls.append(decision.value)
-
-    @eager_app.task(base=Old, name="dt.old", idempotency_key=lambda n: f"old:{n}")
-    def old(n: int) -> int:
-        return n + 1
-
-    assert old.apply(args=(1,)).get() == 2 and old.apply(args=(1,)).get() == 2
-    assert calls == [2]

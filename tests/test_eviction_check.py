@@ -16,6 +16,7 @@ import redis
 from kombu import Connection
 
 from dedupe_worker import (
+    DedupeError,
     DedupeSettings,
     Deduplicator,
     EvictionPolicyError,
@@ -26,8 +27,7 @@ from dedupe_worker import (
     idempotent,
 )
 from dedupe_worker.asyncio import AsyncDeduplicator
-from dedupe_worker.asyncio import engine as async_engine
-from dedupe_worker.errors import DedupeError
+from dedupe_worker.asyncio import _engine as async_engine
 
 from . import services
 from .celery_fixtures import make_app
@@ -255,7 +255,7 @@ def test_config_refused_logs_a_warning_and_works(private_redis: services.RedisSe
     admin.acl_setuser("app", enabled=True, passwords=["+secret"], keys=["*"],
                       commands=["+@all", "-config"])
     d = Deduplicator.from_url(f"redis://app:secret@127.0.0.1:{private_redis.port}/0", namespace="acl")
-    with caplog.at_level(logging.WARNING, logger="dedupe_worker.protocol.eviction"):
+    with caplog.at_level(logging.WARNING, logger="dedupe_worker._protocol.eviction"):
         assert d.run("k", lambda: 5) == 5
     assert any("could not read maxmemory-policy" in r.getMessage() and "noeviction" in r.getMessage()
                for r in caplog.records)

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import redis
 
-from dedupe_worker.protocol import Stored
-from dedupe_worker.protocol.calls import StoreCalls
-from dedupe_worker.protocol.layout import KeyLayout
-from dedupe_worker.protocol.scripts import SCRIPT_NAMES, load_script
+from dedupe_worker import Stored
+from dedupe_worker._protocol.calls import StoreCalls
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.scripts import SCRIPT_NAMES, load_script
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
 LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 5000, 60_000, 60_000

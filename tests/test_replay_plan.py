@@ -11,9 +11,8 @@ import time
 import pytest
 import redis
 
-from dedupe_worker import Deduplicator, Envelope
-from dedupe_worker.cli.replay import parse_rate
-from dedupe_worker.errors import StoreUnavailable
+from dedupe_worker import Deduplicator, Envelope, StoreUnavailable
+from dedupe_worker.cli._replay import parse_rate
 from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, field_key, header_key, position_key
 from dedupe_worker.replay import (
     REPLAYED,
@@ -29,8 +28,8 @@ from dedupe_worker.replay import (
     replay_headers,
 )
 from dedupe_worker.replay import __all__ as exported
-from dedupe_worker.replay.kafka import lookup_envelope
-from dedupe_worker.replay.rabbitmq import dead_letter_reason, original_destination
+from dedupe_worker.replay._kafka import lookup_envelope
+from dedupe_worker.replay._rabbitmq import dead_letter_reason, original_destination
 
 from .replay_fixtures import apply_before
 from .services import RedisServer
@@ -55,7 +54,7 @@ def test_each_key_state_gets_its_step(dedupe: Deduplicator) -> None:
         "held": ("in_progress", Step.LEAVE), "new": ("free", Step.REPLAY),
     }
     assert all(e.reason == "handler_error" and e.key == k for k, e in verdicts.items())
-    assert not any(e.failed for e in verdicts.values())
+    assert not any(e.unavailable for e in verdicts.values())
 
 
 def test_an_outcome_is_applied_only_for_the_payload_that_ran(dedupe: Deduplicator) -> None:
@@ -135,7 +134,7 @@ def test_redis_down_leaves_the_message_and_counts_it_failed(private_redis: Redis
     try:
         private_redis.stop()
         entry = Planner(dedupe, header_key()).judge(envelope("k"))
-        assert (entry.state, entry.step, entry.failed) == ("unavailable", Step.LEAVE, True)
+        assert (entry.state, entry.step, entry.unavailable) == ("unavailable", Step.LEAVE, True)
         summary = Summary()
         assert summary.record(entry) == "failed"
         with pytest.raises(StoreUnavailable):
