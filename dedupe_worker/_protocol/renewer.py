@@ -104,6 +104,10 @@ class LeaseRenewer:
         with self._lock:
             return (stem, token) in self._lost
 
+    def last_renewal(self) -> float:
+        """``time.monotonic()`` when the last successful renewal round began (``-inf``: none yet)."""
+        return self.renewed_at
+
     def renew_now(self) -> None:
         """Renew every tracked lease once, in one round trip."""
         with self._lock:

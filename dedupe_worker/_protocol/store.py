@@ -27,7 +27,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
-from .calls import ClaimReply, KeyState, StoreCalls, _claim_reply, acquired_in, block_limit, key_state
+from .calls import ClaimReply, KeyState, StoreCalls, acquired_in, block_limit, key_state
 from .claim import Stored
 from .layout import KeyLayout
 from .scripts import Call, NotDurable, ScriptRunner
@@ -86,24 +86,6 @@ class RedisStore(StoreCalls):
     def claim(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[ClaimReply]:
         """Claim every item; ``items`` are ``(stem, fingerprint, original_key)``."""
         return self.claim_replies(self.run(self.claim_calls(items, lease_ms, retention_ms))[0])
-
-    def claim_one(self, stem: str, fingerprint: str, original: str, lease_ms: int, retention_ms: int) -> ClaimReply:
-        """:meth:`claim` for one key, without the batch bookkeeping (the per-message hot path)."""
-        if self.durability is not None:
-            return self.claim([(stem, fingerprint, original)], lease_ms, retention_ms)[0]
-        return _claim_reply(*self.scripts.call(
-            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
-        ))
-
-    def complete_one(self, stem: str, token: int, status: Stored, value: bytes, result_ttl_ms: int) -> bool:
-        """:meth:`complete` for one key (the per-message hot path)."""
-        if self.durability is not None:
-            return self.complete([(stem, token, status, value)], result_ttl_ms)[0]
-        reply = self.scripts.call(
-            "complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
-            (result_ttl_ms, token, status.value, value),
-        )
-        return bool(reply[0])
 
     def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
         """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""

@@ -92,7 +92,7 @@ class AsyncLeaseRenewer:
         if leases is not None:
             leases.book.settle(claims)
 
-    def renewed_at(self) -> float:
+    def last_renewal(self) -> float:
         """``time.monotonic()`` at the start of the running loop's last answered renewal round."""
         leases = self._loops.get(asyncio.get_running_loop())
         return leases.renewed_at if leases is not None else float("-inf")

@@ -16,7 +16,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
-from .._protocol.calls import ClaimReply, KeyState, StoreCalls, _claim_reply, acquired_in, block_limit, key_state
+from .._protocol.calls import ClaimReply, StoreCalls, acquired_in, block_limit
 from .._protocol.claim import Stored
 from .._protocol.layout import KeyLayout
 from .._protocol.scripts import Call, NotDurable
@@ -66,15 +66,6 @@ class AsyncRedisStore(StoreCalls):
         """Claim every item; ``items`` are ``(stem, fingerprint, original_key)``."""
         return self.claim_replies((await self.run(self.claim_calls(items, lease_ms, retention_ms)))[0])
 
-    async def claim_one(self, stem: str, fingerprint: str, original: str, lease_ms: int,
-                        retention_ms: int) -> ClaimReply:
-        """:meth:`claim` for one key (one EVALSHA)."""
-        if self.durability is not None:
-            return (await self.claim([(stem, fingerprint, original)], lease_ms, retention_ms))[0]
-        return _claim_reply(*await self.scripts.call(
-            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
-        ))
-
     async def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
         """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
         return [bool(v) for v in (await self.run(self.complete_calls(items, result_ttl_ms)))[0]]
@@ -102,14 +93,3 @@ class AsyncRedisStore(StoreCalls):
             return reply is not None
         except RedisError as exc:
             raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
-
-    async def forget(self, stem: str, token: int | None, force: bool) -> tuple[int, int]:
-        """``forget.lua``: ``(code, token)`` as :meth:`RedisStore.forget`."""
-        code, found = await self.scripts.call(
-            "forget", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
-            ("" if token is None else token, "1" if force else "0"))
-        return int(code), int(found)
-
-    async def inspect(self, stem: str) -> KeyState:
-        """``inspect.lua``: the key's records, unchanged."""
-        return key_state(*await self.scripts.call("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ()))

@@ -1,0 +1,315 @@
+"""The claim protocol's multi-step operations, written once and without I/O.
+
+Each operation of the client (claim, with or without a wait; complete, with the finishing retry;
+fail; release; settle a batch's outcomes and claim the next chunk) is a generator *flow* here, as
+httpx writes its auth flows: it yields an *effect* (a round trip, a pause, a wait for a notice, a
+handler to call) and receives its result, or has its exception thrown in. It never touches a
+socket, a clock it sleeps on, or an event loop. Two drivers run the same flows:
+
+- :meth:`dedupe_worker.ClaimClient.drive` performs effects with blocking calls;
+- :meth:`dedupe_worker.asyncio.AsyncClaimClient.drive` awaits them.
+
+So the sync and asyncio clients cannot drift: a verdict, a retry or a wait is decided in one
+place. What differs between them is only how an effect is performed (the script runner, the
+lease renewer thread or task, the key watcher or waiter, the connection set-up), and those are
+the deliberate twins.
+
+Effects (the result the driver sends back):
+
+- :class:`Run` ``(groups)``: every call of every group in one round trip, each group's replies
+  flattened (``store.run``); raises :class:`~dedupe_worker.StoreUnavailable`.
+- :class:`Sleep` ``(seconds)``: pause; ``None``.
+- :class:`Wait` ``(stem, timeout)``: wait, counted as a waiter, until the key's holder completes
+  or releases it or ``timeout`` passes; ``None``.
+- :class:`CheckStore`: check, once, the store's eviction policy (``check_store``); ``None``.
+- :class:`Handler` ``(fn)``: the handler's value (``fn()``, or ``await fn()`` on asyncio); its
+  exception is thrown into the flow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .calls import KeyState, StoreCalls, key_state
+from .claim import Claim, Outcome, Stored
+from .codec import ClaimCodec, Request
+from .layout import KeyLayout
+from .retry import FinishRetry
+from .scripts import Call, CallFailed, NotDurable, StreamCut
+
+__all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Flow", "Handler", "Run", "Sleep", "Wait"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Run(NamedTuple):
+    """One round trip of script calls, grouped; answered with each group's flat replies."""
+
+    groups: tuple[list[Call], ...]
+
+
+class Sleep(NamedTuple):
+    """Pause ``seconds`` (a finishing write's backoff)."""
+
+    seconds: float
+
+
+class Wait(NamedTuple):
+    """Wait on a held key until its holder finishes it, at most ``timeout`` seconds."""
+
+    stem: str
+    timeout: float
+
+
+class CheckStore(NamedTuple):
+    """Check the store's eviction policy once."""
+
+
+class Handler(NamedTuple):
+    """Call (or await) a handler; answered with its value, or its exception thrown in."""
+
+    fn: Callable[[], Any]
+
+
+CHECK_STORE = CheckStore()
+
+Effect = Run | Sleep | Wait | CheckStore | Handler
+#: A flow: yields effects, receives their results, returns ``T``.
+Flow = Generator[Effect, Any, T]
+
+_IN_PROGRESS = Outcome.IN_PROGRESS
+
+
+class Leases(Protocol):
+    """What the flows need of a lease renewer (a thread on sync, a task per loop on asyncio)."""
+
+    def track(self, stem: str, token: int) -> None: ...
+    def untrack(self, stem: str, token: int) -> None: ...
+    def settle(self, leases: Iterable[tuple[str, int]]) -> None: ...
+    def is_lost(self, stem: str, token: int) -> bool: ...
+    def last_renewal(self) -> float: ...
+
+
+class ClientCore(ClaimCodec):
+    """The flows of the claim protocol's client, over a codec's options. The sync and asyncio
+    clients subclass it and add a driver, the store, the renewer and the waiting."""
+
+    store: StoreCalls
+    renewer: Leases
+    finish_retry: FinishRetry
+    store_checked: bool
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float) -> Flow[Claim]:
+        """``begin``: one claim (one round trip), and with ``wait`` the wait on a held key."""
+        request = self.request(key, fingerprint)
+        claim = (yield from self.claims_flow((request,)))[0]
+        if wait > 0 and claim.outcome is _IN_PROGRESS:
+            return (yield from self.wait_flow(request, claim, time.monotonic() + wait))
+        return claim
+
+    def begin_many_flow(self, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
+                        wait: float) -> Flow[tuple[list[Request], list[Claim], set[tuple[str, int]]]]:
+        """``begin_many``'s round trip: the requests, their claims, and ``(stem, token)`` of those
+        acquired (a repeated key held by us is not waited on); the driver waits on the rest."""
+        fps = fingerprints if fingerprints is not None else [None] * len(keys)
+        if len(fps) != len(keys):
+            raise ValueError("fingerprints must match keys one to one")
+        requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
+        claims = yield from self.claims_flow(requests)
+        ours = {(c.stem, c.token) for c in claims if c.acquired} if wait > 0 else set()
+        return requests, claims, ours
+
+    def wait_flow(self, request: Request, claim: Claim, deadline: float) -> Flow[Claim]:
+        """``wait_for``: wait on a key ``claim`` found held, until ``deadline``
+        (``time.monotonic()``), then claim again; see ``ClaimClient.wait_for``."""
+        while claim.outcome is _IN_PROGRESS:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            yield Wait(request.stem, left)
+            claim = (yield from self.claims_flow((request,)))[0]
+        return claim
+
+    def claims_flow(self, requests: Sequence[Request]) -> Flow[list[Claim]]:
+        """Claim ``requests`` in one round trip."""
+        if not self.store_checked:
+            yield CHECK_STORE
+        replies = yield Run((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
+                                                    self._lease_ms, self._retention_ms),))
+        claims = self._claims(requests, replies[0])
+        _log_claims(claims)
+        return claims
+
+    # -- settling a batch and claiming the next chunk -------------------------------------------
+
+    def settle_and_claim_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                              requests: Sequence[Request]) -> Flow[tuple[list[bool], list[bool], list[Claim]]]:
+        """``settle_and_claim``: store ``outcomes``, release ``releases``, claim ``requests``, in
+        one round trip; see ``ClaimClient.settle_and_claim`` for the errors."""
+        completes, frees = self.settle_calls(outcomes, releases)
+        if completes or frees:
+            self.renewer.settle(leases_of(outcomes, releases))
+        if requests and not self.store_checked:
+            yield CHECK_STORE
+        claim_calls = self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms,
+                                             self._retention_ms)
+        try:
+            stored, released, replies = yield Run((completes, frees, claim_calls))
+        except StoreUnavailable as exc:
+            settled = yield from self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests)
+            return (*settled, [])
+        claims = self._claims(requests, replies)
+        _log_claims(claims)
+        return (*self.settled(outcomes, stored, released), claims)
+
+    def settle_failed_flow(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
+                           releases: Sequence[Claim], completes: list[Call], frees: list[Call],
+                           requests: Sequence[Request]) -> Flow[tuple[list[bool], list[bool]]]:
+        """A round trip that stores ``outcomes``, releases ``releases`` and claims ``requests``
+        failed with ``error``. The outcomes and releases are settled anyway: read from the
+        replies when their calls answered (a claim after them failed, e.g. refused at
+        ``maxmemory``), else sent again, alone, while the error is transient and the leases last.
+        Then, with ``requests``, :class:`StreamCut` (nothing claimed, ``stored`` and ``released``
+        filled in): the claims are not retried. Raises ``error`` when nothing was to be settled."""
+        if not completes and not frees:
+            raise error
+        settle_calls = len(completes) + len(frees)
+        if isinstance(error, CallFailed) and not any(isinstance(r, Exception) for r in error.replies[:settle_calls]):
+            replies = iter(error.replies[:settle_calls])
+            stored = [v for _ in completes for v in next(replies)]
+            released = [v for _ in frees for v in next(replies)]
+        else:
+            stored, released = yield from self.finish_again_flow(error, Run((completes, frees)))
+        settled = self.settled(outcomes, stored, released)
+        if not requests:
+            return settled
+        cut = StreamCut(f"outcomes settled, claims not answered: {error}", [], 0)
+        cut.stored, cut.released = settled
+        raise cut from error
+
+    def settle_calls(self, outcomes: Sequence[tuple[Claim, Stored, bytes]],
+                     releases: Sequence[Claim]) -> tuple[list[Call], list[Call]]:
+        """The script calls that store ``outcomes`` and release ``releases``."""
+        store = self.store
+        return (store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
+                                     self._result_ttl_ms),
+                store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms))
+
+    def settled(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], stored: Sequence[Any],
+                released: Sequence[Any]) -> tuple[list[bool], list[bool]]:
+        """Whether each outcome counts as stored (:meth:`owns`) and each claim was released."""
+        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
+                [bool(ok) for ok in released])
+
+    # -- finishing writes -----------------------------------------------------------------------
+
+    def finishing_flow(self, leases: Sequence[tuple[str, int]], send: Run) -> Flow[list[list[Any]]]:
+        """A finishing write (complete, fail, release) of ``leases``: their renewals stop counting
+        against them, then ``send``; sent again while :meth:`finish_again_flow` says so."""
+        self.renewer.settle(leases)
+        try:
+            return (yield send)  # type: ignore[no-any-return]
+        except StoreUnavailable as exc:
+            return (yield from self.finish_again_flow(exc, send))
+
+    def finish_again_flow(self, error: StoreUnavailable, send: Run) -> Flow[list[list[Any]]]:
+        """After a finishing write failed with ``error``: send it again while :attr:`finish_retry`
+        says the error is transient and the lease lasts (the renewer keeps extending it meanwhile);
+        raise the last error once it says stop. Claims are never sent through here. Safe to
+        repeat: ``complete.lua`` answers 1 again for an outcome it stored under the same token,
+        and every write is fenced by the token."""
+        if isinstance(error, (NotDurable, StreamCut)):
+            raise error  # it ran (not durable), or claims were handed on: not ours to repeat
+        attempts = self.finish_retry.attempts(time.monotonic())
+        while True:
+            delay = attempts.after(error, time.monotonic(), self.renewer.last_renewal())
+            if delay is None:
+                if attempts.failures > 1:
+                    log.warning("giving up a finishing write after %d attempts: %s", attempts.failures, error)
+                raise error
+            log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
+            yield Sleep(delay)
+            try:
+                return (yield send)  # type: ignore[no-any-return]
+            except StoreUnavailable as exc:
+                if isinstance(exc, (NotDurable, StreamCut)):
+                    raise
+                error = exc
+
+    def complete_flow(self, claim: Claim, value: Any, ttl: float | None) -> Flow[None]:
+        """``complete``: store ``value`` if ``claim``'s token still owns the key; raises
+        :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted)."""
+        status, data, problem = self.encode(claim, value)
+        stem, token = claim.stem, claim.token
+        if self.renewer.is_lost(stem, token):
+            raise LeaseLost(claim.key, token)
+        calls = self.store.complete_calls(((stem, token, status, data),), self.result_ttl_ms(ttl))
+        stored = yield from self.finishing_flow(((stem, token),), Run((calls,)))
+        if not self.owns(claim, stored[0][0]):
+            raise LeaseLost(claim.key, token)
+        if problem is not None:
+            raise problem
+
+    def complete_each_flow(self, items: Sequence[tuple[Claim, Any]]) -> Flow[list[ClaimError | ResultNotSerializable
+                                                                                   | None]]:
+        """``complete_each``: per item ``None`` (stored), :class:`LeaseLost` (nothing written) or
+        :class:`ResultNotSerializable` (stored as omitted)."""
+        encoded = [self.encode(claim, value) for claim, value in items]
+        stored, _, _ = yield from self.settle_and_claim_flow(
+            [(claim, status, data) for (claim, _), (status, data, _) in zip(items, encoded, strict=True)], (), ())
+        return [problem if ok else LeaseLost(claim.key, claim.token)
+                for (claim, _), ok, (_, _, problem) in zip(items, stored, encoded, strict=True)]
+
+    def fail_flow(self, claim: Claim, error: BaseException | str) -> Flow[None]:
+        """``fail``: store a permanent failure as the outcome; raises :class:`LeaseLost`."""
+        calls = self.store.complete_calls(((claim.stem, claim.token, Stored.FAILED, self.encode_failure(error)),),
+                                          self._result_ttl_ms)
+        stored = yield from self.finishing_flow(((claim.stem, claim.token),), Run((calls,)))
+        if not self.owns(claim, stored[0][0]):
+            raise LeaseLost(claim.key, claim.token)
+        log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
+
+    def release_flow(self, claims: Sequence[Claim]) -> Flow[list[bool]]:
+        """``release_many``: give the claims up; ``False`` where the token no longer owned it."""
+        items = [(c.stem, c.token) for c in claims]
+        released = yield from self.finishing_flow(items, Run((self.store.release_calls(items, self._retention_ms),)))
+        return [bool(v) for v in released[0]]
+
+    # -- single calls ---------------------------------------------------------------------------
+
+    def renew_flow(self, claim: Claim) -> Flow[bool]:
+        """``renew``: extend the lease by ``lease`` from now; ``False`` when no longer owned."""
+        replies = yield Run((self.store.renew_calls(((claim.stem, claim.token),), self._lease_ms,
+                                                    self._retention_ms),))
+        return bool(replies[0][0])
+
+    def forget_flow(self, key: str | bytes, token: int | None, force: bool) -> Flow[bool]:
+        """``forget``: remove the key's records, ownership-checked (``forget.lua``)."""
+        stem = self.request(key).stem
+        replies = yield Run(([("forget", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+                               ("" if token is None else token, "1" if force else "0"))],))
+        return int(replies[0][0]) == 1
+
+    def status_flow(self, key: str | bytes) -> Flow[KeyState]:
+        """``status``: the key's records, unchanged (``inspect.lua``)."""
+        stem = self.request(key).stem
+        replies = yield Run(([("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ())],))
+        return key_state(*replies[0])
+
+
+def leases_of(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:
+    """``(stem, token)`` of every claim settled by ``outcomes`` and ``releases``."""
+    return [*((c.stem, c.token) for c, _, _ in outcomes), *((c.stem, c.token) for c in releases)]
+
+
+def _log_claims(claims: list[Claim]) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        for claim in claims:
+            log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
