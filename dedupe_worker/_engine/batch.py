@@ -397,8 +397,8 @@ class _Batch:
     def unavailable(self, unclaimed: list[int]) -> None:
         """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
         assert self.outage is not None
-        handlers = [recorded.unclaimed(self.dedupe, self.key(i), self.items[i][2]) for i in unclaimed]
-        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage, handlers), strict=True):
+        runs = [(self.key(i), self.items[i][2]) for i in unclaimed]
+        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage, runs), strict=True):
             self.decided(i, decision)
         # the copies still waiting, and (fail_open) those of the first copies just run, which would
         # be claimed next: deferred, so one batch never runs a key twice

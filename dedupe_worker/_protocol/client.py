@@ -8,25 +8,23 @@ engine's ``run()`` on top.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
-from .._settings import DedupeSettings
 from .calls import KeyState
 from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import ClientCore, Flow, Handler, Run, Sleep, Wait, _log_claims, leases_of
+from .flows import ClientCore, Either, Flow, Handler, Run, Sleep, Wait, _log_claims, leases_of
 from .renewer import LeaseRenewer
-from .retry import FinishRetry
 from .scripts import StreamCut
 from .serialization import Serializer
 from .store import RedisStore
@@ -89,34 +87,16 @@ class ClaimClient(ClientCore):
         wait_timeout: float = 0.1,
         allow_eviction: bool = False,
     ) -> None:
-        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
-        self.allow_eviction = allow_eviction
-        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
-        self.store_checked = allow_eviction
-        self.store = RedisStore(redis_client, self.layout)
-        self.store.require_replicas(wait_replicas, wait_timeout)
-        self.permanent_errors = permanent_errors
-        self.fail_open = fail_open
-        self.renewer = LeaseRenewer(
-            self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3
-        )
-        #: How completions and releases are retried on transient store errors (:mod:`.retry`).
-        self.finish_retry = FinishRetry(lease, self.renewer.interval)
+        super().__init__(functools.partial(RedisStore, redis_client), LeaseRenewer, namespace=namespace, lease=lease,
+                         result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
+                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
+                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
+                         wait_timeout=wait_timeout, allow_eviction=allow_eviction)
         self._watcher: KeyWatcher | None = None
 
     # -- construction ---------------------------------------------------------------------------
 
-    @classmethod
-    def from_url(cls: type[C], url: str, **options: Any) -> C:
-        """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster."""
-        return cls(redis_from_url(url), **options)
-
-    @classmethod
-    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
-        s = settings or DedupeSettings()
-        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+    connect = staticmethod(redis_from_url)
 
     @property
     def watcher(self) -> KeyWatcher:
@@ -126,13 +106,22 @@ class ClaimClient(ClientCore):
         return self._watcher
 
     def close(self) -> None:
-        """Stop the lease renewer (and the key watcher, if one was started) and give the held
-        connection back to the client's pool (a later call takes one again)."""
+        """Stop the lease renewer (and the key watcher, if one was started), give the held
+        connection back to the client's pool (a later call takes one again), and close the Redis
+        client if :meth:`from_url` built it. Claims still held are no longer renewed."""
         self.renewer.close()
         if self._watcher is not None:
             self._watcher.close()
         if self.store.scripts.held is not None:
             self.store.scripts.held.close()
+        if self.owns_redis:
+            self.store.client.close()
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def check_store(self) -> None:
         """Check, once, that Redis will not evict our records (:mod:`.eviction`): raises
@@ -163,6 +152,8 @@ class ClaimClient(ClientCore):
                     value = self.store.run(*effect.groups)
                 elif type(effect) is Handler:
                     value = effect.fn()
+                elif type(effect) is Either:
+                    value = effect.sync()
                 elif type(effect) is Sleep:
                     time.sleep(effect.seconds)
                     value = None
@@ -363,17 +354,6 @@ class ClaimClient(ClientCore):
     def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them (for replay and inspection)."""
         return self.drive(self.status_flow(key))
-
-    @contextmanager
-    def keep_leases(self, claims: Sequence[Claim]) -> Iterator[None]:
-        """While inside, the shared renewer keeps the leases of ``claims`` from running out."""
-        for claim in claims:
-            self.renewer.track(claim.stem, claim.token)
-        try:
-            yield
-        finally:
-            for claim in claims:
-                self.renewer.untrack(claim.stem, claim.token)
 
 
 def _head(outcomes: Sequence[Any], releases: Sequence[Claim], replies: list[Any]) -> tuple[list[Any], list[Any]]:

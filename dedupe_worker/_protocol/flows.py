@@ -22,6 +22,7 @@ Effects (the result the driver sends back):
 - :class:`Wait` ``(stem, timeout)``: wait, counted as a waiter, until the key's holder completes
   or releases it or ``timeout`` passes; ``None``.
 - :class:`CheckStore`: check, once, the store's eviction policy (``check_store``); ``None``.
+- :class:`Either` ``(sync, asynchronous)``: ``sync()``, or ``await asynchronous()`` on asyncio.
 - :class:`Handler` ``(fn)``: the handler's value (``fn()``, or ``await fn()`` on asyncio); its
   exception is thrown into the flow.
 """
@@ -30,21 +31,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._settings import DedupeSettings
 from .calls import KeyState, StoreCalls, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
 from .retry import FinishRetry
 from .scripts import Call, CallFailed, NotDurable, StreamCut
+from .serialization import Serializer
 
-__all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Flow", "Handler", "Run", "Sleep", "Wait"]
+__all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Run",
+           "Sleep", "Wait"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+C = TypeVar("C", bound="ClientCore")
 
 
 class Run(NamedTuple):
@@ -76,9 +81,17 @@ class Handler(NamedTuple):
     fn: Callable[[], Any]
 
 
+class Either(NamedTuple):
+    """A call with a sync and an asyncio form: ``sync()`` on the sync driver, ``await
+    asynchronous()`` on the asyncio one (a committed-row lookup in the handler's database)."""
+
+    sync: Callable[[], Any]
+    asynchronous: Callable[[], Awaitable[Any]]
+
+
 CHECK_STORE = CheckStore()
 
-Effect = Run | Sleep | Wait | CheckStore | Handler
+Effect = Run | Sleep | Wait | CheckStore | Handler | Either
 #: A flow: yields effects, receives their results, returns ``T``.
 Flow = Generator[Effect, Any, T]
 
@@ -87,6 +100,8 @@ _IN_PROGRESS = Outcome.IN_PROGRESS
 
 class Leases(Protocol):
     """What the flows need of a lease renewer (a thread on sync, a task per loop on asyncio)."""
+
+    interval: float
 
     def track(self, stem: str, token: int) -> None: ...
     def untrack(self, stem: str, token: int) -> None: ...
@@ -97,12 +112,70 @@ class Leases(Protocol):
 
 class ClientCore(ClaimCodec):
     """The flows of the claim protocol's client, over a codec's options. The sync and asyncio
-    clients subclass it and add a driver, the store, the renewer and the waiting."""
+    clients subclass it and add a driver, the store, the renewer and the waiting; their options
+    are the same and set here (see :class:`~dedupe_worker.ClaimClient` for each)."""
 
     store: StoreCalls
     renewer: Leases
-    finish_retry: FinishRetry
-    store_checked: bool
+
+    def __init__(
+        self,
+        store_for: Callable[[KeyLayout], Any],
+        renewer_for: Callable[[Any, int, int, float], Any],
+        *,
+        namespace: str = "dedupe",
+        lease: float = 30.0,
+        result_ttl: float = 86400.0,
+        retention: float | None = None,
+        max_key_length: int = 200,
+        max_result_bytes: int = 1_000_000,
+        permanent_errors: tuple[type[BaseException], ...] = (),
+        fail_open: bool = False,
+        renew_interval: float | None = None,
+        serializer: Serializer | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 0.1,
+        allow_eviction: bool = False,
+    ) -> None:
+        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
+                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
+        self.allow_eviction = allow_eviction
+        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
+        self.store_checked = allow_eviction
+        self.store = store_for(self.layout)
+        self.store.require_replicas(wait_replicas, wait_timeout)
+        self.permanent_errors = permanent_errors
+        self.fail_open = fail_open
+        self.renewer = renewer_for(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
+        #: How completions and releases are retried on transient store errors (:mod:`.retry`).
+        self.finish_retry = FinishRetry(lease, self.renewer.interval)
+        #: Whether :meth:`from_url` built the Redis client (then ``close`` closes it too).
+        self.owns_redis = False
+
+    @classmethod
+    def from_url(cls: type[C], url: str, **options: Any) -> C:
+        """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster.
+        The client's ``close()`` (``aclose()`` on asyncio) closes the Redis client built here; a
+        client passed to the constructor is the caller's to close."""
+        client = cls(cls.connect(url), **options)
+        client.owns_redis = True
+        return client
+
+    @classmethod
+    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
+        s = settings or DedupeSettings()
+        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+
+    @staticmethod
+    def connect(url: str) -> Any:
+        """The Redis client :meth:`from_url` builds for ``url``."""
+        raise NotImplementedError
+
+    def keep_leases(self, claims: Sequence[Claim]) -> KeptLeases:
+        """While inside (``with``, or ``async with`` on asyncio), the renewer keeps the leases of
+        ``claims`` from running out."""
+        return KeptLeases(self.renewer, claims)
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -302,6 +375,28 @@ class ClientCore(ClaimCodec):
         stem = self.request(key).stem
         replies = yield Run(([("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ())],))
         return key_state(*replies[0])
+
+
+class KeptLeases:
+    """:meth:`ClientCore.keep_leases`: tracks the leases while inside, sync or async."""
+
+    def __init__(self, renewer: Leases, claims: Sequence[Claim]) -> None:
+        self.renewer = renewer
+        self.claims = claims
+
+    def __enter__(self) -> None:
+        for claim in self.claims:
+            self.renewer.track(claim.stem, claim.token)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for claim in self.claims:
+            self.renewer.untrack(claim.stem, claim.token)
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__()
 
 
 def leases_of(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:

@@ -10,10 +10,10 @@ one is seen by the other exactly as by itself. No verdicts here: that is the eng
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable
@@ -21,10 +21,8 @@ from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import ClientCore, Flow, Handler, Run, Sleep, Wait
-from .._protocol.retry import FinishRetry
+from .._protocol.flows import ClientCore, Either, Flow, Handler, Run, Sleep, Wait
 from .._protocol.serialization import Serializer
-from .._settings import DedupeSettings
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
 from ._scripts import AsyncRedis
@@ -75,42 +73,33 @@ class AsyncClaimClient(ClientCore):
         wait_timeout: float = 0.1,
         allow_eviction: bool = False,
     ) -> None:
-        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
-        self.allow_eviction = allow_eviction
-        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
-        self.store_checked = allow_eviction
-        self.store = AsyncRedisStore(redis_client, self.layout)
-        self.store.require_replicas(wait_replicas, wait_timeout)
-        self.permanent_errors = permanent_errors
-        self.fail_open = fail_open
-        self.renewer = AsyncLeaseRenewer(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
-        #: How completions and releases are retried on transient store errors (shared policy).
-        self.finish_retry = FinishRetry(lease, self.renewer.interval)
+        super().__init__(functools.partial(AsyncRedisStore, redis_client), AsyncLeaseRenewer, namespace=namespace,
+                         lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
+                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
+                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
+                         wait_timeout=wait_timeout, allow_eviction=allow_eviction)
+        #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
-        self._owns_client = False
 
-    @classmethod
-    def from_url(cls: type[C], url: str, **options: Any) -> C:
-        """Build from a Redis URL (see :func:`async_redis_from_url`); :meth:`aclose` closes the
-        client built here."""
-        client = cls(async_redis_from_url(url), **options)
-        client._owns_client = True
-        return client
+    connect = staticmethod(async_redis_from_url)
 
-    @classmethod
-    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
-        s = settings or DedupeSettings()
-        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+    @property
+    def watcher(self) -> AsyncKeyWaiter:
+        """What waits on held keys for this client: the :class:`AsyncKeyWaiter` (one task per
+        loop), the asyncio counterpart of :class:`~dedupe_worker.ClaimClient`'s key watcher."""
+        return self.waiter
 
-    async def aclose(self) -> None:
-        """Cancel the lease renewer and key waiter tasks; close the Redis client if :meth:`from_url` built it.
-        Claims still held are no longer renewed: their leases run out."""
+    async def close(self) -> None:
+        """Cancel the lease renewer and key waiter tasks, and close the Redis client if
+        :meth:`from_url` built it. Claims still held are no longer renewed: their leases run out."""
         await self.renewer.aclose()
         await self.waiter.aclose()
-        if self._owns_client:
+        if self.owns_redis:
             await self.store.client.aclose()
+
+    async def aclose(self) -> None:
+        """:meth:`close` (the name asyncio libraries use)."""
+        await self.close()
 
     async def __aenter__(self: C) -> C:
         return self
@@ -136,6 +125,8 @@ class AsyncClaimClient(ClientCore):
                     value = await self.store.run(*effect.groups)
                 elif type(effect) is Handler:
                     value = await effect.fn()
+                elif type(effect) is Either:
+                    value = await effect.asynchronous()
                 elif type(effect) is Sleep:
                     await asyncio.sleep(effect.seconds)
                     value = None
@@ -248,14 +239,3 @@ class AsyncClaimClient(ClientCore):
     async def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them."""
         return await self.drive_async(self.status_flow(key))
-
-    @asynccontextmanager
-    async def keep_leases(self, claims: Sequence[Claim]) -> AsyncIterator[None]:
-        """While inside, the loop's renewer task keeps the leases of ``claims`` from running out."""
-        for claim in claims:
-            self.renewer.track(claim.stem, claim.token)
-        try:
-            yield
-        finally:
-            for claim in claims:
-                self.renewer.untrack(claim.stem, claim.token)
