@@ -23,7 +23,7 @@ from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import ClientCore, Either, Flow, Handler, Run, Sleep, Wait, _log_claims, leases_of
+from .flows import ClientCore, Either, Flow, Handler, Send, Sleep, Wait, _log_claims, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -148,8 +148,8 @@ class ClaimClient(ClientCore):
                 return stop.value  # type: ignore[no-any-return]
             error = None
             try:
-                if type(effect) is Run:
-                    value = self.store.run(*effect.groups)
+                if type(effect) is Send:
+                    value = self.store.scripts.call_all(effect.calls, effect.wait)
                 elif type(effect) is Handler:
                     value = effect.fn()
                 elif type(effect) is Either:

@@ -16,8 +16,8 @@ the deliberate twins.
 
 Effects (the result the driver sends back):
 
-- :class:`Run` ``(groups)``: every call of every group in one round trip, each group's replies
-  flattened (``store.run``); raises :class:`~dedupe_worker.StoreUnavailable`.
+- :class:`Send` ``(calls, wait)``: the script calls in one pipelined round trip
+  (``scripts.call_all``), one reply per call; raises :class:`~dedupe_worker.StoreUnavailable`.
 - :class:`Sleep` ``(seconds)``: pause; ``None``.
 - :class:`Wait` ``(stem, timeout)``: wait, counted as a waiter, until the key's holder completes
   or releases it or ``timeout`` passes; ``None``.
@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
 from .._settings import DedupeSettings
-from .calls import KeyState, StoreCalls, key_state
+from .calls import KeyState, StoreCalls, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
@@ -44,7 +44,7 @@ from .retry import FinishRetry
 from .scripts import Call, CallFailed, NotDurable, StreamCut
 from .serialization import Serializer
 
-__all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Run",
+__all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
            "Sleep", "Wait"]
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,13 @@ T = TypeVar("T")
 C = TypeVar("C", bound="ClientCore")
 
 
-class Run(NamedTuple):
-    """One round trip of script calls, grouped; answered with each group's flat replies."""
+class Send(NamedTuple):
+    """One round trip of script calls (with ``WAIT replicas timeout_ms`` when ``wait`` is set);
+    answered with one reply per call, or :class:`~dedupe_worker.StoreUnavailable` (``NotDurable``
+    when too few replicas acknowledged)."""
 
-    groups: tuple[list[Call], ...]
+    calls: list[Call]
+    wait: tuple[int, int] | None
 
 
 class Sleep(NamedTuple):
@@ -91,7 +94,7 @@ class Either(NamedTuple):
 
 CHECK_STORE = CheckStore()
 
-Effect = Run | Sleep | Wait | CheckStore | Handler | Either
+Effect = Send | Sleep | Wait | CheckStore | Handler | Either
 #: A flow: yields effects, receives their results, returns ``T``.
 Flow = Generator[Effect, Any, T]
 
@@ -177,6 +180,35 @@ class ClientCore(ClaimCodec):
         ``claims`` from running out."""
         return KeptLeases(self.renewer, claims)
 
+    # -- round trips ----------------------------------------------------------------------------
+
+    def round_trip(self, groups: tuple[list[Call], ...]) -> Flow[list[list[Any]]]:
+        """Send every call of every group in one round trip; return each group's replies flattened
+        (one value per item for complete/release/renew, four per item for claim).
+
+        With the store's ``durability`` set, a round trip that claims or completes also waits for
+        the replicas; when too few acknowledge it raises :class:`NotDurable` (a
+        :class:`~dedupe_worker.StoreUnavailable`), after giving back the claims it took: they
+        could be lost in a failover, and the caller will not run their work now."""
+        calls = groups[0] if len(groups) == 1 else [call for group in groups for call in group]
+        durable = self.store.durability
+        if durable is not None and not any(name in ("claim", "complete") for name, _, _ in calls):
+            durable = None
+        if durable is None and len(groups) == 1 and len(calls) == 1:  # one call: one reply, nothing to split
+            return [(yield Send(calls, None))[0]]
+        try:
+            replies = iter((yield Send(calls, durable)))
+        except NotDurable as exc:
+            taken = acquired_in(calls, exc.replies)
+            if taken:
+                try:
+                    yield Send(self.store.release_calls(taken, 1), None)
+                except StoreUnavailable as inner:  # the leases run out by themselves
+                    log.warning("could not give back %d claims after a write that was not durable: %s",
+                                len(taken), inner)
+            raise exc
+        return [[v for _ in group for v in next(replies)] for group in groups]
+
     # -- claims ---------------------------------------------------------------------------------
 
     def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float) -> Flow[Claim]:
@@ -214,7 +246,7 @@ class ClientCore(ClaimCodec):
         """Claim ``requests`` in one round trip."""
         if not self.store_checked:
             yield CHECK_STORE
-        replies = yield Run((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
+        replies = yield from self.round_trip((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
                                                     self._lease_ms, self._retention_ms),))
         claims = self._claims(requests, replies[0])
         _log_claims(claims)
@@ -234,7 +266,7 @@ class ClientCore(ClaimCodec):
         claim_calls = self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms,
                                              self._retention_ms)
         try:
-            stored, released, replies = yield Run((completes, frees, claim_calls))
+            stored, released, replies = yield from self.round_trip((completes, frees, claim_calls))
         except StoreUnavailable as exc:
             settled = yield from self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests)
             return (*settled, [])
@@ -259,7 +291,7 @@ class ClientCore(ClaimCodec):
             stored = [v for _ in completes for v in next(replies)]
             released = [v for _ in frees for v in next(replies)]
         else:
-            stored, released = yield from self.finish_again_flow(error, Run((completes, frees)))
+            stored, released = yield from self.finish_again_flow(error, (completes, frees))
         settled = self.settled(outcomes, stored, released)
         if not requests:
             return settled
@@ -283,16 +315,16 @@ class ClientCore(ClaimCodec):
 
     # -- finishing writes -----------------------------------------------------------------------
 
-    def finishing_flow(self, leases: Sequence[tuple[str, int]], send: Run) -> Flow[list[list[Any]]]:
+    def finishing_flow(self, leases: Sequence[tuple[str, int]], send: tuple[list[Call], ...]) -> Flow[list[list[Any]]]:
         """A finishing write (complete, fail, release) of ``leases``: their renewals stop counting
         against them, then ``send``; sent again while :meth:`finish_again_flow` says so."""
         self.renewer.settle(leases)
         try:
-            return (yield send)  # type: ignore[no-any-return]
+            return (yield from self.round_trip(send))
         except StoreUnavailable as exc:
             return (yield from self.finish_again_flow(exc, send))
 
-    def finish_again_flow(self, error: StoreUnavailable, send: Run) -> Flow[list[list[Any]]]:
+    def finish_again_flow(self, error: StoreUnavailable, send: tuple[list[Call], ...]) -> Flow[list[list[Any]]]:
         """After a finishing write failed with ``error``: send it again while :attr:`finish_retry`
         says the error is transient and the lease lasts (the renewer keeps extending it meanwhile);
         raise the last error once it says stop. Claims are never sent through here. Safe to
@@ -310,7 +342,7 @@ class ClientCore(ClaimCodec):
             log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
             yield Sleep(delay)
             try:
-                return (yield send)  # type: ignore[no-any-return]
+                return (yield from self.round_trip(send))
             except StoreUnavailable as exc:
                 if isinstance(exc, (NotDurable, StreamCut)):
                     raise
@@ -324,7 +356,7 @@ class ClientCore(ClaimCodec):
         if self.renewer.is_lost(stem, token):
             raise LeaseLost(claim.key, token)
         calls = self.store.complete_calls(((stem, token, status, data),), self.result_ttl_ms(ttl))
-        stored = yield from self.finishing_flow(((stem, token),), Run((calls,)))
+        stored = yield from self.finishing_flow(((stem, token),), (calls,))
         if not self.owns(claim, stored[0][0]):
             raise LeaseLost(claim.key, token)
         if problem is not None:
@@ -344,7 +376,7 @@ class ClientCore(ClaimCodec):
         """``fail``: store a permanent failure as the outcome; raises :class:`LeaseLost`."""
         calls = self.store.complete_calls(((claim.stem, claim.token, Stored.FAILED, self.encode_failure(error)),),
                                           self._result_ttl_ms)
-        stored = yield from self.finishing_flow(((claim.stem, claim.token),), Run((calls,)))
+        stored = yield from self.finishing_flow(((claim.stem, claim.token),), (calls,))
         if not self.owns(claim, stored[0][0]):
             raise LeaseLost(claim.key, claim.token)
         log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
@@ -352,28 +384,29 @@ class ClientCore(ClaimCodec):
     def release_flow(self, claims: Sequence[Claim]) -> Flow[list[bool]]:
         """``release_many``: give the claims up; ``False`` where the token no longer owned it."""
         items = [(c.stem, c.token) for c in claims]
-        released = yield from self.finishing_flow(items, Run((self.store.release_calls(items, self._retention_ms),)))
+        released = yield from self.finishing_flow(items, (self.store.release_calls(items, self._retention_ms),))
         return [bool(v) for v in released[0]]
 
     # -- single calls ---------------------------------------------------------------------------
 
     def renew_flow(self, claim: Claim) -> Flow[bool]:
         """``renew``: extend the lease by ``lease`` from now; ``False`` when no longer owned."""
-        replies = yield Run((self.store.renew_calls(((claim.stem, claim.token),), self._lease_ms,
+        replies = yield from self.round_trip((self.store.renew_calls(((claim.stem, claim.token),), self._lease_ms,
                                                     self._retention_ms),))
         return bool(replies[0][0])
 
     def forget_flow(self, key: str | bytes, token: int | None, force: bool) -> Flow[bool]:
         """``forget``: remove the key's records, ownership-checked (``forget.lua``)."""
         stem = self.request(key).stem
-        replies = yield Run(([("forget", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
-                               ("" if token is None else token, "1" if force else "0"))],))
+        keys = (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem))
+        replies = yield from self.round_trip(([("forget", keys, ("" if token is None else token,
+                                                                 "1" if force else "0"))],))
         return int(replies[0][0]) == 1
 
     def status_flow(self, key: str | bytes) -> Flow[KeyState]:
         """``status``: the key's records, unchanged (``inspect.lua``)."""
         stem = self.request(key).stem
-        replies = yield Run(([("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ())],))
+        replies = yield from self.round_trip(([("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ())],))
         return key_state(*replies[0])
 
 

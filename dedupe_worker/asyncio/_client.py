@@ -21,7 +21,7 @@ from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import ClientCore, Either, Flow, Handler, Run, Sleep, Wait
+from .._protocol.flows import ClientCore, Either, Flow, Handler, Send, Sleep, Wait
 from .._protocol.serialization import Serializer
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -121,8 +121,8 @@ class AsyncClaimClient(ClientCore):
                 return stop.value  # type: ignore[no-any-return]
             error = None
             try:
-                if type(effect) is Run:
-                    value = await self.store.run(*effect.groups)
+                if type(effect) is Send:
+                    value = await self.store.scripts.call_all(effect.calls, effect.wait)
                 elif type(effect) is Handler:
                     value = await effect.fn()
                 elif type(effect) is Either:

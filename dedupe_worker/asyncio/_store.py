@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
-from .._protocol.calls import ClaimReply, StoreCalls, acquired_in, block_limit
+from .._protocol.calls import StoreCalls, block_limit
 from .._protocol.claim import Stored
 from .._protocol.layout import KeyLayout
-from .._protocol.scripts import Call, NotDurable
 from ._scripts import AsyncRedis, AsyncScriptRunner
 
 __all__ = ["AsyncRedisStore"]
@@ -40,43 +38,15 @@ class AsyncRedisStore(StoreCalls):
         self.max_block = block_limit(client)
         self.durability = None
 
-    async def run(self, *groups: list[Call]) -> list[list[Any]]:
-        """Send every call of every group in one round trip; each group's replies flattened.
-        As :meth:`RedisStore.run <dedupe_worker._protocol.RedisStore.run>`, :class:`NotDurable`
-        after giving back the claims a round trip took when too few replicas acknowledged it."""
-        calls = [call for group in groups for call in group]
-        durable = self.durability if any(name in ("claim", "complete") for name, _, _ in calls) else None
-        try:
-            replies = iter(await self.scripts.call_all(calls, durable))
-        except NotDurable as exc:
-            await self._give_back(calls, exc.replies)
-            raise
-        return [[v for _ in group for v in next(replies)] for group in groups]
-
-    async def _give_back(self, calls: list[Call], replies: list[Any]) -> None:
-        taken = acquired_in(calls, replies)
-        if not taken:
-            return
-        try:
-            await self.scripts.call_all(self.release_calls(taken, 1))
-        except StoreUnavailable as exc:  # the leases run out by themselves
-            log.warning("could not give back %d claims after a write that was not durable: %s", len(taken), exc)
-
-    async def claim(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[ClaimReply]:
-        """Claim every item; ``items`` are ``(stem, fingerprint, original_key)``."""
-        return self.claim_replies((await self.run(self.claim_calls(items, lease_ms, retention_ms)))[0])
-
     async def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
         """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
-        return [bool(v) for v in (await self.run(self.complete_calls(items, result_ttl_ms)))[0]]
-
-    async def release(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token)``; True where the claim was released."""
-        return [bool(v) for v in (await self.run(self.release_calls(items, retention_ms)))[0]]
+        replies = await self.scripts.call_all(self.complete_calls(items, result_ttl_ms), self.durability)
+        return [bool(v) for reply in replies for v in reply]
 
     async def renew(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[bool]:
         """``items`` are ``(stem, token)``; True where the lease was extended."""
-        return [bool(v) for v in (await self.run(self.renew_calls(items, lease_ms, retention_ms)))[0]]
+        replies = await self.scripts.call_all(self.renew_calls(items, lease_ms, retention_ms))
+        return [bool(v) for reply in replies for v in reply]
 
     async def watch(self, stem: str) -> float:
         """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,
