@@ -131,7 +131,8 @@ class StoreCalls:
         """``items`` are ``(stem, fingerprint, original_key)``."""
         if len(items) == 1:  # one message (decide, run): the same call, built without the batch's loops
             stem, fingerprint, original = items[0]
-            return [("claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original))]
+            return [("claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+                     (lease_ms, retention_ms, fingerprint, original))]
         return self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
                            (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
 

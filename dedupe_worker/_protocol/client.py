@@ -23,7 +23,7 @@ from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import ClientCore, Either, Flow, Handler, Send, Sleep, Wait, _log_claims, leases_of
+from .flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait, _log_claims, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -152,6 +152,11 @@ class ClaimClient(ClientCore):
                     value = self.store.scripts.call_all(effect.calls, effect.wait)
                 elif type(effect) is Handler:
                     value = effect.fn()
+                elif type(effect) is Stream:
+                    each = effect.each  # used only within this round trip
+                    value = self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
+                                                   lambda start, claims: self.drive(each(start, claims)),  # noqa: B023
+                                                   effect.step)
                 elif type(effect) is Either:
                     value = effect.sync()
                 elif type(effect) is Sleep:

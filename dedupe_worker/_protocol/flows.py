@@ -23,6 +23,8 @@ Effects (the result the driver sends back):
   or releases it or ``timeout`` passes; ``None``.
 - :class:`CheckStore`: check, once, the store's eviction policy (``check_store``); ``None``.
 - :class:`Either` ``(sync, asynchronous)``: ``sync()``, or ``await asynchronous()`` on asyncio.
+- :class:`Stream` ``(outcomes, releases, requests, each, step)``: ``settle_and_stream``, the flow
+  ``each`` run for the claims as they come in (the batch engine's round trip).
 - :class:`Handler` ``(fn)``: the handler's value (``fn()``, or ``await fn()`` on asyncio); its
   exception is thrown into the flow.
 """
@@ -45,7 +47,7 @@ from .scripts import Call, CallFailed, NotDurable, StreamCut
 from .serialization import Serializer
 
 __all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
-           "Sleep", "Wait"]
+           "Sleep", "Stream", "Wait"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,6 +86,18 @@ class Handler(NamedTuple):
     fn: Callable[[], Any]
 
 
+class Stream(NamedTuple):
+    """Store ``outcomes``, release ``releases`` and claim ``requests`` in one round trip, running
+    the flow ``each(start, claims)`` for every ``step`` claims (``settle_and_stream``: on the sync
+    client, while Redis still claims the later ones); answered with ``(stored, released)``."""
+
+    outcomes: Sequence[tuple[Claim, Stored, bytes]]
+    releases: Sequence[Claim]
+    requests: Sequence[Request]
+    each: Callable[[int, list[Claim]], Flow[None]]
+    step: int
+
+
 class Either(NamedTuple):
     """A call with a sync and an asyncio form: ``sync()`` on the sync driver, ``await
     asynchronous()`` on the asyncio one (a committed-row lookup in the handler's database)."""
@@ -94,7 +108,7 @@ class Either(NamedTuple):
 
 CHECK_STORE = CheckStore()
 
-Effect = Send | Sleep | Wait | CheckStore | Handler | Either
+Effect = Send | Sleep | Wait | CheckStore | Handler | Either | Stream
 #: A flow: yields effects, receives their results, returns ``T``.
 Flow = Generator[Effect, Any, T]
 
@@ -108,6 +122,8 @@ class Leases(Protocol):
 
     def track(self, stem: str, token: int) -> None: ...
     def untrack(self, stem: str, token: int) -> None: ...
+    def track_many(self, leases: Iterable[tuple[str, int]]) -> None: ...
+    def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None: ...
     def settle(self, leases: Iterable[tuple[str, int]]) -> None: ...
     def is_lost(self, stem: str, token: int) -> bool: ...
     def last_renewal(self) -> float: ...

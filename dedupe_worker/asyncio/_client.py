@@ -21,7 +21,7 @@ from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import ClientCore, Either, Flow, Handler, Send, Sleep, Wait
+from .._protocol.flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait
 from .._protocol.serialization import Serializer
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -125,6 +125,11 @@ class AsyncClaimClient(ClientCore):
                     value = await self.store.scripts.call_all(effect.calls, effect.wait)
                 elif type(effect) is Handler:
                     value = await effect.fn()
+                elif type(effect) is Stream:
+                    each = effect.each  # used only within this round trip
+                    value = await self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
+                                                   lambda start, claims: self.drive_async(each(start, claims)),  # noqa: B023
+                                                   effect.step)
                 elif type(effect) is Either:
                     value = await effect.asynchronous()
                 elif type(effect) is Sleep:

@@ -17,20 +17,24 @@ claim it at once, and the cancellation propagates.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from .._engine.batch import batch_flow
 from .._engine.decision import Decision, outcome
+from .._engine.pacing import Pacing
 from .._engine.single import decide_flow, execute_flow, settle_failure_flow
 from .._protocol.claim import Claim
 from ._client import AsyncClaimClient
 
-__all__ = ["AsyncHandler", "decide", "execute", "run", "settle_failure"]
+__all__ = ["AsyncHandler", "AsyncItem", "decide", "decide_many", "execute", "run", "settle_failure"]
 
 T = TypeVar("T")
 
 #: A zero-argument callable returning an awaitable: ``lambda: handle(message)``.
 AsyncHandler = Callable[[], Awaitable[Any]]
+#: ``(key, fingerprint, handler)``, the handler an :data:`AsyncHandler`.
+AsyncItem = tuple[str | bytes, Any, AsyncHandler]
 
 
 async def settle_failure(dedupe: AsyncClaimClient, claim: Claim, exc: BaseException) -> None:
@@ -63,3 +67,17 @@ async def run(dedupe: AsyncClaimClient, key: str | bytes, fn: Callable[..., Awai
     exception by :func:`~dedupe_worker._engine.outcome`."""
     handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
     return outcome(await decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait))  # type: ignore[no-any-return]
+
+
+async def decide_many(dedupe: AsyncClaimClient, items: Sequence[AsyncItem], *,
+                      run_batch: Callable[[list[int]], Awaitable[Sequence[Any]]] | None = None,
+                      flush_after: float | None = None, pacing: Pacing | None = None,
+                      integration: str = "run") -> list[Decision]:
+    """The batch engine on asyncio: :func:`dedupe_worker.decide_many` for ``(key, fingerprint,
+    handler)`` items whose handlers are ``async def`` (awaited one after the other, each with
+    ``current_claim()`` set), in order. The same code decides (the engine's batch flow), so the
+    verdicts, the chunking by ``flush_after``, the copies of a key within the batch and the crash
+    story are the sync engine's; ``run_batch(indices)`` is awaited. Never raises for bad input,
+    Redis or the handlers' own exceptions; ``CancelledError`` propagates once what finished is
+    stored and the rest released."""
+    return await dedupe.drive_async(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration))

@@ -79,6 +79,16 @@ class AsyncLeaseRenewer:
         """Stop renewing this claim (once every holder that tracked it has untracked it)."""
         self._leases().book.untrack((stem, token))
 
+    def track_many(self, leases: Iterable[Lease]) -> None:
+        """:meth:`track` for each ``(stem, token)`` (the batch engine's)."""
+        for stem, token in leases:
+            self.track(stem, token)
+
+    def untrack_many(self, leases: Iterable[Lease]) -> None:
+        """:meth:`untrack` for each ``(stem, token)``."""
+        for stem, token in leases:
+            self.untrack(stem, token)
+
     def is_lost(self, stem: str, token: int) -> bool:
         """Whether renewal found the claim taken by another token (this loop's claims)."""
         leases = self._loops.get(asyncio.get_running_loop())
