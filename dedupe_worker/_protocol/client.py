@@ -96,7 +96,7 @@ class ClaimClient(ClientCore):
 
     # -- construction ---------------------------------------------------------------------------
 
-    connect = staticmethod(redis_from_url)
+    _connect = staticmethod(redis_from_url)
 
     @property
     def watcher(self) -> KeyWatcher:
@@ -116,6 +116,9 @@ class ClaimClient(ClientCore):
             self.store.scripts.held.close()
         if self.owns_redis:
             self.store.client.close()
+            pool = getattr(self.store.client, "connection_pool", None)
+            if pool is not None:  # a pool from_url built itself: its sockets go too
+                pool.disconnect()
 
     def __enter__(self: C) -> C:
         return self

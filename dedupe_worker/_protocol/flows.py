@@ -176,7 +176,7 @@ class ClientCore(ClaimCodec):
         """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster.
         The client's ``close()`` (``aclose()`` on asyncio) closes the Redis client built here; a
         client passed to the constructor is the caller's to close."""
-        client = cls(cls.connect(url), **options)
+        client = cls(cls._connect(url), **options)
         client.owns_redis = True
         return client
 
@@ -187,7 +187,7 @@ class ClientCore(ClaimCodec):
         return cls.from_url(s.redis_url, **{**s.client_options(), **options})
 
     @staticmethod
-    def connect(url: str) -> Any:
+    def _connect(url: str) -> Any:
         """The Redis client :meth:`from_url` builds for ``url``."""
         raise NotImplementedError
 

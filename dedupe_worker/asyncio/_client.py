@@ -81,7 +81,7 @@ class AsyncClaimClient(ClientCore):
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
 
-    connect = staticmethod(async_redis_from_url)
+    _connect = staticmethod(async_redis_from_url)
 
     @property
     def watcher(self) -> AsyncKeyWaiter:
