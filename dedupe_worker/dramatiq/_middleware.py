@@ -47,10 +47,8 @@ with other arguments is dead-lettered as ``conflict`` instead of answered with a
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +70,6 @@ from .._errors import EvictionPolicyError, InvalidKey
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
 from .._operate.doctor import check_at_start
-from .._protocol.context import bind_claim, current_claim
 from ..keys import fingerprint_of, message_id_key
 
 __all__ = ["DEFERRALS_OPTION", "DeadLettered", "DedupeMiddleware"]
@@ -122,7 +119,8 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
 
     **Not guaranteed.** An actor called directly (``charge(1, 5)``, not through a worker) runs as
     a plain function, without a claim. ``async def`` actors (with Dramatiq's ``AsyncIO``
-    middleware) run on its event loop thread; ``current_claim()`` is set inside their coroutine too.
+    middleware) run on its event loop thread; ``current_claim()`` is set inside their coroutine
+    too (the coroutine is handed to the loop with a copy of the worker thread's context).
     """
 
     def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,
@@ -191,7 +189,7 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
             fingerprint = self.fingerprint_for(actor, args, kwargs)
         except InvalidKey as exc:
             return self.settle(actor.broker, message, refused(exc, "dramatiq"), None)
-        body = _with_claim(fn, args, kwargs) if _is_async(fn) else functools.partial(fn, *args, **kwargs)
+        body = functools.partial(fn, *args, **kwargs)
         decision = decide(self.dedupe, key, body, fingerprint=fingerprint, wait=self.defer_wait,
                           integration="dramatiq")
         return self.settle(actor.broker, message, decision, key)
@@ -294,28 +292,3 @@ class _MessageSteps:
 
     def where(self, message: Any) -> str:
         return f"message_id={message.message_id}"
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is Dramatiq's blocking wrapper of an ``async def`` actor (``async_to_sync``)."""
-    return inspect.iscoroutinefunction(getattr(fn, "__wrapped__", None))
-
-
-def _with_claim(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
-    """The body of an ``async def`` actor: its coroutine runs on Dramatiq's event loop thread, whose
-    context is not the worker thread's, so the claim the engine bound here is bound again inside
-    the coroutine."""
-    async_fn = fn.__wrapped__  # type: ignore[attr-defined]
-
-    def body() -> Any:
-        claim = current_claim()
-
-        async def bound() -> Any:
-            with bind_claim(claim) if claim is not None else contextlib.nullcontext():
-                return await async_fn(*args, **kwargs)
-
-        from dramatiq.asyncio import async_to_sync  # only where async actors exist
-
-        return async_to_sync(bound)()
-
-    return body
