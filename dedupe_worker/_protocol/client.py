@@ -1,5 +1,9 @@
 """The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
 
+Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
+runs the same flows. The deliberate twins are the driver loop, the key watcher, the renewer thread
+and the connection set-up, plus streamed claims on a held connection (sync only).
+
 :class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
 It never runs a handler and never decides what a message's fate is: that is the engine's
 (:mod:`dedupe_worker._engine`), and :class:`~dedupe_worker.Deduplicator` is this client with the
@@ -17,7 +21,7 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
-from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
 from .calls import KeyState
 from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, Request
@@ -323,7 +327,7 @@ class ClaimClient(ClientCore):
 
         Values that cannot be serialised are stored as omitted (and logged), as in :meth:`complete`.
         """
-        return [not isinstance(problem, LeaseLost) for problem in self.complete_each(items)]
+        return self.drive(self.complete_many_flow(items))
 
     def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable | None]:
         """:meth:`complete_many`, telling per item what :meth:`complete` would have raised: ``None``

@@ -388,6 +388,11 @@ class ClientCore(ClaimCodec):
         return [problem if ok else LeaseLost(claim.key, claim.token)
                 for (claim, _), ok, (_, _, problem) in zip(items, stored, encoded, strict=True)]
 
+    def complete_many_flow(self, items: Sequence[tuple[Claim, Any]]) -> Flow[list[bool]]:
+        """``complete_many``: whether each outcome was stored (``False``: the lease was lost)."""
+        problems = yield from self.complete_each_flow(items)
+        return [not isinstance(problem, LeaseLost) for problem in problems]
+
     def fail_flow(self, claim: Claim, error: BaseException | str) -> Flow[None]:
         """``fail``: store a permanent failure as the outcome; raises :class:`LeaseLost`."""
         calls = self.store.complete_calls(((claim.stem, claim.token, Stored.FAILED, self.encode_failure(error)),),

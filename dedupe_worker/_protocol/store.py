@@ -1,5 +1,8 @@
 """The claim protocol on Redis: each transition is one Lua script, called by SHA.
 
+A deliberate twin of :mod:`dedupe_worker.asyncio._store` for the few calls made outside a flow;
+every multi-step operation is a flow (:mod:`.flows`), written once for both clients.
+
 Why fencing tokens? A lease alone cannot stop a paused worker::
 
     A claims key (token 7) ... GC pause / network stall ...      A wakes, completes (token 7)

@@ -1,5 +1,9 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
+Its logic is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, run by
+:meth:`AsyncClaimClient.drive_async`. The deliberate twins of the sync client are the driver loop
+(awaits where the sync one blocks), the waiter, the renewer task and the connection set-up.
+
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
 encoding (both subclass :class:`~dedupe_worker._protocol.codec.ClaimCodec`), so a key claimed by
@@ -16,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import ClaimError, LeaseLost, ResultNotSerializable
+from .._errors import ClaimError, ResultNotSerializable
 from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.codec import Request
@@ -212,7 +216,7 @@ class AsyncClaimClient(ClientCore):
     async def complete_many(self, items: Sequence[tuple[Claim, Any]]) -> list[bool]:
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
         Values that cannot be serialised are stored as omitted (and logged)."""
-        return [not isinstance(problem, LeaseLost) for problem in await self.complete_each(items)]
+        return await self.drive_async(self.complete_many_flow(items))
 
     async def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable
                                                                               | None]:

@@ -1,5 +1,9 @@
 """The claim protocol's transitions on ``redis.asyncio``: the same calls, the same replies.
 
+A deliberate twin of :mod:`dedupe_worker._protocol.store` for the few calls made outside a flow
+(the renewer's ``renew``, the waiter's ``watch``/``wait_notice``): connection set-up and blocking
+differ; every multi-step operation is a flow (:mod:`dedupe_worker._protocol.flows`).
+
 :class:`AsyncRedisStore` builds its script calls and reads their replies with the code the
 synchronous :class:`~dedupe_worker._protocol.RedisStore` uses
 (:class:`~dedupe_worker._protocol.calls.StoreCalls`); only the round trips are awaited. The
