@@ -85,7 +85,7 @@ _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAIL
 #: to release the claim. (A tuple: one is made per message.)
 _Done = tuple[int, Claim, Decision, "tuple[Stored, bytes] | None"]
 
-_ACQUIRED, _FOUND = Outcome.ACQUIRED, Outcome.DUPLICATE
+_ACQUIRED = Outcome.ACQUIRED
 _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
@@ -165,10 +165,7 @@ class _Batch:
             if claim.outcome is _ACQUIRED:
                 acquired.append((i, claim))
                 continue
-            if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
-                decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
-            else:
-                decision = settle(claim)
+            decision = settle(claim)
             assert decision is not None
             if copies:
                 self.decided(i, decision)
