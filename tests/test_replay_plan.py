@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -15,6 +16,7 @@ from dedupe_worker import Deduplicator, Envelope
 from dedupe_worker.cli.replay import parse_rate
 from dedupe_worker.errors import StoreUnavailable
 from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, field_key, header_key, position_key
+from dedupe_worker.protocol.layout import KeyLayout
 from dedupe_worker.replay import (
     REPLAYED,
     Destination,
@@ -140,6 +142,47 @@ def test_redis_down_leaves_the_message_and_counts_it_failed(private_redis: Redis
         assert summary.record(entry) == "failed"
         with pytest.raises(StoreUnavailable):
             dedupe.status("k")
+    finally:
+        dedupe.close()
+
+
+def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_message(
+        dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    apply_before(dedupe, "applied", b'{"id": 1}')
+    apply_before(dedupe, "other", b'{"id": 9}')
+    redis_client.set(KeyLayout.result(dedupe.request("broken").stem), "not a hash")  # WRONGTYPE
+    planner = Planner(dedupe, header_key())
+    sent: list[int] = []
+    real_pipeline = redis_client.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda *a, **k: sent.append(len(pipe.command_stack)) or real_execute(*a, **k)
+        return pipe
+
+    redis_client.pipeline = counting_pipeline  # type: ignore[method-assign]
+    try:
+        entries = planner.judge_many([(envelope(k, b'{"id": 1}'), "handler_error")
+                                      for k in ("applied", "broken", "other", "new")]
+                                     + [(envelope(None), "handler_error")])
+    finally:
+        del redis_client.pipeline
+
+    assert sent == [8]  # one round trip: inspect + stored fingerprint for each of the four keys
+    assert [(e.key, e.state, e.step) for e in entries] == [
+        ("applied", "applied", Step.DROP), ("broken", "unavailable", Step.LEAVE),
+        ("other", "conflict", Step.LEAVE), ("new", "free", Step.REPLAY), (None, "no_key", Step.LEAVE)]
+    assert "WRONGTYPE" in entries[1].note
+
+
+def test_redis_down_leaves_every_message_of_the_batch(private_redis: RedisServer) -> None:
+    dedupe = Deduplicator(redis.Redis.from_url(private_redis.url, socket_timeout=0.5), namespace="t")
+    try:
+        assert Planner(dedupe, header_key()).judge(envelope("warm")).step is Step.REPLAY
+        private_redis.stop()
+        entries = Planner(dedupe, header_key()).judge_many([(envelope(k), "") for k in ("a", "b", "c")])
+        assert [(e.key, e.state, e.step) for e in entries] == [(k, "unavailable", Step.LEAVE) for k in "abc"]
     finally:
         dedupe.close()
 
