@@ -59,6 +59,7 @@ from ..messages.keys import KeyStrategy, body_fingerprint
 from ..protocol.calls import KeyState, key_state
 from ..protocol.claim import State, Stored
 from ..protocol.fingerprint import request_fingerprint
+from ..protocol.held import BUSY
 from ..protocol.layout import KeyLayout
 
 __all__ = ["HELD_BACK", "REPLAYED", "Entry", "Found", "Pacer", "Planner", "Step", "replay_headers"]
@@ -202,12 +203,18 @@ class Planner:
         store = self.dedupe.store
         try:
             sha = store.scripts.sha["inspect"]
-            pipe = store.client.pipeline(transaction=False)
+            commands: list[tuple[Any, ...]] = []
             for stem in stems:
                 result = KeyLayout.result(stem)
-                pipe.execute_command("EVALSHA", sha, 2, KeyLayout.started(stem), result)
-                pipe.execute_command("HGET", result, "f")
-            replies = pipe.execute(raise_on_error=False)
+                commands += [("EVALSHA", sha, 2, KeyLayout.started(stem), result), ("HGET", result, "f")]
+            # Read-only commands, so the held connection's retry on a connection error is safe.
+            held = store.scripts.held
+            replies = held.execute_many(commands) if held is not None else BUSY
+            if replies is BUSY:
+                pipe = store.client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
         except (RedisError, StoreUnavailable) as exc:
             failed = StoreUnavailable(f"Redis failed reading {len(stems)} keys: {exc}")
             return [failed] * len(stems)
