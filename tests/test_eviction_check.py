@@ -196,6 +196,88 @@ def test_celery_task_meeting_an_evicting_redis_is_deferred_not_lost(rabbitmq_url
         delete_namespace(redis_url, config["namespace"])
 
 
+def test_faststream_app_refuses_to_start(evicting: services.RedisServer, rabbitmq_url: str) -> None:
+    """The middleware's start-up hook stops ``FastStream(...).start()`` before the broker
+    connects; with ``allow_eviction`` the app starts."""
+    from faststream import FastStream
+    from faststream.rabbit import RabbitBroker
+
+    from dedupe_worker.faststream import dedupe_middleware
+
+    queue = f"ev-fs-{uuid.uuid4().hex[:8]}"
+
+    async def scenario(dedupe: AsyncDeduplicator) -> bool:
+        middleware = dedupe_middleware(dedupe)
+        broker = RabbitBroker(rabbitmq_url, middlewares=[middleware], logger=None)
+
+        @broker.subscriber(queue)
+        async def handle(body: Any) -> None:
+            return None
+
+        app = FastStream(broker, on_startup=[middleware.check_at_start], logger=None)
+        try:
+            await app.start()
+            return broker.running
+        finally:
+            await app.stop()
+            await dedupe.aclose()
+
+    refused = AsyncDeduplicator.from_url(evicting.url, namespace="ev-fs")
+    with pytest.raises(EvictionPolicyError, match="allkeys-lru"):
+        asyncio.run(scenario(refused))
+    try:
+        assert asyncio.run(scenario(AsyncDeduplicator.from_url(evicting.url, namespace="ev-fs",
+                                                               allow_eviction=True)))
+    finally:
+        with Connection(rabbitmq_url) as conn:
+            conn.channel().queue_delete(queue=queue)
+
+
+def test_faststream_message_meeting_an_evicting_redis_is_deferred(private_redis: services.RedisServer,
+                                                                 rabbitmq_url: str) -> None:
+    """Not checked at start (no hook): a message that meets an evicting Redis is handed back, not
+    failed, and applied once Redis is fixed."""
+    from faststream.rabbit import RabbitBroker
+
+    from .faststream_app import RecordingMiddleware
+
+    queue = f"ev-fs-{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis(port=private_redis.port)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+
+    async def until(condition: Any, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return bool(condition())
+
+    async def scenario() -> None:
+        dedupe = AsyncDeduplicator.from_url(private_redis.url, namespace="ev-fs-msg")
+        middleware = RecordingMiddleware(dedupe)
+        seen: list[Any] = []
+        broker = RabbitBroker(rabbitmq_url, middlewares=[middleware], logger=None)
+
+        @broker.subscriber(queue)
+        async def handle(body: Any) -> None:
+            seen.append(body)
+
+        async with broker:
+            await broker.start()
+            await broker.publish({"id": 1}, queue=queue)
+            assert await until(lambda: middleware.count("deferred") >= 2)  # refused, handed back, again
+            assert seen == []
+            admin.config_set("maxmemory-policy", "noeviction")
+            assert await until(lambda: bool(seen))
+        assert seen == [{"id": 1}] and middleware.count("applied") == 1
+        await dedupe.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        with Connection(rabbitmq_url) as conn:
+            conn.channel().queue_delete(queue=queue)
+
+
 def test_dramatiq_worker_refuses_to_boot(evicting: services.RedisServer, rabbitmq_url: str) -> None:
     import dramatiq
     from dramatiq.middleware import MiddlewareError
