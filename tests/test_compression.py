@@ -23,6 +23,7 @@ from dedupe_worker._protocol.sending import SendState, check_send
 from dedupe_worker._protocol.serialization import CODECS, MARK, JsonSerializer, Packer, unpack
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.cli import main
+from dedupe_worker.http import IdempotencyMiddleware, current_claim
 from dedupe_worker.keys import body_fingerprint, header_key
 from dedupe_worker.replay import Planner, Step
 from dedupe_worker.sql import atomic
@@ -30,6 +31,7 @@ from dedupe_worker.sql._statements import stored_key
 from dedupe_worker.testing import in_memory
 
 from .sql_fixtures import Tables, pg
+from .test_http_inprocess import call, replayed, scope
 
 __all__ = ["pg"]  # fixture used by name
 
@@ -289,3 +291,31 @@ def test_sql_row_is_compressed_and_a_reclaim_is_answered_from_it(redis_client: r
 
 def test_the_default_serializer_is_untouched() -> None:
     assert JsonSerializer().dumps(order())[:1] == b"{"  # compression is the codec's, not the serializer's
+
+
+# -- the HTTP layer ------------------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_an_http_response_is_replayed_byte_exact_through_both_compressions(
+        redis_url: str, redis_client: redis.Redis, namespace: str) -> None:
+    """The HTTP layer deflates its body before base64 (which the general compression cannot do as
+    well), and the general compression then shrinks the base64 text: both, and the replay is exact."""
+    body = orjson.dumps(order(600)) + bytes(range(256))  # not text: every byte value
+    runs: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        runs.append(current_claim())
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"x/bytes")]})
+        await send({"type": "http.response.body", "body": body})
+
+    d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, result_ttl=60)
+    middleware = IdempotencyMiddleware(app, d)
+    first, again = await call(middleware, scope()), await call(middleware, scope())
+    assert len(runs) == 1 and replayed(again) and not replayed(first)
+    assert b"".join(m.get("body", b"") for m in again[1:]) == body
+    reader = Deduplicator(redis_client, namespace=namespace)
+    raw = reader.store.inspect(runs[0].stem).value
+    assert isinstance(raw, bytes) and raw[:1] == MARK and orjson.loads(unpack(raw))["z"] == "deflate"
+    assert len(raw) < len(orjson.dumps(orjson.loads(unpack(raw))))
+    await d.aclose()
