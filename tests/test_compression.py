@@ -130,6 +130,15 @@ def test_sync_reads_back_a_compressed_result_byte_exact(redis_client: redis.Redi
     d.close()
 
 
+def test_a_batch_stores_and_reads_compressed_results(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    values = [order(100 + i) for i in range(3)] + ["small"]
+    keys = [f"b{i}" for i in range(len(values))]
+    claims = dedupe.begin_many(keys)
+    assert dedupe.complete_many(list(zip(claims, values, strict=True))) == [True] * len(values)
+    assert [stored_value(redis_client, dedupe, k)[:1] == MARK for k in keys] == [True, True, True, False]
+    assert [c.result for c in dedupe.begin_many(keys)] == values
+
+
 def test_just_under_and_just_over_the_threshold_on_redis(redis_client: redis.Redis, namespace: str) -> None:
     d = Deduplicator(redis_client, namespace=namespace, result_ttl=60)
     under, over = "y" * 1022, "y" * 1023  # JSON of 1024 and 1025 bytes
