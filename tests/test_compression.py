@@ -10,6 +10,7 @@ import json
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -73,6 +74,18 @@ def test_packer_round_trips_and_marks_its_codec(name: str) -> None:
     packed = packer.pack(data)
     assert packed[:1] == MARK and packed[1:2] == (b"s" if name == "zstd" else b"z")
     assert len(packed) < len(data) // 4 and unpack(packed) == data
+
+
+@pytest.mark.parametrize("name", ["zlib", "zstd"])
+def test_threads_pack_and_unpack_at_once(name: str) -> None:
+    packer = Packer(0, codec_available(name))
+    datas = [orjson.dumps(order(50 + i)) for i in range(8)]
+
+    def round_trips(data: bytes) -> bool:
+        return all(unpack(packer.pack(data)) == data for _ in range(200))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(round_trips, datas))
 
 
 def test_just_under_and_just_over_the_threshold() -> None:
