@@ -128,6 +128,14 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: ``app.conf.dedupe_max_result_bytes``, else ``DEDUPE_MAX_RESULT_BYTES``.
     dedupe_max_result_bytes: int | None = None
 
+    #: Results larger than this many bytes are stored compressed. :const:`None`:
+    #: ``app.conf.dedupe_compress_above``, else ``DEDUPE_COMPRESS_ABOVE`` (1024).
+    dedupe_compress_above: int | None = None
+
+    #: ``"auto"`` (zstd where installed, else zlib), ``"zstd"`` or ``"zlib"``. :const:`None`:
+    #: ``app.conf.dedupe_compression``, else ``DEDUPE_COMPRESSION``.
+    dedupe_compression: str | None = None
+
     #: Run the body without deduplication when Redis is down (logged as an error). :const:`None`:
     #: ``app.conf.dedupe_fail_open``, else ``DEDUPE_FAIL_OPEN`` (off: the task is deferred).
     dedupe_fail_open: bool | None = None
