@@ -76,12 +76,15 @@ class AsyncClaimClient(ClientCore):
         wait_replicas: int = 0,
         wait_timeout: float = 0.1,
         allow_eviction: bool = False,
+        compress_above: int | None = 1024,
+        compression: str = "auto",
     ) -> None:
         super().__init__(functools.partial(AsyncRedisStore, redis_client), AsyncLeaseRenewer, namespace=namespace,
                          lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
                          renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
-                         wait_timeout=wait_timeout, allow_eviction=allow_eviction)
+                         wait_timeout=wait_timeout, allow_eviction=allow_eviction,
+                         compress_above=compress_above, compression=compression)
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
 
