@@ -126,6 +126,9 @@ class AsyncClaimClient(ClientCore):
                 effect = flow.send(value) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
+            except BaseException:
+                error = None  # no cycle: this frame -> the error -> its traceback -> this frame
+                raise
             error = None
             try:
                 if type(effect) is Send:
