@@ -39,6 +39,7 @@ class AsyncRedisStore(StoreCalls):
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
+        super().__init__()
 
     async def run(self, *groups: list[Call]) -> list[list[Any]]:
         """Send every call of every group in one round trip; each group's replies flattened.

@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ..protocol.record import parse_result
+
 __all__ = ["Survey", "survey"]
 
 
@@ -60,9 +62,16 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
         pipe = client.pipeline(transaction=False)
         pipe.hmget(name, "s", "owner", "deadline")
         pipe.hstrlen(name, "v")
+        pipe.get(name)  # a result of record format 2 is a string (the hash commands fail on it)
         pipe.pttl(name)
         pipe.memory_usage(name)
-        (status, owner, _), size, ttl, memory = pipe.execute()
+        fields, size, raw, ttl, memory = pipe.execute(raise_on_error=False)
+        if isinstance(fields, Exception) and isinstance(raw, Exception):
+            raise fields
+        status, owner = (b"", None) if isinstance(fields, Exception) else (fields[0], fields[1])
+        if isinstance(raw, bytes):  # record format 2
+            stored = parse_result(raw)
+            status, size = stored.status, len(stored.value)
         if name.endswith(":result"):
             found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
             found.result_bytes.append(int(size))

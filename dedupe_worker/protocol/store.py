@@ -53,6 +53,7 @@ class RedisStore(StoreCalls):
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
+        super().__init__()
 
     # -- running them ---------------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ class RedisStore(StoreCalls):
             return self.complete([(stem, token, status, value)], result_ttl_ms)[0]
         reply = self.scripts.call(
             "complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
-            (result_ttl_ms, token, status.value, value),
+            (result_ttl_ms, token, status.value, self.record(token, status, value), *self.format_args),
         )
         return bool(reply[0])
 

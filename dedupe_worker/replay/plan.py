@@ -58,6 +58,7 @@ from ..protocol.calls import KeyState
 from ..protocol.claim import State, Stored
 from ..protocol.fingerprint import request_fingerprint
 from ..protocol.layout import KeyLayout
+from ..protocol.record import read_result
 
 __all__ = ["HELD_BACK", "REPLAYED", "Entry", "Found", "Pacer", "Planner", "Step", "replay_headers"]
 
@@ -187,7 +188,8 @@ class Planner:
             return Entry(key, Found.UNPROVEN, Step.LEAVE, reason,
                          f"fingerprint of this message failed: {type(exc).__name__}: {exc}", state.token)
         try:
-            raw = self.dedupe.store.client.hget(KeyLayout.result(self.dedupe.request(key).stem), "f")
+            record = read_result(self.dedupe.store.client, KeyLayout.result(self.dedupe.request(key).stem))
+            raw = record.fingerprint if record is not None else b""
         except RedisError as exc:
             log.error("replay key=%s token=%s left in place, Redis unavailable: %s", key, state.token, exc)
             return Entry(key, Found.UNAVAILABLE, Step.LEAVE, reason, str(exc), state.token)
