@@ -8,6 +8,8 @@
 --              counter) outlives the lease
 -- ARGV[2i+1] - payload fingerprint of message i ('' means "do not check")
 -- ARGV[2i+2] - the original key of message i when the Redis key holds its hash, else ''
+-- ARGV[2n+3] - optional, after the last message: '2' when this worker writes record format 2 (a
+--              stored result is then read as a string first, else as a hash first)
 --
 -- Returns four values per message, in order:
 --   {1, token, reclaimed, false}        ACQUIRED: we own the claim under a new fencing token;
@@ -38,7 +40,7 @@
 -- whatever its deadline. A result is read in both formats complete.lua writes. The cost is Redis'
 -- own time per key, so the common case is cheapest: a key with no record at all (one EXISTS of
 -- both keys) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one EXISTS
--- and one GET.
+-- and one read (HMGET or GET: the format this worker writes first).
 local lease_ms = tonumber(ARGV[1])
 -- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
 -- Shared values are made once as strings (at the first claim taken): Redis formats every number
@@ -54,9 +56,17 @@ end
 -- The stored outcome in either format: status, token, value, fingerprint ('' for none); nil when
 -- no outcome is stored. The compact string (complete.lua): a status letter, the token as 8 bytes
 -- big-endian, the value; after an upper-case letter the value is preceded by the fingerprint and
--- the original key, each after its 2-byte length. The hash (s, v, t, f, orig) of earlier
--- releases makes GET answer WRONGTYPE.
+-- the original key, each after its 2-byte length. The hash (s, v, t, f, orig) of record format 1
+-- makes GET answer WRONGTYPE, and a string makes HMGET do so: each is then read the other way.
+local strings_first = #ARGV == #KEYS + 3 and ARGV[#ARGV] == '2'
 local function outcome(result)
+  if not strings_first then  -- the format this worker writes is read first: no error to pay for
+    local h = redis.pcall('HMGET', result, 's', 'v', 't', 'f')
+    if type(h) == 'table' and not h.err then
+      if not h[1] then return nil end
+      return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+    end
+  end
   local raw = redis.pcall('GET', result)
   if not raw then return nil end
   if type(raw) == 'table' then

@@ -73,7 +73,8 @@ class AsyncRedisStore(StoreCalls):
         if self.durability is not None:
             return (await self.claim([(stem, fingerprint, original)], lease_ms, retention_ms))[0]
         return _claim_reply(*await self.scripts.call(
-            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
+            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+            (lease_ms, retention_ms, fingerprint, original, *self.format_args)
         ))
 
     async def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:

@@ -166,8 +166,11 @@ class StoreCalls:
 
     def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
-        return self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
-                           (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
+        calls = self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
+                            (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
+        if self.format_args:  # claim.lua reads the format this worker writes first
+            return [(name, keys, [*args, *self.format_args]) for name, keys, args in calls]
+        return calls
 
     def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
         """``items`` are ``(stem, token, status, value)``."""

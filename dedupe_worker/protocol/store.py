@@ -93,7 +93,8 @@ class RedisStore(StoreCalls):
         if self.durability is not None:
             return self.claim([(stem, fingerprint, original)], lease_ms, retention_ms)[0]
         return _claim_reply(*self.scripts.call(
-            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
+            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+            (lease_ms, retention_ms, fingerprint, original, *self.format_args)
         ))
 
     def complete_one(self, stem: str, token: int, status: Stored, value: bytes, result_ttl_ms: int) -> bool:
