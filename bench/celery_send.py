@@ -29,8 +29,8 @@ from typing import Any
 
 from celery import Celery
 
+from dedupe_worker._protocol.scripts import ScriptRunner
 from dedupe_worker.celery import IdempotentTask
-from dedupe_worker.protocol.scripts import ScriptRunner
 
 
 def make_app(broker: str, redis_url: str, namespace: str, queue: str) -> Celery:

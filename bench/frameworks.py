@@ -37,7 +37,7 @@ from dedupe_worker import Deduplicator
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.dramatiq import DedupeMiddleware
 from dedupe_worker.faststream import dedupe_middleware
-from dedupe_worker.messages.keys import field_key
+from dedupe_worker.keys import field_key
 
 #: A case: handle ``n`` messages, return the seconds it took.
 Case = Callable[[int], float]
@@ -123,7 +123,7 @@ def main() -> None:
                         default=os.environ.get("DEDUPE_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"))
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--messages", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     amqp = args.rabbitmq_url.rstrip("/") + "/"

@@ -32,10 +32,10 @@ from typing import Any
 
 import redis
 
-from dedupe_worker.protocol import Stored
-from dedupe_worker.protocol.calls import StoreCalls
-from dedupe_worker.protocol.layout import KeyLayout
-from dedupe_worker.protocol.scripts import SCRIPT_NAMES, Call, load_script
+from dedupe_worker._protocol import Stored
+from dedupe_worker._protocol.calls import StoreCalls
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.scripts import SCRIPT_NAMES, Call, load_script
 
 BATCHES = (1, 100, 500)
 LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 30_000, 600_000, 600_000

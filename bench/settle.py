@@ -33,7 +33,7 @@ import redis
 from kombu import Connection
 
 from dedupe_worker import Deduplicator
-from dedupe_worker.backoff import backoff
+from dedupe_worker._engine.policy import backoff
 from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
 
 COPIES = 5

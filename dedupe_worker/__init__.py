@@ -3,26 +3,26 @@
 Claim an idempotency key in Redis (one Lua script, fencing token included), run the handler,
 store its outcome only if our token still owns the claim, then ack, defer or dead-letter.
 
-The layers, from the bottom up:
-
-- :mod:`.protocol`: the Lua scripts, the store, the key layout, claims, lease renewal, and
-  :class:`ClaimClient`, which speaks the protocol;
-- :mod:`.messages`: the broker-neutral :class:`Envelope`, key strategies, dead-letter headers;
-- :mod:`.engine`: the one place that runs work (claim, run, store, verdict) for every path;
-- the integrations: :mod:`.celery`, :mod:`.rabbitmq`, :mod:`.kafka`, :mod:`.replay`, :mod:`.cli`.
+The public modules are this one, :mod:`dedupe_worker.asyncio`, :mod:`dedupe_worker.keys`,
+:mod:`dedupe_worker.testing`, :mod:`dedupe_worker.observe`, :mod:`dedupe_worker.producers`, one
+package per integration (``celery``, ``dramatiq``, ``faststream``, ``rabbitmq``, ``kafka``,
+``http``, ``sql``, ``django``), :mod:`dedupe_worker.replay` and :mod:`dedupe_worker.cli`. Every
+module whose name starts with ``_`` is the implementation and may move between releases; the
+layers, from the bottom up: ``_protocol`` (the Lua scripts, the store, claims, lease renewal and
+:class:`ClaimClient`, which speaks the protocol), ``_messages`` (the broker-neutral
+:class:`Envelope`, dead-letter headers), ``_engine`` (the one place that runs work: claim, run,
+store, verdict, and the one dispatch to broker actions), then the integrations.
 
 :class:`Deduplicator` is the protocol client with the engine's ``run()`` on top;
-:class:`dedupe_worker.asyncio.AsyncDeduplicator` is the same on ``redis.asyncio``. The modules
-``handling``, ``keys``, ``envelope`` and ``context`` at this level are the import paths of earlier
-releases, kept working.
+:class:`dedupe_worker.asyncio.AsyncDeduplicator` is the same on ``redis.asyncio``.
 """
 
 from __future__ import annotations
 
-from .decorators import idempotent
-from .deduplicator import Deduplicator
-from .engine import Action, Decision, Hooks, Reason, current_claim, decide, decide_many
-from .errors import (
+from ._decorators import idempotent
+from ._deduplicator import Deduplicator
+from ._engine import Action, Decision, Hooks, Reason, current_claim, decide, decide_many
+from ._errors import (
     AlreadyApplied,
     ClaimError,
     DedupeError,
@@ -37,9 +37,9 @@ from .errors import (
     StoreUnavailable,
     UndecodableMessage,
 )
-from .messages.envelope import Envelope
-from .protocol import OMITTED, Claim, ClaimClient, KeyState, Omitted, Outcome, State, Stored
-from .settings import DedupeSettings
+from ._messages.envelope import Envelope
+from ._protocol import OMITTED, Claim, ClaimClient, KeyState, Omitted, Outcome, State, Stored
+from ._settings import DedupeSettings
 
 __all__ = [
     "OMITTED",

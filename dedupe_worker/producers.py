@@ -28,12 +28,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .deduplicator import Deduplicator
-from .errors import StoreUnavailable
-from .messages.keys import DEFAULT_HEADER
-from .observe.base import current as observer
-from .protocol.calls import KeyState
-from .protocol.claim import State
+from ._deduplicator import Deduplicator
+from ._errors import StoreUnavailable
+from ._protocol.calls import KeyState
+from ._protocol.claim import State
+from .keys import DEFAULT_HEADER
+from .observe._base import current as observer
 
 __all__ = ["DEFAULT_HEADER", "Sent", "broker_publish_once", "produce_once", "publish_once", "send_actor_once",
            "stamp"]
@@ -119,7 +119,7 @@ def send_actor_once(actor: Any, *args: Any, deduplicator: Deduplicator | None = 
     actor's ``idempotency_key`` option over the arguments; without it the new message's id, which
     no earlier send can have used, so the message is published). Raises :class:`InvalidKey` when
     the option fails on these arguments."""
-    from .dramatiq.middleware import DedupeMiddleware
+    from .dramatiq._middleware import DedupeMiddleware
 
     message = actor.message(*args, **kwargs)
     key = DedupeMiddleware.key_for(actor, message, args, kwargs)

@@ -12,7 +12,7 @@ It is backed by fakeredis with Lua (``pip install 'dedupe-worker[testing]'``), s
 scripts run as on Redis: claims, fencing tokens, leases (on the real clock), conflicts, stored
 failures and waiting on keys behave exactly as in production. Each call starts an empty store of
 its own. With the package installed, pytest gets a ``dedupe`` fixture built this way (see
-:mod:`dedupe_worker.pytest_plugin`). :func:`in_memory_async` is the same for
+:mod:`dedupe_worker._pytest_plugin`). :func:`in_memory_async` is the same for
 :class:`~dedupe_worker.asyncio.AsyncDeduplicator`. Not for production: nothing is shared between
 processes.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .deduplicator import Deduplicator
-from .extras import require
+from ._deduplicator import Deduplicator
+from ._extras import require
 
 if TYPE_CHECKING:
     from .asyncio import AsyncDeduplicator

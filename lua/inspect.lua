@@ -2,9 +2,11 @@
 --
 -- KEYS[1] - the started key
 -- KEYS[2] - the result key
+-- ARGV[1]  - optional: 'f' to also return the stored outcome's fingerprint (the replay's check)
 --
 -- Returns {state, token, remaining_ms_or_status, value}:
 --   {2, token, status, value}        a stored outcome (status 'c', 'o' or 'f')
+--   {2, token, status, value, fp}    the same with ARGV[1] 'f' (fp '' when the claim had none)
 --   {3, owner_token, remaining_ms, false} a live lease is held
 --   {0, last_token, 0, false}        free: never claimed, released, or its lease ran out
 -- Read in one script so the two keys are seen at one instant. The result is read in both
@@ -28,8 +30,11 @@ local function outcome(result)
   local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
   return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
-local status, token, value = outcome(KEYS[2])
-if status then return {2, token, status, value} end
+local status, token, value, fp = outcome(KEYS[2])
+if status then
+  if ARGV[1] == 'f' then return {2, token, status, value, fp} end
+  return {2, token, status, value}
+end
 local st = redis.call('HMGET', KEYS[1], 'next', 'owner', 'deadline')
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

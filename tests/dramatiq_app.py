@@ -19,9 +19,8 @@ import dramatiq
 import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from dedupe_worker import Deduplicator, current_claim
+from dedupe_worker import Decision, Deduplicator, current_claim
 from dedupe_worker.dramatiq import DedupeMiddleware
-from dedupe_worker.engine import Decision
 
 
 def pika_url(url: str) -> str:

@@ -21,11 +21,10 @@ from faststream.kafka import KafkaBroker
 from faststream.nats import ConsumerConfig, JStream, NatsBroker
 from faststream.rabbit import RabbitBroker, RabbitQueue
 
-from dedupe_worker import current_claim
+from dedupe_worker import Decision, current_claim
 from dedupe_worker.asyncio import AsyncDeduplicator
-from dedupe_worker.engine import Decision
 from dedupe_worker.faststream import DedupeMiddleware
-from dedupe_worker.messages.keys import field_key
+from dedupe_worker.keys import field_key
 
 
 class RecordingMiddleware(DedupeMiddleware):

@@ -16,9 +16,8 @@ from typing import Any
 
 import redis
 
-from dedupe_worker import Deduplicator
+from dedupe_worker import Deduplicator, Envelope
 from dedupe_worker.cli import main
-from dedupe_worker.envelope import Envelope
 from dedupe_worker.keys import body_fingerprint
 
 __all__ = [

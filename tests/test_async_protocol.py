@@ -12,8 +12,8 @@ import redis
 import redis.asyncio
 
 from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome, Stored, StoreUnavailable
+from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.asyncio import AsyncDeduplicator
-from dedupe_worker.protocol.layout import KeyLayout
 
 from . import services
 from .async_fixtures import adedupe, aredis
@@ -344,7 +344,7 @@ async def test_a_missing_script_reloads_them_all(private_redis: services.RedisSe
     """As the synchronous runner: after a NOSCRIPT every protocol script is loaded, so a pipeline
     that gives a claim back and claims the key again never finds release.lua missing while
     claim.lua is loaded (the retried release would run after the claim: our own lease, IN_PROGRESS)."""
-    from dedupe_worker.protocol.scripts import SCRIPT_NAMES
+    from dedupe_worker._protocol.scripts import SCRIPT_NAMES
 
     sync_client = redis.Redis.from_url(private_redis.url)
     d = AsyncDeduplicator(redis.asyncio.Redis.from_url(private_redis.url), namespace="reload", lease=5)

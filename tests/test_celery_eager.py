@@ -169,13 +169,15 @@ def test_settings_come_from_task_then_app_then_environment(
     for app in apps:
         app.conf.dedupe_redis_url = celery_config["backend"]
         app.conf.dedupe_result_ttl = 99
+        app.conf.dedupe_compression = "zlib"
     apps[1].conf.dedupe_lease = 3
     tasks = []
     for app in apps:
         @app.task(base=IdempotentTask, shared=False, name="s.env")
         def from_env() -> None: ...
 
-        @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine")
+        @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine",
+                  dedupe_compress_above=64)
         def from_task() -> None: ...
 
         tasks.append((from_env.deduplicator, from_task.deduplicator))
@@ -184,6 +186,7 @@ def test_settings_come_from_task_then_app_then_environment(
     assert (env.lease, env.layout.namespace, env.result_ttl) == (7.0, "from-env", 99)
     assert (own.lease, own.layout.namespace, own.result_ttl) == (1.5, "mine", 99)
     assert (conf.lease, conf.layout.namespace) == (3.0, "from-env")
+    assert (env.packer.above, env.packer.codec, own.packer.above) == (1024, "zlib", 64)
     assert own_again is own  # same settings, same process: one Deduplicator, one renewer thread
     for app in apps:
         app.close()
@@ -195,7 +198,7 @@ def test_crash_safety_defaults() -> None:
 
 
 def test_hooks_and_retry_options_are_the_shared_ones(eager_app: Celery) -> None:
-    from dedupe_worker.engine import Hooks, RetryPolicy
+    from dedupe_worker._engine import Hooks, RetryPolicy
     from dedupe_worker.kafka import DedupeKafkaConsumer
     from dedupe_worker.rabbitmq import DedupeConsumer
 
@@ -226,18 +229,3 @@ def test_hooks_and_retry_options_are_the_shared_ones(eager_app: Celery) -> None:
     with pytest.raises(KeyConflict):
         hooked.apply(args=(3,)).get()
     assert seen[-1] == ("dead_letter", "conflict")
-
-
-def test_old_style_hooks_still_work_with_a_deprecation_warning(eager_app: Celery) -> None:
-    calls: list[Any] = []
-    with pytest.warns(DeprecationWarning, match="on_duplicate"):
-        class Old(IdempotentTask):
-            def on_duplicate(self, decision: Any) -> None:
-                calls.append(decision.value)
-
-    @eager_app.task(base=Old, name="dt.old", idempotency_key=lambda n: f"old:{n}")
-    def old(n: int) -> int:
-        return n + 1
-
-    assert old.apply(args=(1,)).get() == 2 and old.apply(args=(1,)).get() == 2
-    assert calls == [2]

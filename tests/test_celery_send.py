@@ -23,7 +23,7 @@ from celery.signals import before_task_publish
 
 from dedupe_worker import KeyConflict, PreviouslyFailed
 from dedupe_worker.observe import current
-from dedupe_worker.observe.metrics import MetricsObserver
+from dedupe_worker.observe._metrics import MetricsObserver
 
 from . import celery_fixtures
 from .celery_fixtures import PermanentError, WorkerProcess, delete_queue, effects, make_app

@@ -22,8 +22,8 @@ import redis
 from kombu import Connection
 
 from dedupe_worker import Deduplicator
+from dedupe_worker._operate import check_at_start
 from dedupe_worker.cli import build_parser
-from dedupe_worker.operate import check_at_start
 from dedupe_worker.rabbitmq import delay_queue, dlq
 
 from . import services
@@ -153,7 +153,7 @@ def test_inspect_hints_at_an_empty_namespace(dedupe: Deduplicator, capsys: pytes
 def test_start_up_projection_uses_doctors_default_rate(private_redis: services.RedisServer,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     d = Deduplicator(redis.Redis(port=private_redis.port), namespace="p", result_ttl=3600)
-    with caplog.at_level(logging.WARNING, logger="dedupe_worker.operate.doctor"):
+    with caplog.at_level(logging.WARNING, logger="dedupe_worker._operate.doctor"):
         check_at_start(d)
     memory = next(r.getMessage() for r in caplog.records if "check memory" in r.getMessage())
     assert "(100 msg/s x 3600 s" in memory and "projection 0 bytes" not in memory

@@ -10,11 +10,10 @@ import re
 import pytest
 from kombu import Connection
 
-from dedupe_worker import Deduplicator
-from dedupe_worker.engine import Reason
-from dedupe_worker.engine.dispatch import Done, Tally
+from dedupe_worker import Deduplicator, Reason
+from dedupe_worker._engine.dispatch import Done, Tally
 from dedupe_worker.kafka import DedupeKafkaConsumer
-from dedupe_worker.messages.keys import header_key
+from dedupe_worker.keys import header_key
 from dedupe_worker.rabbitmq import DedupeConsumer
 
 from .kafka_fixtures import Topics, kafka_topics, produce, running, wait_until
@@ -22,7 +21,7 @@ from .rabbitmq_fixtures import amqp, consumer_thread, publish, queue_name, wait_
 
 __all__ = ["amqp", "kafka_topics", "queue_name"]
 
-LOGGER = "dedupe_worker.engine.dispatch"
+LOGGER = "dedupe_worker._engine.dispatch"
 
 
 def summaries(caplog: pytest.LogCaptureFixture, name: str, state: str) -> list[dict[str, int]]:

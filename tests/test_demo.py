@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from dedupe_worker import Deduplicator
-from dedupe_worker.demo import run_demo
+from dedupe_worker._demo import run_demo
 
 
 def test_without_dedupe_duplicates_apply_and_with_it_each_order_applies_once(

@@ -25,22 +25,19 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-from dedupe_worker import Deduplicator, current_claim
+from dedupe_worker import Decision, Deduplicator, Envelope, current_claim
+from dedupe_worker._engine.dispatch import Acted, Done
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.celery import IdempotentTask
-from dedupe_worker.celery import task as celery_task
+from dedupe_worker.celery import _task as celery_task
 from dedupe_worker.dramatiq import DedupeMiddleware
-from dedupe_worker.dramatiq import middleware as dramatiq_middleware
-from dedupe_worker.engine import Decision
-from dedupe_worker.engine.dispatch import Acted, Done
+from dedupe_worker.dramatiq import _middleware as dramatiq_middleware
 from dedupe_worker.faststream import DedupeMiddleware as FastStreamMiddleware
-from dedupe_worker.faststream import middleware as faststream_middleware
-from dedupe_worker.kafka import DedupeKafkaConsumer
-from dedupe_worker.kafka.deadletter import DeadLetterProducer
-from dedupe_worker.messages.envelope import Envelope
-from dedupe_worker.messages.keys import header_key
+from dedupe_worker.faststream import _middleware as faststream_middleware
+from dedupe_worker.kafka import DeadLetterProducer, DedupeKafkaConsumer
+from dedupe_worker.keys import header_key
 from dedupe_worker.rabbitmq import DedupeConsumer
-from dedupe_worker.rabbitmq import actions as rabbitmq_actions
+from dedupe_worker.rabbitmq import _actions as rabbitmq_actions
 
 from .dramatiq_app import pika_url
 from .kafka_fixtures import Topics, kafka_topics, produce, running

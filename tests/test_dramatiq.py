@@ -23,8 +23,8 @@ import redis
 from dramatiq.common import dq_name, xq_name
 
 from dedupe_worker import Deduplicator
-from dedupe_worker.messages import deadletter
-from dedupe_worker.messages.keys import fingerprint_of
+from dedupe_worker._messages import deadletter
+from dedupe_worker.keys import fingerprint_of
 
 from . import services
 from .dramatiq_app import App, build, pika_url

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from dedupe_worker import Deduplicator, Reason, State, current_claim, decide_many
-from dedupe_worker.engine import Pacing
-from dedupe_worker.engine.batch import STREAM_STEP
-from dedupe_worker.protocol.scripts import ScriptRunner
+from dedupe_worker._engine import Pacing
+from dedupe_worker._engine.batch import STREAM_STEP
+from dedupe_worker._protocol.scripts import ScriptRunner
 
 
 class CountingConnection(redis.Connection):

@@ -26,8 +26,8 @@ import redis.asyncio
 from kombu import Connection
 
 from dedupe_worker import Deduplicator
+from dedupe_worker._messages import deadletter
 from dedupe_worker.asyncio import AsyncDeduplicator
-from dedupe_worker.messages import deadletter
 
 from . import services
 from .faststream_app import App, build

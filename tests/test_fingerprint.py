@@ -16,7 +16,7 @@ import pydantic
 import pytest
 
 from dedupe_worker import Deduplicator, Outcome, idempotent
-from dedupe_worker.protocol.fingerprint import canonical_json, canonical_number, fingerprint_of
+from dedupe_worker._protocol.fingerprint import canonical_json, canonical_number, fingerprint_of
 
 
 @pytest.mark.parametrize(("number", "text"), [
@@ -105,7 +105,7 @@ def test_idempotent_refuses_an_argument_it_cannot_fingerprint(dedupe: Deduplicat
 
 _CHILD = textwrap.dedent("""
     import dataclasses, datetime, sys
-    from dedupe_worker.protocol.fingerprint import fingerprint_of
+    from dedupe_worker._protocol.fingerprint import fingerprint_of
 
     @dataclasses.dataclass
     class Line:

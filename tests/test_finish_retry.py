@@ -1,6 +1,6 @@
 """Finishing writes retried on transient store errors while the lease lasts; script flags by version.
 
-The policy (:mod:`dedupe_worker.protocol.retry`) is sans-I/O and tested as such; the drivers are
+The policy (:mod:`dedupe_worker._protocol.retry`) is sans-I/O and tested as such; the drivers are
 tested on a private Redis made ``BUSY`` by a long script while handlers finish, sync and asyncio.
 The ``#!lua`` flags decision is tested as a function of ``INFO server`` (no Redis 6 binary here)
 and end to end with a client that reports Redis 6.
@@ -28,10 +28,10 @@ from redis.exceptions import (
 )
 
 from dedupe_worker import Deduplicator, LeaseLost, Reason, StoreUnavailable, decide
+from dedupe_worker._protocol.retry import FinishRetry, transient
+from dedupe_worker._protocol.scripts import NotDurable, ScriptRunner, load_script, script_text, takes_flags
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide as async_decide
-from dedupe_worker.protocol.retry import FinishRetry, transient
-from dedupe_worker.protocol.scripts import NotDurable, ScriptRunner, load_script, script_text, takes_flags
 from dedupe_worker.testing import in_memory
 
 from .services import RedisServer
@@ -225,7 +225,7 @@ def test_a_connection_torn_down_inside_redis_py_is_a_connection_error() -> None:
     """redis-py 8.1's asyncio client can raise AttributeError/TypeError from a connection that a
     concurrent disconnect tore down (seen during the slot migration test): counted as a
     connection error, so the write is retried or the message deferred, never an escaped crash."""
-    from dedupe_worker.asyncio.scripts import torn_connection
+    from dedupe_worker.asyncio._scripts import torn_connection
 
     try:
         redis.connection.Connection.pack_command(object(), "PING")  # type: ignore[arg-type]

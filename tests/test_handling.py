@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from dedupe_worker import Action, Deduplicator, MissingKey, Reason, current_claim, decide, decide_many
-from dedupe_worker.handling import poison
-from dedupe_worker.messages.deadletter import dead_letter_headers
+from dedupe_worker._engine import poison
+from dedupe_worker._messages.deadletter import dead_letter_headers
 
 
 def test_each_outcome_maps_to_one_action(redis_client: redis.Redis, namespace: str) -> None:
@@ -99,7 +99,7 @@ def test_dead_letter_headers_name_reason_error_and_origin() -> None:
 
 @pytest.mark.parametrize("attempt", [1, 3, 10])
 def test_backoff_stays_in_bounds(attempt: int) -> None:
-    from dedupe_worker.backoff import backoff
+    from dedupe_worker._engine.policy import backoff
 
     for _ in range(100):
         value = backoff(attempt, base=0.1, cap=2.0, floor=0.5)

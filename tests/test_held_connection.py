@@ -164,7 +164,7 @@ def test_a_missing_script_reloads_them_all(private_redis: RedisServer) -> None:
     """After a NOSCRIPT every protocol script is loaded, so a pipeline (complete, release, then
     claim) never finds a later script loaded and an earlier one missing: a retried call would
     run after the later calls of its pipeline."""
-    from dedupe_worker.protocol.scripts import SCRIPT_NAMES
+    from dedupe_worker._protocol.scripts import SCRIPT_NAMES
 
     client = redis.Redis.from_url(private_redis.url)
     d = Deduplicator(client, namespace="reload", lease=5)

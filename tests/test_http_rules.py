@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from dedupe_worker import Claim, Outcome
 from dedupe_worker.http import IdempotencyRules, KeyProblem, RequestInfo, parse_key, stored_status
-from dedupe_worker.http.stored import Response, decode, encode
-from dedupe_worker.protocol.claim import Claim, Outcome
+from dedupe_worker.http._stored import Response, decode, encode
 
 
 @pytest.mark.parametrize(("values", "expected"), [

@@ -14,11 +14,8 @@ import pytest
 import redis
 from confluent_kafka import Message
 
-from dedupe_worker import Deduplicator, Reason
-from dedupe_worker.handling import Decision
-from dedupe_worker.kafka import DedupeKafkaConsumer
-from dedupe_worker.keys import field_key, first_of, header_key
-from dedupe_worker.messages.deadletter import (
+from dedupe_worker import Decision, Deduplicator, Reason
+from dedupe_worker._messages.deadletter import (
     ATTEMPTS,
     ERROR,
     KEY,
@@ -27,6 +24,8 @@ from dedupe_worker.messages.deadletter import (
     ORIGINAL_TOPIC,
     REASON,
 )
+from dedupe_worker.kafka import DedupeKafkaConsumer
+from dedupe_worker.keys import field_key, first_of, header_key
 
 from .kafka_fixtures import (
     FAST_GROUP,

@@ -9,11 +9,10 @@ import pytest
 import redis
 
 import dedupe_worker.kafka
-from dedupe_worker import Deduplicator
-from dedupe_worker.cli import kafka as kafka_cli
-from dedupe_worker.handling import Decision, Reason, decide_many
-from dedupe_worker.kafka.deadletter import DeadLetter, producer_config
-from dedupe_worker.kafka.positions import DONE, Hold, PartitionState, plan_partition
+from dedupe_worker import Decision, Deduplicator, Reason, decide_many
+from dedupe_worker.cli import _kafka as kafka_cli
+from dedupe_worker.kafka._deadletter import DeadLetter, producer_config
+from dedupe_worker.kafka._positions import DONE, Hold, PartitionState, plan_partition
 
 
 def test_exports() -> None:

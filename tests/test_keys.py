@@ -10,8 +10,8 @@ import redis
 
 from dedupe_worker import Deduplicator, Envelope, InvalidKey, MissingKey, Outcome, UndecodableMessage
 from dedupe_worker import keys as k
-from dedupe_worker.deduplicator import KEY_HARD_LIMIT
-from dedupe_worker.protocol.layout import KeyLayout
+from dedupe_worker._deduplicator import KEY_HARD_LIMIT
+from dedupe_worker._protocol.layout import KeyLayout
 
 
 def test_layout_shares_one_hash_slot() -> None:
@@ -170,7 +170,7 @@ class _KombuMessage:
 def test_from_kombu_builds_the_envelope_its_init_would(body: bytes | str) -> None:
     import dataclasses
 
-    from dedupe_worker.messages.envelope import from_kombu
+    from dedupe_worker._messages.envelope import from_kombu
 
     message = _KombuMessage(body)
     envelope = from_kombu(message, "orders")
@@ -182,7 +182,7 @@ def test_from_kombu_builds_the_envelope_its_init_would(body: bytes | str) -> Non
 
 
 def test_a_replayed_record_keeps_its_original_position() -> None:
-    from dedupe_worker.envelope import from_kafka
+    from dedupe_worker._messages.envelope import from_kafka
 
     assert k.position_key()(from_kafka(_Record([], 9))) == "payments/1/9"
     origin = [("x-dedupe-original-topic", b"payments"), ("x-dedupe-original-partition", b"0"),
@@ -213,7 +213,7 @@ def test_kafka_default_answers_as_the_chain_it_stands_for(headers: dict[str, obj
 def test_a_request_is_what_the_checked_key_and_its_layout_make(key: object, fingerprint: object,
                                                                dedupe: Deduplicator) -> None:
     """The common key takes a shorter path to its request: the same request as the general one."""
-    from dedupe_worker.protocol.fingerprint import request_fingerprint
+    from dedupe_worker._protocol.fingerprint import request_fingerprint
 
     try:
         stored, original = dedupe.check_key(key)  # type: ignore[arg-type]

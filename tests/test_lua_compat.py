@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 import redis
 
-from dedupe_worker.protocol import Stored
-from dedupe_worker.protocol.calls import StoreCalls
-from dedupe_worker.protocol.layout import KeyLayout
-from dedupe_worker.protocol.record import StoredResult, parse_result, read_result
-from dedupe_worker.protocol.scripts import SCRIPT_NAMES, load_script
+from dedupe_worker import Stored
+from dedupe_worker._protocol.calls import StoreCalls
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.record import StoredResult, parse_result, read_result
+from dedupe_worker._protocol.scripts import SCRIPT_NAMES, load_script
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
 OLDER = Path(__file__).parent / "data" / "lua_older"

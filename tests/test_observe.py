@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dedupe_worker import Deduplicator, InProgress, KeyConflict, PreviouslyFailed
 from dedupe_worker.observe import current
-from dedupe_worker.observe.metrics import MetricsObserver
+from dedupe_worker.observe._metrics import MetricsObserver
 
 from . import services
 from .kafka_fixtures import Topics, kafka_topics, produce, running, unique, wait_until
@@ -143,7 +143,7 @@ def test_spans_for_claim_handler_and_complete(redis_client: Any, namespace: str)
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from dedupe_worker.observe.tracing import TracingObserver
+    from dedupe_worker.observe._tracing import TracingObserver
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -15,13 +15,12 @@ import redis
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from dedupe_worker import Deduplicator
+from dedupe_worker import Deduplicator, Reason, decide, decide_many
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide as adecide
-from dedupe_worker.engine import Reason, decide, decide_many
 from dedupe_worker.observe import current
-from dedupe_worker.observe.metrics import MetricsObserver
-from dedupe_worker.observe.tracing import TracingObserver
+from dedupe_worker.observe._metrics import MetricsObserver
+from dedupe_worker.observe._tracing import TracingObserver
 
 from . import services
 

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from dedupe_worker import Deduplicator, State
+from dedupe_worker._operate import diagnose
 from dedupe_worker.cli import main
-from dedupe_worker.operate import diagnose
 
 from . import services
 

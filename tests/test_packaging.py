@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import dedupe_worker
-from dedupe_worker.protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
+from dedupe_worker._protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "test-deps.pth").write_text(deps + "\n")
     code = (
-        "import dedupe_worker, pathlib; from dedupe_worker.protocol.scripts import load_script, SCRIPT_NAMES;"
+        "import dedupe_worker, pathlib; from dedupe_worker._protocol.scripts import load_script, SCRIPT_NAMES;"
         "from importlib import resources;"
         "print(dedupe_worker.__file__);"
         "print(all(resources.files('dedupe_worker').joinpath('lua', n + '.lua').is_file() for n in SCRIPT_NAMES));"
@@ -75,7 +75,7 @@ def test_public_names() -> None:
 
 
 def test_every_error_derives_from_the_root() -> None:
-    from dedupe_worker import errors
+    from dedupe_worker import _errors as errors
 
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.DedupeError)
@@ -122,14 +122,14 @@ def test_an_integration_without_its_extra_names_the_extra_to_install(module: str
 
 
 def test_the_layers_import_only_downwards() -> None:
-    """protocol < messages < engine, each importing only its own layer, the ones below, and the
-    leaf modules at the top (errors, settings, backoff, extras): so no import cycle runs through them."""
+    """_protocol < _messages < _engine, each importing only its own layer, the ones below, and the
+    leaves (_errors, _settings, _extras, observe): so no import cycle runs through them."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
-    rank = {"protocol": 1, "messages": 2, "engine": 3}
-    leaves = {"errors", "settings", "backoff", "extras", "observe"}
+    rank = {"_protocol": 1, "_messages": 2, "_engine": 3}
+    leaves = {"_errors", "_settings", "_extras", "observe"}
     for layer, own in rank.items():
         for path in (root / layer).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -142,21 +142,35 @@ def test_the_layers_import_only_downwards() -> None:
                     f"{layer}/{path.name} imports {'.' * node.level}{node.module}, above its layer"
 
 
-def test_the_asyncio_package_sits_beside_the_deduplicator() -> None:
-    """``dedupe_worker.asyncio`` imports the layers below (protocol, messages, engine), the leaves
-    and its sibling ``deduplicator``/``decorators`` only; and no layer below imports it."""
+def test_the_leaves_import_nothing_of_the_package() -> None:
+    """The errors, the settings, the extras' hint and the observers sit on the bottom floor."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
-    allowed = {"protocol", "messages", "engine", "errors", "settings", "backoff", "extras", "observe",
-               "deduplicator", "decorators", "asyncio"}
+    for path in [root / "_errors.py", root / "_settings.py", root / "_extras.py", *(root / "observe").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0 or (path.parent.name == "observe" and node.level == 1), \
+                    f"{path.name} imports {'.' * node.level}{node.module}"
+                assert not (node.module or "").startswith("dedupe_worker"), f"{path.name} imports {node.module}"
+
+
+def test_the_asyncio_package_sits_beside_the_deduplicator() -> None:
+    """``dedupe_worker.asyncio`` imports the layers below (protocol, messages, engine), the leaves
+    and its sibling ``_deduplicator``/``_decorators`` only; and no layer below imports it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(dedupe_worker.__file__).parent
+    allowed = {"_protocol", "_messages", "_engine", "_errors", "_settings", "_extras", "observe",
+               "_deduplicator", "_decorators", "asyncio"}
     for path in (root / "asyncio").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:
                 first = (node.module or "").split(".")[0] if node.level == 2 else "asyncio"
                 assert first in allowed, f"asyncio/{path.name} imports {'.' * node.level}{node.module}"
-    for layer in ("protocol", "messages", "engine"):
+    for layer in ("_protocol", "_messages", "_engine"):
         for path in (root / layer).glob("*.py"):
             assert "asyncio" not in {
                 part for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)

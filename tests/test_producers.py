@@ -10,11 +10,10 @@ from confluent_kafka import Producer
 from kombu import Connection
 from kombu import Producer as KombuProducer
 
-from dedupe_worker import Deduplicator
-from dedupe_worker.messages.envelope import from_kafka, from_kombu
-from dedupe_worker.messages.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT
+from dedupe_worker import Deduplicator, State
+from dedupe_worker._messages.envelope import from_kafka, from_kombu
+from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT
 from dedupe_worker.producers import Sent, produce_once, publish_once, send_actor_once, stamp
-from dedupe_worker.protocol import State
 
 from .kafka_fixtures import Topics, kafka_topics, read_topic
 from .rabbitmq_fixtures import amqp, depth, queue_name, wait_for
@@ -114,13 +113,13 @@ def test_dramatiq_helper_uses_the_middlewares_key_and_skips_work_done(
 
 
 def test_exported_names() -> None:
-    import dedupe_worker.celery.send
+    import dedupe_worker._protocol.sending
+    import dedupe_worker.celery._send
     import dedupe_worker.producers
-    import dedupe_worker.protocol.sending
 
     assert dedupe_worker.producers.__all__ == ["DEFAULT_HEADER", "Sent", "broker_publish_once", "produce_once",
                                                "publish_once", "send_actor_once", "stamp"]
-    assert dedupe_worker.celery.send.__all__ == ["EXPECTED_QUEUE_TIME", "send_once", "send_ttl",
+    assert dedupe_worker.celery._send.__all__ == ["EXPECTED_QUEUE_TIME", "send_once", "send_ttl",
                                                  "sends_deduplicated"]
-    assert dedupe_worker.protocol.sending.__all__ == ["SendAnswer", "SendState", "check_send", "send_answer",
+    assert dedupe_worker._protocol.sending.__all__ == ["SendAnswer", "SendState", "check_send", "send_answer",
                                                       "send_call"]

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome
-from dedupe_worker.protocol.layout import KeyLayout
+from dedupe_worker._protocol.layout import KeyLayout
 
 from .doubles import redis_or_double  # noqa: F401 - each test runs on Redis and on the double
 

@@ -13,8 +13,7 @@ import redis
 from kombu import Connection
 
 import dedupe_worker.rabbitmq as rabbitmq
-from dedupe_worker import Deduplicator, Reason
-from dedupe_worker.envelope import Envelope
+from dedupe_worker import Deduplicator, Envelope, Reason
 from dedupe_worker.keys import body_fingerprint, field_key, first_of, header_key
 from dedupe_worker.rabbitmq import DedupeConsumer, delay_queue, dlq
 

@@ -8,12 +8,16 @@ import pytest
 import redis
 import redis.asyncio
 
-from dedupe_worker import Deduplicator, Outcome, Stored
+from dedupe_worker import Deduplicator, Envelope, Outcome, Stored
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.record import parse_result
+from dedupe_worker._protocol.serialization import MARK
 from dedupe_worker.asyncio import AsyncDeduplicator
-from dedupe_worker.protocol.layout import KeyLayout
-from dedupe_worker.protocol.record import parse_result
+from dedupe_worker.keys import header_key
+from dedupe_worker.replay import Planner, Step
 
 from .async_fixtures import aredis
+from .replay_fixtures import apply_before
 
 __all__ = ["aredis"]
 
@@ -68,3 +72,35 @@ async def test_asyncio_in_format_2(aredis: redis.asyncio.Redis, redis_client: re
     assert claim.outcome is Outcome.DUPLICATE
     assert parse_result(_result(redis_client, d, "a")) == (b"c", claim.token, b'{"charged":100}', b"", b"")
     await d.aclose()
+
+
+def test_a_compressed_result_in_format_2_reads_back_in_both_formats(redis_client: redis.Redis, namespace: str) -> None:
+    writer = Deduplicator(redis_client, namespace=namespace, lease=5.0, compress_above=64)
+    writer.store.write_format(2)
+    big = {"rows": ["the same row of a large result"] * 200}
+    assert writer.run("big", lambda: big) == big
+    stored = parse_result(_result(redis_client, writer, "big"))
+    assert stored.value[:1] == MARK and len(stored.value) < 1000  # the codec's bytes, inside the record
+    reader = Deduplicator(redis_client, namespace=namespace, lease=5.0)  # writes format 1, reads both
+    assert reader.store.record_format == 1
+    assert reader.run("big", lambda: {"ran": "again"}) == big
+    writer.close()
+    reader.close()
+
+
+def test_the_replay_reads_the_fingerprint_of_either_format_in_one_batch(
+        redis_client: redis.Redis, namespace: str) -> None:
+    f1 = Deduplicator(redis_client, namespace=namespace, lease=5.0)
+    f2 = Deduplicator(redis_client, namespace=namespace, lease=5.0)
+    f2.store.write_format(2)
+    apply_before(f1, "one", b'{"id": 1}')
+    apply_before(f2, "two", b'{"id": 2}')
+    assert redis_client.type(KeyLayout.result(f2.request("two").stem)) == b"string"
+    messages = [(Envelope(body=body, headers={"idempotency-key": key}), "handler_error")
+                for key, body in (("one", b'{"id": 1}'), ("two", b'{"id": 2}'),
+                                  ("one", b'{"id": 9}'), ("two", b'{"id": 9}'))]
+    entries = Planner(f1, header_key()).judge_many(messages)
+    assert [(e.state, e.step) for e in entries] == [
+        ("applied", Step.DROP), ("applied", Step.DROP), ("conflict", Step.LEAVE), ("conflict", Step.LEAVE)]
+    f1.close()
+    f2.close()

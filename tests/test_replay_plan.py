@@ -7,13 +7,14 @@ import argparse
 import io
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
 
-from dedupe_worker import Deduplicator, Envelope
-from dedupe_worker.cli.replay import parse_rate
-from dedupe_worker.errors import StoreUnavailable
+from dedupe_worker import Deduplicator, Envelope, StoreUnavailable
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker.cli._replay import parse_rate
 from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, field_key, header_key, position_key
 from dedupe_worker.replay import (
     REPLAYED,
@@ -29,8 +30,8 @@ from dedupe_worker.replay import (
     replay_headers,
 )
 from dedupe_worker.replay import __all__ as exported
-from dedupe_worker.replay.kafka import lookup_envelope
-from dedupe_worker.replay.rabbitmq import dead_letter_reason, original_destination
+from dedupe_worker.replay._kafka import lookup_envelope
+from dedupe_worker.replay._rabbitmq import dead_letter_reason, original_destination
 
 from .replay_fixtures import apply_before
 from .services import RedisServer
@@ -55,7 +56,7 @@ def test_each_key_state_gets_its_step(dedupe: Deduplicator) -> None:
         "held": ("in_progress", Step.LEAVE), "new": ("free", Step.REPLAY),
     }
     assert all(e.reason == "handler_error" and e.key == k for k, e in verdicts.items())
-    assert not any(e.failed for e in verdicts.values())
+    assert not any(e.unavailable for e in verdicts.values())
 
 
 def test_an_outcome_is_applied_only_for_the_payload_that_ran(dedupe: Deduplicator) -> None:
@@ -135,11 +136,67 @@ def test_redis_down_leaves_the_message_and_counts_it_failed(private_redis: Redis
     try:
         private_redis.stop()
         entry = Planner(dedupe, header_key()).judge(envelope("k"))
-        assert (entry.state, entry.step, entry.failed) == ("unavailable", Step.LEAVE, True)
+        assert (entry.state, entry.step, entry.unavailable) == ("unavailable", Step.LEAVE, True)
         summary = Summary()
         assert summary.record(entry) == "failed"
         with pytest.raises(StoreUnavailable):
             dedupe.status("k")
+    finally:
+        dedupe.close()
+
+
+def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_message(
+        dedupe: Deduplicator, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply_before(dedupe, "applied", b'{"id": 1}')
+    apply_before(dedupe, "other", b'{"id": 9}')
+    redis_client.sadd(KeyLayout.result(dedupe.request("broken").stem), "x")  # WRONGTYPE in either format
+    planner = Planner(dedupe, header_key())
+    sent: list[int] = []  # commands per round trip, on the held connection or a pipeline
+    real_pipeline = redis_client.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda *a, **k: sent.append(len(pipe.command_stack)) or real_execute(*a, **k)
+        return pipe
+
+    monkeypatch.setattr(redis_client, "pipeline", counting_pipeline)
+    held = dedupe.store.scripts.held
+    if held is not None:
+        real_many = type(held).execute_many
+        monkeypatch.setattr(type(held), "execute_many",
+                            lambda self, commands: sent.append(len(commands)) or real_many(self, commands))
+
+    entries = planner.judge_many([(envelope(k, b'{"id": 1}'), "handler_error")
+                                  for k in ("applied", "broken", "other", "new")]
+                                 + [(envelope(None), "handler_error")])
+
+    assert sent == [4]  # one round trip: inspect (with the stored fingerprint) for each of the four keys
+    assert [(e.key, e.state, e.step) for e in entries] == [
+        ("applied", "applied", Step.DROP), ("broken", "unavailable", Step.LEAVE),
+        ("other", "conflict", Step.LEAVE), ("new", "free", Step.REPLAY), (None, "no_key", Step.LEAVE)]
+    assert "WRONGTYPE" in entries[1].note
+
+
+def test_redis_down_leaves_every_message_of_the_batch(private_redis: RedisServer) -> None:
+    dedupe = Deduplicator(redis.Redis.from_url(private_redis.url, socket_timeout=0.5), namespace="t")
+    try:
+        assert Planner(dedupe, header_key()).judge(envelope("warm")).step is Step.REPLAY
+        private_redis.stop()
+        entries = Planner(dedupe, header_key()).judge_many([(envelope(k), "") for k in ("a", "b", "c")])
+        assert [(e.key, e.state, e.step) for e in entries] == [(k, "unavailable", Step.LEAVE) for k in "abc"]
+    finally:
+        dedupe.close()
+
+
+def test_a_batch_read_after_the_scripts_were_flushed_loads_them(private_redis: RedisServer) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    dedupe = Deduplicator(client, namespace="t")
+    try:
+        apply_before(dedupe, "applied", b'{"id": 1}')
+        client.script_flush()  # a restart or failover: every script gone (a private server)
+        entries = Planner(dedupe, header_key()).judge_many([(envelope(k), "") for k in ("applied", "new")])
+        assert [(e.state, e.step) for e in entries] == [("applied", Step.DROP), ("free", Step.REPLAY)]
     finally:
         dedupe.close()
 

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from dedupe_worker import Deduplicator, PreviouslyFailed
-from dedupe_worker.protocol import KeyLayout, Stored
-from dedupe_worker.protocol.sending import SendState, check_send
+from dedupe_worker._protocol import KeyLayout, Stored
+from dedupe_worker._protocol.sending import SendState, check_send
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
 

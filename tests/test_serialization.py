@@ -24,10 +24,10 @@ from dedupe_worker import (
     decide,
     decide_many,
 )
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.serialization import JsonSerializer
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide as adecide
-from dedupe_worker.protocol.layout import KeyLayout
-from dedupe_worker.protocol.serialization import JsonSerializer
 from dedupe_worker.rabbitmq import DedupeConsumer, dlq
 
 from .async_fixtures import adedupe, aredis

@@ -14,7 +14,7 @@ import redis
 
 from dedupe_worker import AlreadyApplied, Deduplicator, LeaseLost, Reason, decide
 from dedupe_worker.sql import SqlOutcomes, atomic, ddl
-from dedupe_worker.sql.statements import stored_key
+from dedupe_worker.sql._statements import stored_key
 
 from .services import RedisServer, free_port
 from .sql_fixtures import Tables, pg, pg_balance

@@ -47,7 +47,7 @@ def test_the_async_double_runs_the_same_protocol() -> None:
 
 
 def test_the_pytest_plugin_gives_a_dedupe_fixture(tmp_path: Path) -> None:
-    assert any(ep.value == "dedupe_worker.pytest_plugin"
+    assert any(ep.value == "dedupe_worker._pytest_plugin"
                for ep in metadata.distribution("dedupe-worker").entry_points if ep.group == "pytest11")
     test = tmp_path / "test_user.py"
     test.write_text(textwrap.dedent("""
@@ -58,7 +58,7 @@ def test_the_pytest_plugin_gives_a_dedupe_fixture(tmp_path: Path) -> None:
             assert calls == [1]
     """))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:dedupe_worker",
-                           "-p", "dedupe_worker.pytest_plugin", str(test)], capture_output=True, text=True,
+                           "-p", "dedupe_worker._pytest_plugin", str(test)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout

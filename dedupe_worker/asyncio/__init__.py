@@ -21,15 +21,15 @@ and nothing below it imports it.
 
 from __future__ import annotations
 
-from ..decorators import idempotent
-from ..engine.context import current_claim
-from .client import AsyncClaimClient
-from .connection import async_redis_from_url
-from .deduplicator import AsyncDeduplicator
-from .engine import AsyncHandler, decide, execute, run
-from .renewer import AsyncLeaseRenewer
-from .store import AsyncRedisStore
-from .waiter import AsyncKeyWaiter
+from .._decorators import idempotent
+from .._protocol.context import current_claim
+from ._client import AsyncClaimClient
+from ._connection import async_redis_from_url
+from ._deduplicator import AsyncDeduplicator
+from ._engine import AsyncHandler, decide, execute, run
+from ._renewer import AsyncLeaseRenewer
+from ._store import AsyncRedisStore
+from ._waiter import AsyncKeyWaiter
 
 __all__ = [
     "AsyncClaimClient",

@@ -5,11 +5,12 @@ Needs the ``celery`` extra (``pip install 'dedupe-worker[celery]'``). See ``docs
 
 from __future__ import annotations
 
-from ..extras import require
+from .._extras import require
 
 require("celery", "celery")
 
-from ..engine.context import current_claim  # noqa: E402
-from .task import DEFERRALS_HEADER, IdempotentTask  # noqa: E402
+from .._protocol.context import current_claim  # noqa: E402
+from . import _startup  # noqa: E402,F401  (the worker's start-up check of the store)
+from ._task import DEFERRALS_HEADER, IdempotentTask  # noqa: E402
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask", "current_claim"]

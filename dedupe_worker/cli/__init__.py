@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import redis
 
-from ..errors import EvictionPolicyError, StoreUnavailable
+from .._errors import EvictionPolicyError, StoreUnavailable
 
 __all__ = ["main"]
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        importlib.import_module(f"{__name__}._{name}").register(sub)
     for command in sub.choices.values():  # -v after the subcommand too; counted with the ones before
         command.add_argument("-v", "--verbose", dest="more_verbose", action="count", default=argparse.SUPPRESS,
                              help="more logging (-vv: debug)")

@@ -1,11 +1,11 @@
 """Django integration: ``IdempotencyMiddleware``, the Idempotency-Key layer configured from settings
-(see :mod:`dedupe_worker.django.middleware` and docs/http.md), and :func:`atomic`, the ORM's
+(see :mod:`dedupe_worker.django._middleware` and docs/http.md), and :func:`atomic`, the ORM's
 transaction with the key's outcome committed in it (extra ``django``; see
-:mod:`dedupe_worker.django.atomic` and docs/sql.md)."""
+:mod:`dedupe_worker.django._atomic` and docs/sql.md)."""
 
 from __future__ import annotations
 
-from .atomic import atomic
-from .middleware import IdempotencyMiddleware
+from ._atomic import atomic
+from ._middleware import IdempotencyMiddleware
 
 __all__ = ["IdempotencyMiddleware", "atomic"]

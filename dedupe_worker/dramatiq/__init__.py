@@ -6,11 +6,11 @@ Needs the ``dramatiq`` extra (``pip install 'dedupe-worker[dramatiq]'``). See ``
 
 from __future__ import annotations
 
-from ..extras import require
+from .._extras import require
 
 require("dramatiq", "dramatiq")
 
-from ..engine.context import current_claim  # noqa: E402
-from .middleware import DEFERRALS_OPTION, DeadLettered, DedupeMiddleware  # noqa: E402
+from .._protocol.context import current_claim  # noqa: E402
+from ._middleware import DEFERRALS_OPTION, DeadLettered, DedupeMiddleware  # noqa: E402
 
 __all__ = ["DEFERRALS_OPTION", "DeadLettered", "DedupeMiddleware", "current_claim"]

@@ -6,12 +6,12 @@ Needs the ``faststream`` extra (``pip install 'dedupe-worker[faststream]'``). Se
 
 from __future__ import annotations
 
-from ..extras import require
+from .._extras import require
 
 require("faststream", "faststream")
 
-from ..engine.context import current_claim  # noqa: E402
-from .brokers import DLQ_SUFFIX  # noqa: E402
-from .middleware import DedupeMiddleware, dedupe_middleware  # noqa: E402
+from .._protocol.context import current_claim  # noqa: E402
+from ._brokers import DLQ_SUFFIX  # noqa: E402
+from ._middleware import DedupeMiddleware, dedupe_middleware  # noqa: E402
 
 __all__ = ["DLQ_SUFFIX", "DedupeMiddleware", "current_claim", "dedupe_middleware"]

@@ -18,12 +18,12 @@ No dependency beyond the library's own.
 
 from __future__ import annotations
 
-from ..engine.context import current_claim
-from .asgi import IdempotencyMiddleware
-from .request import KeyProblem, RequestInfo, parse_key
-from .rules import IdempotencyRules, stored_status
-from .stored import Response
-from .wsgi import WSGIIdempotencyMiddleware
+from .._protocol.context import current_claim
+from ._asgi import IdempotencyMiddleware
+from ._request import KeyProblem, RequestInfo, parse_key
+from ._rules import IdempotencyRules, stored_status
+from ._stored import Response
+from ._wsgi import WSGIIdempotencyMiddleware
 
 __all__ = [
     "IdempotencyMiddleware",

@@ -6,12 +6,12 @@ Needs the ``kafka`` extra (``pip install 'dedupe-worker[kafka]'``). See ``docs/k
 
 from __future__ import annotations
 
-from ..extras import require
+from .._extras import require
 
 require("confluent_kafka", "kafka")
 
-from .consumer import DedupeKafkaConsumer  # noqa: E402
-from .deadletter import DeadLetter, DeadLetterProducer  # noqa: E402
-from .hooks import ConsumerHooks  # noqa: E402
+from ._consumer import DedupeKafkaConsumer  # noqa: E402
+from ._deadletter import DeadLetter, DeadLetterProducer  # noqa: E402
+from ._hooks import ConsumerHooks  # noqa: E402
 
 __all__ = ["ConsumerHooks", "DeadLetter", "DeadLetterProducer", "DedupeKafkaConsumer"]

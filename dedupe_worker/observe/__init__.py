@@ -15,7 +15,7 @@ engine makes the same Redis calls as with them off::
 
 from __future__ import annotations
 
-from .base import Observer, current
+from ._base import Observer, current
 
 __all__ = ["Observer", "current", "enable_metrics", "enable_tracing"]
 
@@ -23,14 +23,14 @@ __all__ = ["Observer", "current", "enable_metrics", "enable_tracing"]
 def enable_metrics(port: int | None = None, registry: object = None) -> Observer:
     """Count and time into Prometheus metrics (``pip install 'dedupe-worker[metrics]'``); with
     ``port``, serve ``/metrics`` there. Returns the observer (once per process)."""
-    from .metrics import MetricsObserver
+    from ._metrics import MetricsObserver
 
     return current.enable(MetricsObserver.get(registry, port))
 
 
 def enable_tracing(tracer_provider: object = None) -> Observer:
     """Record OpenTelemetry spans (``pip install 'dedupe-worker[otel]'``) under the current span."""
-    from .tracing import TracingObserver
+    from ._tracing import TracingObserver
 
     return current.enable(TracingObserver(tracer_provider))
 

@@ -16,13 +16,13 @@ crash story. Needs the ``[rabbitmq]`` extra (kombu).
 
 from __future__ import annotations
 
-from ..extras import require
+from .._extras import require
 
 require("kombu", "rabbitmq")
 require("amqp", "rabbitmq")
 
-from .consumer import DedupeConsumer, Handler  # noqa: E402
-from .republish import (  # noqa: E402
+from ._consumer import DedupeConsumer, Handler  # noqa: E402
+from ._republish import (  # noqa: E402
     DEFERRALS,
     DELAY_SUFFIX,
     DLQ_SUFFIX,

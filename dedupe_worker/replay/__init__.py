@@ -8,10 +8,10 @@ their client libraries only when run. See ``docs/replay.md``.
 
 from __future__ import annotations
 
-from .kafka import replay_kafka
-from .plan import REPLAYED, Entry, Found, Pacer, Planner, Step, replay_headers
-from .rabbitmq import Destination, replay_rabbitmq
-from .summary import Progress, ReplayOptions, Summary, format_table
+from ._kafka import replay_kafka
+from ._plan import REPLAYED, Entry, Found, Pacer, Planner, Step, replay_headers
+from ._rabbitmq import Destination, replay_rabbitmq
+from ._summary import Progress, ReplayOptions, Summary, format_table
 
 __all__ = [
     "REPLAYED",

@@ -20,13 +20,13 @@ failover, an eviction) or the worker dies between its commit and ``complete()``:
 
     dedupe.run(order["id"], handle, order)
 
-See :mod:`dedupe_worker.sql.atomic` for what is and is not guaranteed, and docs/sql.md.
+See :mod:`dedupe_worker.sql._atomic` for what is and is not guaranteed, and docs/sql.md.
 """
 
 from __future__ import annotations
 
-from ..errors import AlreadyApplied
-from .atomic import Atomic, AtomicOutcome, atomic
-from .outcomes import SqlOutcomes, ddl
+from .._errors import AlreadyApplied
+from ._atomic import Atomic, AtomicOutcome, atomic
+from ._outcomes import SqlOutcomes, ddl
 
 __all__ = ["AlreadyApplied", "Atomic", "AtomicOutcome", "SqlOutcomes", "atomic", "ddl"]

@@ -14,7 +14,7 @@ cannot tell that case apart: the re-run holds a *larger* token, so its write pas
 ``SOAK_WRITE=fenced`` (``--write fenced``) leaves the guard out to measure exactly that.
 
 ``SOAK_WRITE=plain`` (``--writes plain``) asks the handler for nothing: a plain, non-idempotent
-``UPDATE accounts SET balance = balance + :amount`` inside :func:`dedupe_worker.sql.atomic`, whose
+``UPDATE accounts SET balance = balance + :amount`` inside :func:`dedupe_worker.sql._atomic`, whose
 row in ``soak_<run>_outcomes`` (same transaction) makes the effect commit once; a re-run that finds
 an earlier run's row committed gets :class:`~dedupe_worker.AlreadyApplied` and is logged as
 ``already_applied``.

@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 
-from dedupe_worker.cli.options import add_dedupe_options, deduplicator_from
+from dedupe_worker.cli._options import add_dedupe_options, deduplicator_from
 
 from .handlers import LedgerHooks, kafka_charge, rabbit_charge
 

@@ -1,0 +1,442 @@
+"""The engine for a batch: claim a chunk just before running it, store each outcome as soon as
+its work is done.
+
+How a batch goes. Keys are checked, and a key repeated inside the batch is set aside behind its
+first copy. Then, over and over, one round trip stores the outcomes of the handlers that ran since
+the last one, releases the claims of those that failed (and of any given back), and claims the
+next *chunk*; the chunk's handlers run one after the other, their leases renewed meanwhile. The
+chunk is sized from what was seen so far (how long handlers take, how many claims start one) so
+that its handlers should take about ``flush_after`` (default 5 ms): one message at a time for slow
+handlers, the whole batch for fast ones or for duplicates (:class:`Pacing`). Once the handlers
+that finished since the last round trip reach ``flush_after`` together, the chunk stops: the
+claims it has not started are given back, and the next round trip stores those outcomes before
+any other handler starts.
+
+Overlap: a chunk is claimed by one ``claim.lua`` call per :data:`STREAM_STEP` keys, all sent in
+the round trip's one write, and its replies are read one call at a time: the first sub-chunk's
+handlers run (or its duplicates are settled) while Redis still claims the next, instead of the
+client waiting for the whole chunk and Redis then idling while the client works. Replies are
+still read in order and every claim is settled before its handler runs; a connection lost after
+some sub-chunks were answered defers the rest (STORE_UNAVAILABLE: claimed or not, we cannot
+tell), and what already ran is stored by the next round trip.
+
+Crash story: a crash can lose the stored outcome of at most the handlers that finished within the
+last ``flush_after`` (their total run time), plus the handler that was running; on redelivery
+those run again, under larger fencing tokens, once their leases (renewed until the crash) run
+out. Every other handler's outcome is in Redis, so its redelivery answers DUPLICATE. Claims are
+held only for the chunk being run, so a crash strands at most that chunk for a lease, and other
+consumers are never deferred by claims of messages nobody has started.
+
+Copies: a later copy of a key in the batch is claimed once its first copy is decided, in the
+next round trip, so it gets the store's answer (DUPLICATE from the outcome just stored, or the
+other worker's IN_PROGRESS or CONFLICT); a copy of one whose handler failed or whose outcome could
+not be stored is deferred as IN_PROGRESS without a claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from .._errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
+from .._protocol.claim import Claim, Outcome, Stored
+from .._protocol.client import ClaimClient, Request
+from .._protocol.context import _current as current
+from .._protocol.scripts import StreamCut
+from ..observe._base import current as observer
+from . import recorded
+from .decision import Decision, Reason, in_progress, poison, settle
+from .pacing import FLUSH_AFTER, Pacing
+from .single import attributes, failure_reason, unavailable
+
+__all__ = ["FLUSH_AFTER", "Item", "Pacing", "decide_many"]
+
+log = logging.getLogger(__name__)
+
+#: Claims asked for per script call: a chunk's calls go out in one write, and the handlers of
+#: one sub-chunk run while Redis claims the next. The claims of a sub-chunk are renewed only once
+#: its reply is read, so a chunk is streamed only while ``flush_after`` is at most half the lease
+#: (a later sub-chunk's handlers start only while the finished ones stay under ``flush_after``).
+STREAM_STEP = 32
+
+#: ``(key, fingerprint, handler)``
+Item = tuple[str | bytes, Any, Callable[[], Any]]
+
+#: Verdicts of a first copy after which its later copies are claimed: the key has a stored outcome,
+#: or is held by another worker, so the store's answer is right for the copies too. After the
+#: others (our handler failed, our lease was lost, Redis failed) a copy is deferred unclaimed,
+#: so one batch never runs a key twice.
+_ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED, Reason.PERMANENT_FAILURE,
+                        Reason.UNSERIALIZABLE_RESULT, Reason.CONFLICT, Reason.IN_PROGRESS})
+
+
+#: A handler that finished, its outcome going out with the next round trip:
+#: ``(index, claim, decision, record)``, ``record`` the ``(status, data)`` to store, or ``None``
+#: to release the claim. (A tuple: one is made per message.)
+_Done = tuple[int, Claim, Decision, "tuple[Stored, bytes] | None"]
+
+_ACQUIRED, _FOUND = Outcome.ACQUIRED, Outcome.DUPLICATE
+_APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
+
+
+class _Batch:
+    def __init__(self, dedupe: ClaimClient, items: Sequence[Item], pacing: Pacing,
+                 run_batch: Callable[[list[int]], Sequence[Any]] | None, integration: str = "run") -> None:
+        self.dedupe = dedupe
+        self.integration = integration
+        self.items = items
+        self.pacing = pacing
+        self.run_batch = run_batch
+        self.decisions: list[Decision | None] = [None] * len(items)
+        self.requests: list[Request | None] = [None] * len(items)
+        self.queue: list[int] = []  # first copies not claimed yet, in order
+        self.copies: dict[int, list[int]] = {}  # first copy -> later copies waiting for it
+        self.ready: list[int] = []  # copies whose first copy is decided: claim them next
+        self.done: list[_Done] = []  # finished, outcome not stored yet
+        self.done_seconds = 0.0  # handler time of ``done``
+        self.releases: list[Claim] = []  # claims given back before their handler started
+        self.outage: StoreUnavailable | None = None  # set once a round trip failed
+        self.chunk: list[int] = []  # what the current round trip claims
+        self.stopped = False  # the chunk stopped: its claims not started are given back
+        self.given_back: list[int] = []  # ... those, in order, to be queued again after the round trip
+        self.interrupt: BaseException | None = None  # a handler's BaseException, raised once stored
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def decide(self) -> list[Decision]:
+        first: dict[str, int] = {}  # stem -> index of its first copy
+        request, requests, decisions, queue = self.dedupe.request, self.requests, self.decisions, self.queue
+        for i, (key, fingerprint, _) in enumerate(self.items):
+            try:
+                r = requests[i] = request(key, fingerprint)
+            except InvalidKey as exc:
+                decisions[i] = poison(exc)
+                continue
+            seen = first.setdefault(r.stem, i)
+            if seen == i:
+                queue.append(i)
+            else:
+                self.copies.setdefault(seen, []).append(i)
+        queue.reverse()  # taken from the end
+        while queue or self.ready or self.done:
+            size = len(queue) if self.run_batch is not None else self.pacing.chunk(len(queue))
+            chunk = queue[-size:] if size else []
+            del queue[len(queue) - size:]
+            chunk.reverse()
+            chunk += self.ready
+            self.ready = []
+            flowing = self.flush(chunk)
+            if self.interrupt is not None:
+                self.stop()
+            if not flowing:
+                break
+        for waiting in self.copies.values():  # copies behind a first copy that was never decided
+            for i in waiting:
+                if decisions[i] is None:
+                    decisions[i] = in_progress(self.key(i), 0.0)
+        verdicts = cast("list[Decision]", decisions)  # every index is decided by now
+        if observer.enabled:
+            for decision in verdicts:
+                observer.decided(self.integration, decision.reason.value)
+        return verdicts
+
+    def key(self, i: int) -> str:
+        request = self.requests[i]
+        assert request is not None
+        return request.key
+
+    def claimed(self, start: int, claims: list[Claim]) -> None:
+        """Claims for ``self.chunk[start:]`` came in: settle those not ACQUIRED and run the others'
+        handlers, unless the chunk was stopped (``flush_after`` reached, or interrupted): then
+        they are given back (released with the next round trip, and queued again)."""
+        acquired = []
+        decisions, copies = self.decisions, self.copies
+        for i, claim in zip(self.chunk[start:start + len(claims)], claims, strict=True):
+            if claim.outcome is _ACQUIRED:
+                acquired.append((i, claim))
+                continue
+            if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
+                decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
+            else:
+                decision = settle(claim)
+            assert decision is not None
+            if copies:
+                self.decided(i, decision)
+            else:
+                decisions[i] = decision
+        self.pacing.claimed(len(claims), len(acquired))
+        if not acquired:
+            return
+        # each lease is renewed from its claim until its outcome is stored or its claim released
+        self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
+        if recorded.outcomes_of(self.dedupe) is not None:
+            acquired = self.found_before(acquired)
+        if self.stopped:
+            self.give_back(acquired)
+        else:
+            self.run(acquired)
+
+    def found_before(self, acquired: list[tuple[int, Claim]]) -> list[tuple[int, Claim]]:
+        """The claims whose handlers must run: a re-claimed key whose earlier run committed its
+        outcome in the database (engine/recorded.py) is DUPLICATE, stored with the next round trip."""
+        run = []
+        for i, claim in acquired:
+            found = recorded.lookup(self.dedupe, claim) if claim.reclaimed else None
+            if found is None:
+                run.append((i, claim))
+            else:
+                self.failed(i, claim, found)
+        return run
+
+    def give_back(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Claims whose handlers will not start in this chunk: released with the next round trip;
+        queued again (first) unless interrupted."""
+        self.releases.extend(claim for _, claim in acquired)
+        if self.interrupt is None:
+            self.given_back.extend(i for i, _ in acquired)
+
+    def run(self, acquired: list[tuple[int, Claim]]) -> None:
+        """Run the handlers of claimed messages. Once those that finished reach ``flush_after``, the
+        chunk stops: the claims not started yet are given back, so their outcomes are stored before
+        another handler starts and nobody holds idle claims. A ``BaseException`` (``KeyboardInterrupt``,
+        ``SystemExit``) stops it too, and is raised once what finished is stored (:meth:`stop`)."""
+        try:
+            if self.run_batch is not None:
+                self.call_batch(acquired)
+            else:
+                self.call_each(acquired)
+        except BaseException as exc:
+            self.interrupt, self.stopped = exc, True
+            finished = {d[0] for d in self.done}
+            self.releases.extend(claim for i, claim in acquired
+                                 if i not in finished and self.decisions[i] is None)
+
+    def stop(self) -> None:
+        """After an interrupt: store what finished, free what did not, and raise it."""
+        try:
+            self.flush([])
+        except Exception as exc:
+            log.warning("could not store or release claims while stopping: %s", exc)
+        assert self.interrupt is not None
+        raise self.interrupt
+
+    def call_each(self, acquired: list[tuple[int, Claim]]) -> None:
+        """The handlers one after the other, until those that finished reach ``flush_after``."""
+        observed = observer.enabled
+        items, pacing = self.items, self.pacing
+        perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
+        last = len(acquired) - 1
+        for n, (i, claim) in enumerate(acquired):
+            began = perf()
+            reset = bind(claim)
+            try:
+                if observed:
+                    with observer.span("dedupe.handler", attributes(claim, self.integration)):
+                        value = items[i][2]()
+                else:
+                    value = items[i][2]()
+            except Exception as exc:
+                self.failed(i, claim, exc)
+            else:
+                self.finished(i, claim, value)
+            finally:
+                unbind(reset)
+            seconds = perf() - began
+            pacing.observe(seconds)
+            self.done_seconds += seconds
+            if observed:
+                observer.handled(self.integration, seconds)
+            if self.done_seconds >= pacing.flush_after:
+                self.stopped = True
+                if n < last:
+                    self.give_back(acquired[n + 1:])
+                return
+
+    def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
+        """One call of the batch handler for every acquired claim; its error is every one's error."""
+        assert self.run_batch is not None
+        try:
+            values = list(self.run_batch([i for i, _ in acquired]))
+            if len(values) != len(acquired):
+                raise ValueError(f"batch handler returned {len(values)} values for {len(acquired)} items")
+        except Exception as exc:
+            for i, claim in acquired:
+                self.failed(i, claim, exc)
+            return
+        for (i, claim), value in zip(acquired, values, strict=True):
+            self.finished(i, claim, value)
+
+    def finished(self, i: int, claim: Claim, value: Any) -> None:
+        """A handler returned ``value``: APPLIED (UNSERIALIZABLE_RESULT when JSON cannot hold it,
+        stored as omitted), stored with the next round trip."""
+        status, data, problem = self.dedupe.encode(claim, value)
+        decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
+                    else Decision(_APPLIED, claim, value))
+        self.done.append((i, claim, decision, (status, data)))
+
+    def failed(self, i: int, claim: Claim, exc: Exception) -> None:
+        """A handler raised ``exc``: its claim is released, or the failure stored when permanent.
+        :class:`AlreadyApplied` (an earlier run committed in the database) is DUPLICATE, its
+        committed result stored as the outcome."""
+        if isinstance(exc, AlreadyApplied):
+            status, data, _ = self.dedupe.encode(claim, exc.result)
+            self.done.append((i, claim, Decision(_DUPLICATE, claim, exc.result), (status, data)))
+            return
+        reason = failure_reason(self.dedupe, exc)
+        record = (Stored.FAILED, self.dedupe.encode_failure(exc)) if reason is Reason.PERMANENT_FAILURE else None
+        self.done.append((i, claim, Decision(reason, claim, error=exc), record))
+
+    # -- round trips ----------------------------------------------------------------------------
+
+    def flush(self, chunk: list[int]) -> bool:
+        """One round trip: store (or release) what is done, release what was given back, then claim
+        ``chunk``, whose handlers run as its claims come in (:meth:`claimed`): the claims are asked
+        for in sub-chunks of :data:`STREAM_STEP`, all in the same write, so the handlers of one run
+        while Redis claims the next. ``False`` when Redis failed before any claim came in; what was
+        done is then STORE_UNAVAILABLE (stored or not, we cannot tell) and the rest deferred."""
+        done, self.done, self.done_seconds = self.done, [], 0.0
+        releases, self.releases = self.releases, []
+        outcomes = [(claim, *record) for _, claim, _, record in done if record is not None]
+        freed = [*(claim for _, claim, _, record in done if record is None), *releases]
+        requests = cast("list[Request]", [self.requests[i] for i in chunk])
+        self.chunk, self.stopped, self.given_back = chunk, False, []
+        # One call for the batch handler's chunk. Streamed otherwise, but only while ``flush_after``
+        # is well inside the lease: a sub-chunk's claims are not renewed until their reply is read,
+        # after the earlier sub-chunks' handlers, and those run only while under ``flush_after``.
+        streams = self.run_batch is None and self.pacing.flush_after <= self.dedupe.lease / 2
+        step = STREAM_STEP if streams else max(1, len(chunk))
+        try:
+            if observer.enabled:  # the same Redis calls as below, timed and in a span
+                stored, released = self.observed_flush(outcomes, freed, requests, step)
+            else:
+                stored, released = self.dedupe.settle_and_stream(outcomes, freed, requests, self.claimed, step)
+            self.settled(done, releases, stored, freed, released)
+        except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
+            self.outage = exc
+            self.settled(done, releases, exc.stored, freed, exc.released)
+            ready, self.ready = self.ready, []
+            self.unavailable([*chunk[exc.claimed:], *self.requeue(), *ready])
+            self.queue.clear()
+            return True  # what ran is stored (or found STORE_UNAVAILABLE) by the next round trip
+        except StoreUnavailable as exc:
+            self.untrack(done, releases)
+            for i, claim, _, _ in done:
+                self.decided(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
+            self.outage = exc
+            self.unavailable([*chunk, *reversed(self.queue)])
+            return False
+        self.requeue()
+        if outcomes and log.isEnabledFor(logging.DEBUG):
+            log.debug("stored %d outcome(s), claimed %d", len(outcomes), len(chunk))
+        return True
+
+    def observed_flush(self, outcomes: list[tuple[Claim, Stored, bytes]], freed: list[Claim],
+                       requests: list[Request], step: int) -> tuple[list[bool], list[bool]]:
+        """:meth:`flush`'s round trip with observers on: the same ``settle_and_stream`` call, in a
+        ``dedupe.flush`` span (the handlers run while its replies stream in are its children) and
+        timed without the time spent in those handlers."""
+        op = "complete_and_claim" if outcomes and requests else ("claim" if requests else "complete")
+        inside = 0.0
+
+        def claimed(start: int, claims: list[Claim]) -> None:
+            nonlocal inside
+            began = time.perf_counter()
+            try:
+                self.claimed(start, claims)
+            finally:
+                inside += time.perf_counter() - began
+
+        with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
+                                            "dedupe.stored": len(outcomes), "dedupe.claimed": len(requests)}):
+            began = time.perf_counter()
+            settled = self.dedupe.settle_and_stream(outcomes, freed, requests, claimed, step)
+            observer.round_trip(op, time.perf_counter() - began - inside)
+        return settled
+
+    def requeue(self) -> list[int]:
+        """Queue the claims given back in this chunk again, to be claimed first; return the queue
+        in order."""
+        self.queue.extend(reversed(self.given_back))
+        self.given_back = []
+        return self.queue[::-1]
+
+    def settled(self, done: list[_Done], releases: list[Claim], stored: list[bool], freed: list[Claim],
+                released: list[bool]) -> None:
+        """The verdicts of ``done`` once Redis answered whether their outcomes were ``stored``."""
+        self.untrack(done, releases)
+        ok = iter(stored)
+        decisions, copies = self.decisions, self.copies
+        for i, claim, decision, record in done:
+            if record is not None and not next(ok):
+                lost = LeaseLost(claim.key, claim.token)
+                decision = Decision(_LEASE_LOST, claim, error=lost, retry_after=self.dedupe.lease)
+            if copies:
+                self.decided(i, decision)
+            else:
+                decisions[i] = decision
+        for claim, ok_release in zip(freed, released, strict=True):
+            if not ok_release:
+                log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
+
+    def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
+        self.dedupe.renewer.untrack_many([*((claim.stem, claim.token) for _, claim, _, _ in done),
+                                          *((claim.stem, claim.token) for claim in releases)])
+
+    def decided(self, i: int, decision: Decision) -> None:
+        """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""
+        self.decisions[i] = decision
+        waiting = self.copies.pop(i, None) if self.copies else None
+        if waiting and decision.reason in _ASK_STORE:
+            self.ready.extend(waiting)
+        elif waiting:
+            for copy in waiting:
+                self.decisions[copy] = in_progress(self.key(copy), decision.retry_after)
+
+    def unavailable(self, unclaimed: list[int]) -> None:
+        """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
+        assert self.outage is not None
+        handlers = [recorded.unclaimed(self.dedupe, self.key(i), self.items[i][2]) for i in unclaimed]
+        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage, handlers), strict=True):
+            self.decided(i, decision)
+        # the copies still waiting, and (fail_open) those of the first copies just run, which would
+        # be claimed next: deferred, so one batch never runs a key twice
+        ready, self.ready = self.ready, []
+        for copy in [*ready, *(copy for waiting in self.copies.values() for copy in waiting)]:
+            if self.decisions[copy] is None:
+                self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
+        self.copies.clear()
+
+
+def decide_many(
+    dedupe: ClaimClient,
+    items: Sequence[Item],
+    *,
+    run_batch: Callable[[list[int]], Sequence[Any]] | None = None,
+    flush_after: float | None = None,
+    pacing: Pacing | None = None,
+    integration: str = "run",
+) -> list[Decision]:
+    """:func:`~dedupe_worker.decide` for a batch of ``(key, fingerprint, handler)``, in
+    order; see the module docstring for when claims are taken and outcomes stored. Never raises
+    for bad input, Redis or the handlers' own exceptions.
+
+    ``flush_after`` bounds, in seconds of handler run time, the finished work whose outcome is not
+    stored yet (default 5 ms); ``pacing`` carries handler timings from batch to batch (a consumer
+    keeps one) and, when given, its ``flush_after`` is used.
+
+    A key repeated inside the batch runs once: its later copies answer DUPLICATE once the first
+    copy's outcome is stored, or IN_PROGRESS (deferred, not dropped) when it was not.
+
+    With ``run_batch`` the per-item handlers are not called: ``run_batch(indices)`` is called with
+    the indices (into ``items``) of the acquired items and returns their values in that order. The
+    whole batch is claimed before it, and every outcome stored right after it. If it raises, every
+    one of them gets that error (HANDLER_ERROR, claims released; or PERMANENT_FAILURE, stored).
+    ``current_claim()`` is not set inside it.
+    """
+    if pacing is None:
+        pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
+    elif flush_after is not None:
+        pacing.flush_after = flush_after
+    return _Batch(dedupe, items, pacing, run_batch, integration).decide()

@@ -1,0 +1,50 @@
+"""How many messages the batch engine claims at a time: sized from what handlers took so far.
+
+A chunk should take about ``flush_after`` of handler time, so that finished outcomes wait at
+most that long to be stored, and claims are taken only for work about to start (see
+:mod:`dedupe_worker._engine.batch`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["FLUSH_AFTER", "Pacing"]
+
+#: Default bound, in seconds of handler time, on finished work whose outcome is not stored yet.
+FLUSH_AFTER = 0.005
+
+
+class Pacing:
+    """Remembers how long handlers take, and how many claims start one, to size the next chunk
+    so that its handlers should take about ``flush_after``.
+
+    A consumer keeps one across batches, so a steady stream of fast handlers (or of duplicates,
+    which run no handler) claims each whole batch in one round trip. With nothing seen yet a
+    chunk is one message, and it doubles while its claims run no handler.
+    """
+
+    def __init__(self, flush_after: float = FLUSH_AFTER) -> None:
+        if flush_after < 0:
+            raise ValueError("flush_after must not be negative")
+        self.flush_after = flush_after
+        #: Moving average of one handler's run time, in seconds (``None``: none seen yet).
+        self.mean: float | None = None
+        #: Moving average of the share of claims that were ACQUIRED (and so ran a handler).
+        self.acquired = 1.0
+
+    def observe(self, seconds: float) -> None:
+        """One handler ran for ``seconds``."""
+        self.mean = seconds if self.mean is None else (self.mean + seconds) / 2
+
+    def claimed(self, claims: int, acquired: int) -> None:
+        """``claims`` were made, of which ``acquired`` will run a handler."""
+        if claims:
+            self.acquired = (self.acquired + acquired / claims) / 2
+
+    def chunk(self, remaining: int) -> int:
+        """How many of ``remaining`` messages to claim next (at least one, when any remain)."""
+        if remaining <= 1:
+            return remaining
+        per_message = (self.mean if self.mean is not None else self.flush_after) * self.acquired
+        if per_message <= 0:
+            return remaining
+        return max(1, min(remaining, int(self.flush_after / per_message)))

@@ -1,0 +1,116 @@
+"""Where the engine meets outcomes committed in the handler's database (:mod:`dedupe_worker.sql`).
+
+The engine calls these hooks and nothing else of that feature:
+
+- :func:`applied_before`: a handler raised
+  :class:`~dedupe_worker.AlreadyApplied` (its ``atomic()`` block found an earlier run's committed
+  row). The verdict is DUPLICATE with the committed result, which is stored in Redis under the
+  claim, so the next delivery is answered there in one round trip.
+- :func:`found_before`: before running the handler of a key claimed
+  again after an earlier claim (``Claim.reclaimed``: a crash, an outage, a lost lease), look the
+  key's row up (one query) and answer DUPLICATE from it without running the handler. First
+  claims pay nothing.
+- :func:`unclaimed`: under ``fail_open`` with Redis down, the handler
+  runs with a claim of token 0 bound, so ``atomic()`` still lets one copy of a key commit.
+
+Their asyncio forms are :mod:`dedupe_worker.asyncio._recorded`'s.
+
+Crash story: the committed row is the truth. If the process dies after the row committed and
+before Redis stored the outcome, the next delivery finds the row (here, or in ``atomic()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._errors import AlreadyApplied, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._protocol.claim import Claim, Outcome
+from .._protocol.context import bind_claim
+from .decision import Decision, Reason
+
+if TYPE_CHECKING:
+    from .._protocol.client import ClaimClient
+    from .._protocol.codec import ClaimCodec
+
+__all__ = ["Outcomes", "applied_before", "found_before", "lookup", "outcomes_of", "unbound_claim", "unclaimed"]
+
+log = logging.getLogger(__name__)
+
+
+class Outcomes(Protocol):
+    """What a client's ``outcomes=`` option is: :class:`dedupe_worker.sql.SqlOutcomes`."""
+
+    def attach(self, client: ClaimCodec) -> None:
+        """Called once by the client given these outcomes (its namespace, serializer, TTL)."""
+
+    def lookup(self, claim: Claim) -> AlreadyApplied | None:
+        """The committed outcome of ``claim``'s key, else ``None`` (one query)."""
+
+    async def lookup_async(self, claim: Claim) -> AlreadyApplied | None:
+        """:meth:`lookup` on asyncio."""
+
+
+def outcomes_of(dedupe: object) -> Outcomes | None:
+    """The ``outcomes`` a client was given, else ``None``."""
+    return getattr(dedupe, "outcomes", None)
+
+
+def duplicate(claim: Claim, found: AlreadyApplied) -> Decision:
+    log.info("key=%s token=%s already applied by token=%s (committed in the database)",
+             claim.key, claim.token, found.token)
+    return Decision(Reason.DUPLICATE, claim, found.result)
+
+
+def not_stored(claim: Claim, exc: Exception) -> None:
+    # The row stays the truth: a later delivery finds it again, so the message is acked anyway.
+    log.warning("could not store the committed result of key=%s token=%s in Redis: %s", claim.key, claim.token, exc)
+
+
+def applied_before(dedupe: ClaimClient, claim: Claim, found: AlreadyApplied) -> Decision:
+    """DUPLICATE with ``found.result``, stored in Redis as ``claim``'s outcome (one round trip)."""
+    try:
+        dedupe.complete(claim, found.result)
+    except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
+        not_stored(claim, exc)
+    return duplicate(claim, found)
+
+
+def lookup(dedupe: ClaimClient, claim: Claim) -> AlreadyApplied | None:
+    """For a re-claimed key with ``outcomes`` set: its committed outcome, else ``None`` (run the
+    handler). A failing lookup runs the handler: ``atomic()`` still refuses a second commit."""
+    outcomes = outcomes_of(dedupe)
+    if outcomes is None or not claim.reclaimed:
+        return None
+    try:
+        return outcomes.lookup(claim)
+    except Exception as exc:
+        log.warning("outcome lookup failed key=%s token=%s, running the handler: %s", claim.key, claim.token, exc)
+        return None
+
+
+def found_before(dedupe: ClaimClient, claim: Claim) -> Decision | None:
+    """DUPLICATE from the committed row of a re-claimed key (stored in Redis), else ``None``."""
+    found = lookup(dedupe, claim)
+    return None if found is None else applied_before(dedupe, claim, found)
+
+
+def unbound_claim(dedupe: ClaimCodec, key: str | bytes) -> Claim:
+    request = dedupe.request(key)
+    return Claim(request.key, Outcome.ACQUIRED, 0, stem=request.stem)
+
+
+def unclaimed(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any]) -> Callable[[], Any]:
+    """``handler`` as ``fail_open`` runs it without a claim: with ``outcomes`` set, under a bound
+    claim of token 0, so ``atomic()`` works and one copy commits (the others' ``AlreadyApplied``
+    is answered DUPLICATE with the committed result by the engine's outage path)."""
+    if outcomes_of(dedupe) is None:
+        return handler
+    claim = unbound_claim(dedupe, key)
+
+    def run() -> Any:
+        with bind_claim(claim):
+            return handler()
+
+    return run

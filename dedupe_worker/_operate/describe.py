@@ -1,0 +1,66 @@
+"""What an operator wants to know about one key: its state, token, lease, stored result and TTLs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .._protocol.claim import State, Stored
+from .._protocol.client import ClaimClient
+from .._protocol.layout import KeyLayout
+from .._protocol.record import read_result
+from .._protocol.serialization import unpack
+
+__all__ = ["KeyReport", "describe"]
+
+PREVIEW = 120
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """``state`` is ``done``, ``failed``, ``in_progress`` or ``free``; TTLs in ms (-2: no record)."""
+
+    key: str
+    state: str
+    token: int
+    remaining_lease_ms: int
+    result_preview: str
+    started_ttl_ms: int
+    result_ttl_ms: int
+    redis_key: str
+    original_key: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(stored: bytes | str | None) -> str:
+    """A stored value as text: decompressed when it was stored compressed."""
+    try:
+        data = unpack(stored) if stored else b""
+    except Exception as exc:  # a codec this process lacks, or corrupted data: say so, show nothing
+        return f"(stored compressed, {len(stored or b'')} bytes, unreadable here: {exc})"
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
+
+def describe(dedupe: ClaimClient, key: str) -> KeyReport:
+    """Read ``key``'s records (``inspect.lua`` for the state, one pipeline for TTLs and ``orig``)."""
+    request = dedupe.request(key)
+    state = dedupe.store.inspect(request.stem)
+    pipe = dedupe.store.client.pipeline(transaction=False)
+    pipe.pttl(KeyLayout.started(request.stem))
+    pipe.pttl(KeyLayout.result(request.stem))
+    pipe.hget(KeyLayout.started(request.stem), "orig")
+    started_ttl, result_ttl, orig_started = pipe.execute()
+    stored = read_result(dedupe.store.client, KeyLayout.result(request.stem)) if state.state is State.DONE else None
+    orig_result = stored.original if stored is not None else b""
+    name = state.state.value
+    if state.state is State.DONE and state.status is Stored.FAILED:
+        name = "failed"
+    value = _text(state.value)
+    if state.status is Stored.OMITTED:
+        value = "(omitted: larger than max_result_bytes, or not JSON)"
+    preview = value if len(value) <= PREVIEW else value[:PREVIEW] + f"... ({len(value)} chars)"
+    orig = orig_result or orig_started or b""
+    return KeyReport(key, name, state.token, state.remaining_ms, preview, int(started_ttl), int(result_ttl),
+                     request.stem, orig.decode("utf-8", "replace") if isinstance(orig, bytes) else str(orig))

@@ -1,0 +1,84 @@
+"""A namespace at a glance, read with a bounded ``SCAN`` that never blocks Redis."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from .._protocol.record import queue_size_read, size_from_replies
+
+__all__ = ["Survey", "survey"]
+
+
+@dataclass
+class Survey:
+    """Counts by state, stored-result sizes, TTL spread and bytes per key (on a sample)."""
+
+    keys: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    result_bytes: list[int] = field(default_factory=list)
+    ttls_ms: list[int] = field(default_factory=list)
+    memory: list[int] = field(default_factory=list)
+
+    @property
+    def bytes_per_key(self) -> int:
+        """Mean ``MEMORY USAGE`` of a key's records over the sample (0 when none)."""
+        return int(statistics.mean(self.memory)) if self.memory else 0
+
+    def projection(self, rate: float, result_ttl: float) -> int:
+        """Bytes needed at ``rate`` messages/s kept ``result_ttl`` s: R x T x bytes per key."""
+        return int(rate * result_ttl * self.bytes_per_key)
+
+    def as_dict(self, rate: float, result_ttl: float) -> dict[str, Any]:
+        def spread(values: list[int]) -> dict[str, int]:
+            if not values:
+                return {}
+            ordered = sorted(values)
+            return {"min": ordered[0], "p50": ordered[len(ordered) // 2], "max": ordered[-1]}
+
+        return {"keys": self.keys, "states": dict(self.states), "result_bytes": spread(self.result_bytes),
+                "ttl_ms": spread(self.ttls_ms), "bytes_per_key": self.bytes_per_key,
+                "projection_bytes": self.projection(rate, result_ttl), "rate": rate, "result_ttl": result_ttl}
+
+
+def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
+           progress: TextIO | None = sys.stderr) -> Survey:
+    """``SCAN MATCH <namespace>:* COUNT count`` (each call bounded, so Redis never blocks); the
+    first ``sample`` records of each kind are looked at closely (state, sizes, TTL, memory)."""
+    found = Survey()
+    looked = 0
+    for name in client.scan_iter(match=f"{namespace}:*", count=count):
+        name = name.decode() if isinstance(name, bytes) else name
+        found.keys += 1
+        if progress is not None and found.keys % 1000 == 0:
+            progress.write(f"\rscanned {found.keys:,} keys")
+            progress.flush()
+        if looked >= sample or name.endswith(":notice"):
+            continue
+        looked += 1
+        pipe = client.pipeline(transaction=False)
+        is_result = name.endswith(":result")
+        if is_result:
+            queue_size_read(pipe, name)
+        else:
+            pipe.hget(name, "owner")
+        pipe.pttl(name)
+        pipe.memory_usage(name)
+        *reads, ttl, memory = pipe.execute(raise_on_error=False)
+        if is_result:
+            status, size = size_from_replies(*reads)
+            found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
+            found.result_bytes.append(size)
+        elif name.endswith(":started"):
+            owner = reads[0]
+            if isinstance(owner, Exception):
+                raise owner
+            found.states["in_progress" if owner not in (None, b"0", "0") else "free"] += 1
+        found.ttls_ms.append(int(ttl))
+        found.memory.append(int(memory or 0))
+    if progress is not None and found.keys >= 1000:
+        progress.write("\n")
+    return found

@@ -1,0 +1,215 @@
+"""The I/O-free half of the Redis store: the script calls of each transition, and their replies.
+
+Shared by :class:`~dedupe_worker._protocol.RedisStore` and the asyncio store
+(:mod:`dedupe_worker.asyncio`), so both send the same calls and read the same replies; only how a
+round trip is made differs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from .claim import Outcome, State, Stored
+from .layout import KeyLayout
+from .scripts import Call
+
+__all__ = ["RECORD_FORMATS", "WITH_FINGERPRINT", "ClaimReply", "KeyState", "StoreCalls", "acquired_in", "block_limit",
+           "key_state", "key_state_and_fingerprint", "record_format_from_env"]
+
+#: The formats ``complete.lua`` can write a result in: 1 the hash every release reads, 2 the
+#: compact string (one ``SET ... PX``) that only this release and later ones read.
+RECORD_FORMATS = (1, 2)
+
+
+_OUTCOMES = {int(o.value): o for o in Outcome}
+#: ``Stored`` by the status as Redis returns it (bytes from hiredis, str when decoding): a dict
+#: look-up is several times cheaper than ``Stored(value)`` on this per-message path.
+_STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode(): s for s in Stored}}
+#: The letter ``complete.lua`` takes for each ``Stored`` (``.value`` is an enum property look-up).
+_LETTER = {s: s.value for s in Stored}
+_PREFIX = {s: s.value.encode() for s in Stored}
+
+
+def record_format_from_env() -> int:
+    """The result format to write: ``DEDUPE_RECORD_FORMAT`` (``1`` or ``2``), else 1.
+
+    The switch of a two-phase upgrade: this release reads both formats and writes format 1 unless
+    told otherwise; once every worker and producer sharing the namespace runs this release (or a
+    later one), set ``DEDUPE_RECORD_FORMAT=2`` (the next release makes it the default). A worker
+    of an earlier release that meets a format-2 result fails the call with ``WRONGTYPE`` (its
+    message is not run), never taking the key as new."""
+    raw = os.environ.get("DEDUPE_RECORD_FORMAT", "1").strip() or "1"
+    if raw not in ("1", "2"):
+        raise ValueError(f"DEDUPE_RECORD_FORMAT must be 1 or 2, not {raw!r}")
+    return int(raw)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
+    outcome = _OUTCOMES[int(code)]
+    if outcome is Outcome.DUPLICATE:
+        return ClaimReply(outcome, int(token), _STORED[a], b)
+    if outcome is Outcome.IN_PROGRESS:
+        return ClaimReply(outcome, int(token), remaining_ms=int(a))
+    return ClaimReply(outcome, int(token), reclaimed=bool(a))
+
+
+class ClaimReply(NamedTuple):
+    """One key's answer from ``claim.lua``: the raw material of a :class:`~dedupe_worker.Claim`."""
+
+    outcome: Outcome
+    token: int
+    #: How the outcome is stored, for a DUPLICATE.
+    status: Stored | None = None
+    value: bytes | str | None = None
+    remaining_ms: int = 0
+    #: For ACQUIRED: the key was claimed before (its token counter existed).
+    reclaimed: bool = False
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What ``inspect.lua`` saw. ``state`` and ``status`` are ``str`` enums, so they also compare
+    equal to their values (``"done"``, ``"c"``)."""
+
+    state: State
+    token: int
+    status: Stored | None = None
+    value: bytes | str | None = None
+    remaining_ms: int = 0
+
+
+def key_state(code: Any, token: Any, a: Any, b: Any) -> KeyState:
+    """``inspect.lua``'s reply as a :class:`KeyState`."""
+    if int(code) == 2:
+        return KeyState(State.DONE, int(token), _STORED[a], b)
+    if int(code) == 3:
+        return KeyState(State.IN_PROGRESS, int(token), remaining_ms=int(a))
+    return KeyState(State.FREE, int(token))
+
+
+#: ``inspect.lua``'s ARGV for a reply that also carries the stored outcome's fingerprint.
+WITH_FINGERPRINT = ("f",)
+
+
+def key_state_and_fingerprint(reply: Sequence[Any]) -> tuple[KeyState, Any]:
+    """``inspect.lua``'s reply to :data:`WITH_FINGERPRINT`: the :class:`KeyState` and the stored
+    outcome's fingerprint (``b""``/``""`` when the claim had none, ``None`` when no outcome is
+    stored), read by the script from a result of either record format."""
+    return key_state(*reply[:4]), (reply[4] if len(reply) > 4 else None)
+
+
+def acquired_in(calls: Sequence[Call], replies: Sequence[Any]) -> list[tuple[str, int]]:
+    """``(stem, token)`` of every claim that ``calls`` (answered by ``replies``) acquired."""
+    taken = []
+    for (name, keys, _), reply in zip(calls, replies, strict=True):
+        if name == "claim":
+            for i in range(0, len(reply), 4):
+                if int(reply[i]) == int(Outcome.ACQUIRED.value):
+                    taken.append((keys[(i // 4) * 2][: -len(":started")], int(reply[i + 1])))
+    return taken
+
+
+def block_limit(client: Any) -> float:
+    """Longest single blocking wait, in seconds, on ``client`` (waits are split into such pieces).
+
+    A blocking wait must end before the client's socket timeout would cut it (redis-py 8 defaults
+    to 5 s), and Redis may end it up to ~100 ms late (timeouts run at ``hz`` 10)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    socket_timeout = kwargs.get("socket_timeout") or kwargs.get("orig_socket_timeout") or 5.0
+    return max(0.05, min(2.0, float(socket_timeout) - 0.3))
+
+
+class _Scripts(Protocol):
+    is_cluster: bool
+
+
+class StoreCalls:
+    """Builds the script calls of one transition over a batch (``*_calls``) and reads replies.
+
+    A subclass provides ``scripts`` (whose ``is_cluster`` says how calls are grouped) and the
+    round trips.
+    """
+
+    scripts: _Scripts
+    #: ``(replicas, timeout_ms)``: claims and completions wait for that many replicas
+    #: (``WAIT``, in the same pipeline); ``None``: they do not.
+    durability: tuple[int, int] | None = None
+    #: The trailing argument of every ``complete.lua`` call: ``("2",)`` writes results in the
+    #: compact format 2, ``()`` in format 1 (see :func:`record_format_from_env`).
+    format_args: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.write_format(record_format_from_env())
+
+    def write_format(self, record_format: int) -> None:
+        """Write results in ``record_format`` (1 or 2) from now on; reading takes both always."""
+        if record_format not in RECORD_FORMATS:
+            raise ValueError(f"record_format must be 1 or 2, not {record_format!r}")
+        self.format_args = ("2",) if record_format == 2 else ()
+
+    @property
+    def record_format(self) -> int:
+        return 2 if self.format_args else 1
+
+    def require_replicas(self, replicas: int, timeout: float) -> None:
+        """Make every claim and completion wait for ``replicas`` replicas (0: do not wait)."""
+        if replicas and self.scripts.is_cluster:
+            raise ValueError("wait_replicas is not supported on Redis Cluster (WAIT has no key to route by); "
+                             "use min-replicas-to-write on its primaries")
+        self.durability = (replicas, max(1, int(timeout * 1000))) if replicas else None
+
+    def _calls(self, name: str, keys: Sequence[Sequence[str]], shared: Sequence[Any],
+               per_item: Sequence[Sequence[Any]]) -> list[Call]:
+        """One call over every item (standalone), or one per item (cluster: one slot per call)."""
+        if not keys:
+            return []
+        if not self.scripts.is_cluster:
+            flat_keys = [k for ks in keys for k in ks]
+            return [(name, flat_keys, [*shared, *(a for args in per_item for a in args)])]
+        return [(name, ks, [*shared, *args]) for ks, args in zip(keys, per_item, strict=True)]
+
+    def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
+        """``items`` are ``(stem, fingerprint, original_key)``."""
+        calls = self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
+                            (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
+        if self.format_args:  # claim.lua reads the format this worker writes first
+            return [(name, keys, [*args, *self.format_args]) for name, keys, args in calls]
+        return calls
+
+    def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
+        """``items`` are ``(stem, token, status, value)``."""
+        calls = self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
+                                         for s, _, _, _ in items],
+                            (result_ttl_ms,), [(token, _LETTER[status], self.record(token, status, value))
+                                               for _, token, status, value in items])
+        if self.format_args:
+            return [(name, keys, [*args, *self.format_args]) for name, keys, args in calls]
+        return calls
+
+    def record(self, token: int, status: Stored, value: bytes) -> bytes:
+        """What ``complete.lua`` gets as the value: ``value`` itself (record format 1), or the
+        compact record (format 2): the status letter, the token as 8 bytes big-endian, ``value``."""
+        if not self.format_args:
+            return value
+        return _PREFIX[status] + token.to_bytes(8, "big") + value
+
+    def release_calls(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[Call]:
+        """``items`` are ``(stem, token)``."""
+        return self._calls("release", [(KeyLayout.started(s), KeyLayout.notice(s)) for s, _ in items],
+                           (retention_ms,), [(token,) for _, token in items])
+
+    def renew_calls(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[Call]:
+        """``items`` are ``(stem, token)``."""
+        return self._calls("renew", [(KeyLayout.started(s),) for s, _ in items], (lease_ms, retention_ms),
+                           [(token,) for _, token in items])
+
+    @staticmethod
+    def claim_replies(flat: Sequence[Any]) -> list[ClaimReply]:
+        return [_claim_reply(*flat[i : i + 4]) for i in range(0, len(flat), 4)]

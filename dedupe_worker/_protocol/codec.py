@@ -1,0 +1,205 @@
+"""The I/O-free half of the protocol client: keys into requests, replies into claims, values
+into stored records. Shared by :class:`~dedupe_worker.ClaimClient` and the asyncio client
+(:mod:`dedupe_worker.asyncio`), so both check keys, decode outcomes and encode results alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .._errors import InvalidKey, ResultNotSerializable
+from .calls import ClaimReply, _claim_reply
+from .claim import OMITTED, Claim, Outcome, Stored
+from .fingerprint import request_fingerprint
+from .layout import _UNSAFE, HASHED_PREFIX, KeyLayout
+from .serialization import JsonSerializer, Packer, Serializer, unpack
+
+__all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request"]
+
+log = logging.getLogger(__name__)
+
+#: Keys longer than this many UTF-8 bytes are refused outright instead of hashed: almost surely a bug.
+KEY_HARD_LIMIT = 8192
+
+_ACQUIRED, _DUPLICATE = Outcome.ACQUIRED, Outcome.DUPLICATE
+_unsafe = _UNSAFE.search
+
+
+def _byte_length(key: str | bytes) -> int:
+    """How many bytes ``key`` has in UTF-8 (a lone surrogate counted as its three bytes)."""
+    if isinstance(key, bytes) or key.isascii():
+        return len(key)
+    return len(key.encode("utf-8", "surrogatepass"))
+
+
+class Request(NamedTuple):
+    """A key made ready for ``claim.lua``: the key as text, its Redis stem, the fingerprint as
+    sent, and the original key when the stem holds its hash (else ``""``)."""
+
+    key: str
+    stem: str
+    fingerprint: str
+    original: str
+
+
+class ClaimCodec:
+    """Key checking, claim replies and outcome encoding for one namespace and set of options.
+
+    Nothing here talks to Redis; the clients hold a codec's fields (they subclass it) and add the
+    round trips. ``lease`` and ``result_ttl`` are kept in seconds, and with ``retention`` also in
+    milliseconds as the scripts take them (``_lease_ms``, ``_result_ttl_ms``, ``_retention_ms``).
+    """
+
+    def __init__(
+        self,
+        *,
+        namespace: str = "dedupe",
+        lease: float = 30.0,
+        result_ttl: float = 86400.0,
+        retention: float | None = None,
+        max_key_length: int = 200,
+        max_result_bytes: int = 1_000_000,
+        serializer: Serializer | None = None,
+        compress_above: int | None = 1024,
+        compression: str = "auto",
+    ) -> None:
+        if lease <= 0 or result_ttl <= 0:
+            raise ValueError("lease and result_ttl must be positive")
+        self.layout = KeyLayout(namespace, max_key_length)
+        self.lease = lease
+        self.result_ttl = result_ttl
+        self.max_result_bytes = max_result_bytes
+        self.serializer: Serializer = serializer or JsonSerializer()
+        #: Compresses stored values over ``compress_above`` bytes (:class:`Packer`).
+        self.packer = Packer(compress_above, compression)
+        self._lease_ms = max(1, int(lease * 1000))
+        self._result_ttl_ms = max(1, int(result_ttl * 1000))
+        self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
+        #: What :meth:`request` builds a stem from without the general checks: an ASCII ``str``
+        #: key this long at most, free of what :class:`KeyLayout` hashes (unsafe characters, the
+        #: ``sha256:`` prefix), is stored as it is.
+        self._plain_limit = min(max_key_length, KEY_HARD_LIMIT)
+        self._stem_open = f"{namespace}:{{"
+
+    def result_ttl_ms(self, ttl: float | None = None) -> int:
+        """How long an outcome is kept, in milliseconds as ``complete.lua`` takes it: ``ttl``
+        seconds when given (a per-call choice), else ``result_ttl``."""
+        if ttl is None:
+            return self._result_ttl_ms
+        if ttl <= 0:
+            raise ValueError(f"ttl must be positive, not {ttl!r}")
+        return max(1, int(ttl * 1000))
+
+    @staticmethod
+    def owns(claim: Claim, stored: Any) -> bool:
+        """Whether ``claim``'s outcome counts as ours once ``complete.lua`` answered ``stored``:
+        exactly when the script stored it. The one place a verdict on a finished claim is decided,
+        for the sync and asyncio clients alike.
+
+        The script checked the fencing token in the same atomic step that wrote the outcome, so
+        its reply is the truth. What the lease renewer saw meanwhile is not: a renewal that lands
+        after our own ``complete.lua`` deleted the started record is refused, and reporting that
+        as LEASE_LOST would defer (and count as lost) an outcome that is stored."""
+        del claim
+        return bool(stored)
+
+    def check_key(self, key: str | bytes) -> tuple[str, str]:
+        """Return ``(stored, original)`` as :meth:`KeyLayout.stored_key`; raise :class:`InvalidKey`
+        for an empty key, one that is not str/bytes, or one longer than ``KEY_HARD_LIMIT`` UTF-8
+        bytes."""
+        if isinstance(key, (str, bytes)) and (size := _byte_length(key)) > KEY_HARD_LIMIT:
+            raise InvalidKey(f"idempotency key is {size} bytes long; the limit is {KEY_HARD_LIMIT} bytes")
+        return self.layout.stored_key(key)
+
+    def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
+        """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
+        if (type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and not _unsafe(key)
+                and not key.startswith(HASHED_PREFIX)):
+            # the common key (what check_key and KeyLayout.stem would give, a batch's worth cheaper)
+            stem, original = self._stem_open + key + "}", ""
+        else:
+            stored, original = self.check_key(key)
+            stem = self.layout.stem(stored)
+            if not isinstance(key, str):
+                key = key.decode("utf-8", "backslashreplace")
+        if type(fingerprint) is str and len(fingerprint) <= 64:
+            return Request(key, stem, fingerprint, original)
+        return Request(key, stem, request_fingerprint(fingerprint), original)
+
+    def _claims(self, requests: Sequence[Request], flat: Sequence[Any]) -> list[Claim]:
+        """The claims of ``requests`` from ``claim.lua``'s flat reply (four values per key): what
+        :meth:`_claim` makes of each, with the common answers (ACQUIRED; DUPLICATE of a stored
+        JSON ``null``) built without the general decoding."""
+        if len(flat) != 4 * len(requests):
+            raise ValueError(f"{len(flat)} reply values for {len(requests)} claims")
+        json = type(self.serializer) is JsonSerializer
+        claims: list[Claim] = []
+        append = claims.append
+        for r, code, token, status, value in zip(requests, flat[0::4], flat[1::4], flat[2::4], flat[3::4], strict=True):
+            if code == 1:
+                append(Claim(r[0], _ACQUIRED, token, None, 0.0, False, None, r[1], r[2], status == 1))
+            elif code == 2 and json and value == b"null" and status == b"c":
+                append(Claim(r[0], _DUPLICATE, token, None, 0.0, False, None, r[1], r[2]))
+            else:
+                append(self._claim(r, _claim_reply(code, token, status, value)))
+        return claims
+
+    def _claim(self, request: Request, reply: ClaimReply) -> Claim:
+        key, stem, fp = request.key, request.stem, request.fingerprint
+        outcome = reply.outcome
+        if outcome is Outcome.DUPLICATE:
+            if reply.status is Stored.FAILED:
+                error = self._stored(key, reply)
+                return Claim(key, outcome, reply.token, failed=True, error=error, stem=stem, fingerprint=fp)
+            result = OMITTED if reply.status is Stored.OMITTED else self._stored(key, reply)
+            return Claim(key, outcome, reply.token, result=result, stem=stem, fingerprint=fp)
+        if outcome is Outcome.IN_PROGRESS:
+            return Claim(key, outcome, reply.token, retry_after=reply.remaining_ms / 1000,
+                         stem=stem, fingerprint=fp)
+        return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp, reclaimed=reply.reclaimed)
+
+    def _stored(self, key: str, reply: ClaimReply) -> Any:
+        """Decode a stored value. One that does not parse (written by something else, or
+        corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
+        executed or unpickled."""
+        try:
+            return self.decode(reply.value or b"null")
+        except Exception as exc:
+            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
+                      key, reply.token, exc)
+            return OMITTED
+
+    def decode(self, data: bytes | str) -> Any:
+        """A stored value back as the handler returned it (JSON types): decompressed when it was
+        stored compressed, then parsed. Raises what the serializer or the decompressor raise."""
+        return self.serializer.loads(unpack(data))
+
+    def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
+        """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``. ``data`` is
+        compressed when over ``compress_above`` bytes; a value JSON cannot hold, or one whose
+        stored (compressed) form is over ``max_result_bytes``, is stored as omitted."""
+        if value is None and type(self.serializer) is JsonSerializer and self.max_result_bytes >= 4:
+            return Stored.COMPLETED, b"null", None  # the common no-op result, without a dumps call
+        try:
+            data = self.serializer.dumps(value)
+        except ResultNotSerializable as exc:
+            log.error("result of key=%s token=%s not serialisable, stored as omitted: %s",
+                      claim.key, claim.token, exc)
+            return Stored.OMITTED, b"", exc
+        data = self.packer.pack(data)
+        if len(data) > self.max_result_bytes:
+            log.info("result of key=%s token=%s is %d bytes, stored as omitted",
+                     claim.key, claim.token, len(data))
+            return Stored.OMITTED, b"", None
+        return Stored.COMPLETED, data, None
+
+    def encode_failure(self, error: BaseException | str) -> bytes:
+        """How a permanent failure is stored: its type and message as JSON."""
+        detail = (
+            {"type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)}
+            if isinstance(error, BaseException)
+            else {"type": "error", "message": str(error)}
+        )
+        return self.packer.pack(self.serializer.dumps(detail))

@@ -1,0 +1,84 @@
+"""Where a message's records live in Redis.
+
+Two keys per message share one Redis Cluster hash slot through the ``{...}`` hash tag::
+
+    <namespace>:{<key>}:started   lease owner, lease deadline, token counter, fingerprint
+    <namespace>:{<key>}:result    the stored outcome and the token that stored it
+    <namespace>:{<key>}:notice    only while someone waits on the key: one entry per waiter
+    <namespace>:{<key>}:sent      only when a producer checks before sending (``send.lua``): the
+                                  task id it sent, until when that counts as queued, fingerprint
+
+A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
+(braces, whitespace, control characters, invalid UTF-8), is replaced by ``sha256:<hex>`` of its
+UTF-8 bytes; the original is kept in the records' ``orig`` field for inspection. A key that itself
+begins with ``sha256:`` is hashed the same way, so a literal key can never name the records of a
+hashed one (``sha256:<hex of K>`` given as a key lands elsewhere than ``K``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .._errors import InvalidKey
+
+__all__ = ["KeyLayout"]
+
+_UNSAFE = re.compile(r"[{}\s\x00-\x1f\x7f]")
+#: How a stored key that holds a hash begins; a literal key beginning so is hashed too.
+HASHED_PREFIX = "sha256:"
+
+
+class KeyLayout:
+    """Maps idempotency keys to Redis key names under one namespace."""
+
+    def __init__(self, namespace: str = "dedupe", max_key_length: int = 200) -> None:
+        if not namespace or _UNSAFE.search(namespace):
+            raise ValueError(f"namespace must be non-empty without braces or whitespace: {namespace!r}")
+        self.namespace = namespace
+        self.max_key_length = max_key_length
+
+    def stored_key(self, key: str | bytes) -> tuple[str, str]:
+        """Return ``(stored, original)``: the key as it appears in Redis, and the original when
+        it had to be hashed (else ``""``). ``max_key_length`` counts the key's UTF-8 bytes.
+        Raises :class:`InvalidKey` for an empty key."""
+        if isinstance(key, bytes):
+            raw = key
+            try:
+                text = key.decode("utf-8")
+            except UnicodeDecodeError:
+                return HASHED_PREFIX + hashlib.sha256(raw).hexdigest(), key.hex()
+        elif isinstance(key, str):
+            text = key
+            try:
+                raw = key.encode("utf-8")
+            except UnicodeEncodeError as exc:  # lone surrogates
+                raise InvalidKey(f"key is not encodable as UTF-8: {key!r}") from exc
+        else:
+            raise InvalidKey(f"key must be str or bytes, not {type(key).__name__}")
+        if not raw:
+            raise InvalidKey("idempotency key is empty")
+        if len(raw) > self.max_key_length or _UNSAFE.search(text) or text.startswith(HASHED_PREFIX):
+            return HASHED_PREFIX + hashlib.sha256(raw).hexdigest(), text
+        return text, ""
+
+    def stem(self, stored: str) -> str:
+        return f"{self.namespace}:{{{stored}}}"
+
+    @staticmethod
+    def started(stem: str) -> str:
+        return stem + ":started"
+
+    @staticmethod
+    def result(stem: str) -> str:
+        return stem + ":result"
+
+    @staticmethod
+    def notice(stem: str) -> str:
+        """The list a waiter blocks on until the holder completes or releases (``watch.lua``)."""
+        return stem + ":notice"
+
+    @staticmethod
+    def sent(stem: str) -> str:
+        """The mark a producer leaves when it publishes work for the key (``send.lua``)."""
+        return stem + ":sent"

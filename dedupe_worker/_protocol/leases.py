@@ -1,0 +1,72 @@
+"""The leases a renewer keeps alive, and when a refused renewal means "lost": one rule for both.
+
+Sans-I/O: :class:`LeaseBook` holds the table; the thread renewer
+(:class:`~dedupe_worker._protocol.renewer.LeaseRenewer`, under its lock) and the asyncio renewer
+(:class:`~dedupe_worker.asyncio.AsyncLeaseRenewer`, one book per event loop) drive it.
+
+A renewal that Redis refuses means the token no longer owns the claim. That is a loss only when
+our own write did not end the lease: once ``complete.lua`` stored the outcome (it deletes the
+started record) or ``release.lua`` gave the claim back, a renewal sent before the engine stopped
+tracking the lease is refused too. So a claim whose completion or release has been sent is
+marked *settling* until it is untracked, and a refusal then marks nothing: the write's own reply
+says whether the claim was still ours, and that reply is the verdict
+(:meth:`~dedupe_worker._protocol.codec.ClaimCodec.owns`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["Lease", "LeaseBook"]
+
+#: A claim's identity: ``(stem, fencing token)``.
+Lease = tuple[str, int]
+
+
+class LeaseBook:
+    """Tracked leases (a count of holders each), those renewal found lost, those settling."""
+
+    __slots__ = ("live", "lost", "settling")
+
+    def __init__(self) -> None:
+        self.live: dict[Lease, int] = {}
+        self.lost: set[Lease] = set()
+        self.settling: set[Lease] = set()
+
+    def track(self, lease: Lease) -> None:
+        self.live[lease] = self.live.get(lease, 0) + 1
+
+    def untrack(self, lease: Lease) -> None:
+        """One holder less; the last one forgets the lease (lost and settling marks included)."""
+        left = self.live.get(lease, 0) - 1
+        if left > 0:
+            self.live[lease] = left
+        else:
+            self.live.pop(lease, None)
+            self.lost.discard(lease)
+            self.settling.discard(lease)
+
+    def settle(self, leases: Iterable[Lease]) -> None:
+        """A completion or release of ``leases`` is about to be sent: from now until they are
+        untracked, a refused renewal is that write's doing, not a loss."""
+        live = self.live
+        self.settling.update(lease for lease in leases if lease in live)
+
+    def due(self) -> list[Lease]:
+        """The leases to renew now."""
+        lost = self.lost
+        return [lease for lease in self.live if lease not in lost]
+
+    def refused(self, lease: Lease) -> bool:
+        """Renewal of ``lease`` was refused: mark it lost, unless it is no longer tracked or its
+        completion or release is in flight. True when it is now marked lost."""
+        if lease not in self.live or lease in self.settling:
+            return False
+        self.lost.add(lease)
+        return True
+
+    def clear(self) -> None:
+        """Forget everything (a forked child holds none of its parent's leases)."""
+        self.live.clear()
+        self.lost.clear()
+        self.settling.clear()

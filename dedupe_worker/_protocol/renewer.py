@@ -1,0 +1,179 @@
+"""One background thread that keeps every live claim's lease from running out.
+
+The renewer wakes every ``interval`` seconds (a third of the lease by default) and extends all
+tracked leases in one batched ``renew.lua`` round trip, so a thousand in-flight messages cost one
+thread and one round trip per interval, not a thread each. A claim that renewal finds no longer
+ours is marked lost; completing it then raises :class:`~dedupe_worker.LeaseLost` (the completion
+script would refuse it anyway). If Redis is unreachable the renewer logs and keeps trying; the
+lease may then expire and another worker may take over, which the fencing token makes safe.
+
+The thread is started on first use and again after ``fork()`` (Celery prefork children). A
+forked child tracks none of its parent's leases: the table is emptied in the child at the fork,
+so the child renews only the claims it takes itself, and a parent that dies has its leases run
+out on time whatever its children do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+
+from .._errors import StoreUnavailable
+from ..observe._base import current as observer
+from .leases import Lease, LeaseBook
+from .store import RedisStore
+
+__all__ = ["LeaseRenewer"]
+
+log = logging.getLogger(__name__)
+
+
+class LeaseRenewer:
+    """Renews the leases of tracked claims, identified by ``(stem, token)``."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        lease_ms: int,
+        retention_ms: int,
+        interval: float,
+        on_lost: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.lease_ms = lease_ms
+        self.retention_ms = retention_ms
+        self.interval = interval
+        self.on_lost = on_lost
+        self._book = LeaseBook()
+        self._live = self._book.live  # (stem, token) -> how many holders
+        self._lost = self._book.lost
+        #: ``time.monotonic()`` at the start of the last renewal round Redis answered.
+        self.renewed_at = float("-inf")
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._closed = False
+        _renewers.add(self)
+
+    def track(self, stem: str, token: int) -> None:
+        """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
+        lease = (stem, token)
+        with self._lock:  # one message's claim: the per-message path, so no loop over one lease
+            self._live[lease] = self._live.get(lease, 0) + 1
+            if self._thread is None or self._closed or self._pid != os.getpid():
+                self._start()
+
+    def untrack(self, stem: str, token: int) -> None:
+        """Stop renewing the lease of ``(stem, token)`` (once per :meth:`track`)."""
+        with self._lock:
+            self._drop((stem, token))
+
+    def track_many(self, leases: Iterable[tuple[str, int]]) -> None:
+        """:meth:`track` for several ``(stem, token)`` at once (one lock, one thread check)."""
+        live = self._live
+        with self._lock:
+            for lease in leases:
+                live[lease] = live.get(lease, 0) + 1
+            if self._thread is None or self._closed or self._pid != os.getpid():
+                self._start()
+
+    def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None:
+        """Stop renewing ``(stem, token)`` leases (each once per :meth:`track`)."""
+        with self._lock:
+            for lease in leases:
+                self._drop(lease)
+
+    def _drop(self, lease: tuple[str, int]) -> None:
+        """One holder less for ``lease`` (the caller holds the lock)."""
+        self._book.untrack(lease)
+
+    def settle(self, leases: Iterable[Lease]) -> None:
+        """The completion or release of ``leases`` is being sent: until they are untracked, a
+        refused renewal of one of them is not a loss (see :mod:`.leases`)."""
+        with self._lock:
+            self._book.settle(leases)
+
+    def is_lost(self, stem: str, token: int) -> bool:
+        if not self._lost:  # the common case, read without the lock: an add racing this read
+            return False    # could as well have come right after a locked read
+        with self._lock:
+            return (stem, token) in self._lost
+
+    def renew_now(self) -> None:
+        """Renew every tracked lease once, in one round trip."""
+        with self._lock:
+            items = self._book.due()
+        observer.leases(len(items))
+        if not items:
+            return
+        began = time.monotonic()
+        try:
+            renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
+        except StoreUnavailable as exc:
+            log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
+            observer.renewal_failed(len(items))
+            return
+        self.renewed_at = began
+        for (stem, token), ok in zip(items, renewed, strict=True):
+            if ok:
+                continue
+            with self._lock:
+                if not self._book.refused((stem, token)):
+                    continue  # completed or released (or being so) while we were renewing
+            log.warning("lease lost: key=%s token=%s", stem, token)
+            observer.lease_lost()
+            if self.on_lost is not None:
+                self.on_lost(stem, token)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's leases are not ours to renew (its thread did not
+        survive the fork, and a lock a parent thread held then would stay taken)."""
+        self._lock = threading.Lock()
+        self._book.clear()
+        self._thread = None
+        self._wake = threading.Event()
+        self.renewed_at = float("-inf")
+
+    def _start(self) -> None:
+        self._closed = False
+        self._wake = threading.Event()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, args=(self._wake,), name="dedupe-lease-renewer",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self, wake: threading.Event) -> None:
+        try:
+            while not wake.wait(self.interval) and not self._closed:
+                try:
+                    self.renew_now()
+                except Exception:  # never let the renewer die silently
+                    log.exception("lease renewer failed; continuing")
+        finally:
+            # However it ends, the next track() starts a new thread (it checks this, the close
+            # flag and the process id, not is_alive(): that costs a lock of its own per call).
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+
+#: Every renewer of this process, emptied in a forked child.
+_renewers: weakref.WeakSet[LeaseRenewer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for renewer in list(_renewers):
+        renewer._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,61 @@
+"""``redis.asyncio`` clients built from a URL, with a bounded pool that queues instead of failing.
+
+``redis://``, ``rediss://`` and ``unix://`` as redis-py reads them; ``redis+cluster://`` (or
+``?cluster=1``) for a Redis Cluster; ``redis+sentinel://`` and ``rediss+sentinel://`` for a
+primary found through Sentinel, written as for the sync client
+(:mod:`dedupe_worker._protocol.connection`).
+
+A standalone client gets a :class:`~redis.asyncio.BlockingConnectionPool` of ``max_connections``
+(default 64): with hundreds of coroutines in flight, a call waits for a free connection instead
+of failing with "Too many connections" as redis-py's default pool (100, non-blocking) does. A
+Sentinel-managed primary gets redis-py's ``SentinelConnectionPool`` (it has no blocking form),
+allowed ``max_connections`` * 16 connections. The retry policy is the synchronous one's: two quick
+retries, then :class:`~dedupe_worker.StoreUnavailable`; after a failover the pool asks the
+sentinels for the new primary.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialWithJitterBackoff
+
+from .._protocol.connection import SENTINEL_SCHEMES, sentinel_options
+from ._scripts import AsyncRedis
+
+__all__ = ["async_redis_from_url"]
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2)
+
+
+def async_redis_from_url(url: str, max_connections: int = 64) -> AsyncRedis:
+    """A ``redis.asyncio`` client for ``url`` (see the module doc for the schemes)."""
+    parts = urlsplit(url)
+    if parts.scheme in SENTINEL_SCHEMES:
+        return _sentinel_primary(url, max_connections * 16)
+    if parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]:
+        plain = parts._replace(scheme="redis", query="").geturl()
+        return RedisCluster.from_url(plain, retry=_retry())
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=20, socket_connect_timeout=2, socket_timeout=10,
+        retry=_retry())
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+def _sentinel_primary(url: str, max_connections: int) -> redis.asyncio.Redis:
+    """The Sentinel-managed primary named in ``url``, on ``redis.asyncio``."""
+    o = sentinel_options(url)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        o.sentinels,
+        sentinel_kwargs={"password": o.sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2, **o.tls},
+        socket_connect_timeout=2, socket_timeout=10, retry=_retry(), **o.tls,
+    )
+    primary: redis.asyncio.Redis = sentinel.master_for(o.service, db=o.db, username=o.username,
+                                                       password=o.password, max_connections=max_connections)
+    return primary

@@ -1,0 +1,87 @@
+"""The :class:`AsyncDeduplicator`: the asyncio protocol client, with the engine's ``run()`` on top."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .._deduplicator import Deduplicator, sql_outcomes
+from .._engine.decision import outcome
+from .._engine.recorded import Outcomes
+from .._protocol.claim import Claim
+from .._protocol.context import Holding
+from .._settings import DedupeSettings
+from . import _engine as engine
+from ._client import AsyncClaimClient
+
+__all__ = ["AsyncDeduplicator"]
+
+T = TypeVar("T")
+D = TypeVar("D", bound="AsyncDeduplicator")
+
+
+class AsyncDeduplicator(AsyncClaimClient):
+    """Makes at-least-once delivery apply once for asyncio consumers, with Redis as the store.
+
+    The asyncio twin of :class:`~dedupe_worker.Deduplicator`: the same options, Lua scripts,
+    exceptions and guarantees, and the two interoperate on one namespace. While a key's records
+    live (``result_ttl`` after completion) its work is *completed* at most once; a claimant whose
+    lease ran out can never store an outcome over its successor's (fencing tokens); a failure of
+    Redis never runs the handler unless ``fail_open`` is set. Many concurrent :meth:`run` calls on
+    one key run the function once: the first claims it, the others answer
+    :class:`~dedupe_worker.InProgress` (or, with ``wait``, the stored value once it is stored).
+
+    What is not guaranteed: a process that dies mid-handler leaves its side effects half done and
+    the claim held until the lease runs out; the next delivery then runs the handler again (fence
+    side effects with :func:`~dedupe_worker.current_claim`, which is set inside the coroutine).
+
+    One renewer task per event loop keeps the leases of running handlers alive; call
+    :meth:`aclose` when done. ``outcomes``: as :class:`~dedupe_worker.Deduplicator`'s.
+    """
+
+    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
+        super().__init__(redis_client, **options)
+        #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
+        self.outcomes = outcomes
+        if outcomes is not None:
+            outcomes.attach(self)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        s = settings or DedupeSettings()
+        if "outcomes" not in options and s.sql_dsn:
+            options["outcomes"] = sql_outcomes(s)
+        return super().from_settings(s, **options)
+
+    async def run(self, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any, fingerprint: Any = None,
+                  wait: float = 0.0, **kwargs: Any) -> T:
+        """Claim ``key``, ``await fn(*args, **kwargs)`` once, store and return its value.
+
+        A duplicate returns the stored value without calling ``fn``. Raises as
+        :meth:`Deduplicator.run <dedupe_worker.Deduplicator.run>`: :class:`InProgress`,
+        :class:`KeyConflict`, :class:`PreviouslyFailed`, :class:`LeaseLost`,
+        :class:`ResultNotSerializable`, :class:`StoreUnavailable` (``fn`` not run, unless
+        ``fail_open``) and whatever ``fn`` raised (the claim released, or for
+        ``permanent_errors`` the failure stored). Cancelling the caller releases the claim.
+        """
+        return await engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, **kwargs)
+
+    async def apply(self, claim: Claim, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Await ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`."""
+        decision = await engine.execute(self, claim, lambda: fn(*args, **kwargs))
+        return outcome(decision)  # type: ignore[no-any-return]
+
+    def hold(self, claim: Claim) -> Holding:
+        """While inside (``with``, in a coroutine): the lease is renewed and ``current_claim()``
+        is ``claim``."""
+        return Holding(self.renewer, claim)
+
+    #: The stored value of a DUPLICATE; raises for IN_PROGRESS, CONFLICT and stored failures.
+    answer = staticmethod(Deduplicator.answer)
+
+    async def settle_failure(self, claim: Claim, exc: BaseException) -> None:
+        """After work for ``claim`` raised ``exc``: store a permanent failure or release the
+        claim. Never raises."""
+        await engine.settle_failure(self, claim, exc)

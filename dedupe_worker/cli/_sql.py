@@ -1,0 +1,55 @@
+"""``dedupe-worker sql init|purge|ddl``: the table ``dedupe_worker.sql.atomic()`` commits outcomes in.
+
+::
+
+    dedupe-worker sql init  --dsn postgresql://app@db/app     # create the table and index if missing
+    dedupe-worker sql purge --dsn postgresql://app@db/app     # delete expired rows (cron-safe)
+    dedupe-worker sql ddl   --dialect mysql                   # print the DDL for your migrations
+
+``--dsn`` defaults to ``DEDUPE_SQL_DSN`` and ``--table`` to ``DEDUPE_SQL_TABLE``. Exit status 0 on
+success, 2 when no DSN is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .._settings import DedupeSettings
+
+__all__ = ["register", "run"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sql", help="create or purge the table of outcomes committed by atomic()")
+    p.add_argument("action", choices=("init", "purge", "ddl"),
+                   help="init: create the table; purge: delete expired rows; ddl: print the DDL")
+    p.add_argument("--dsn", help="PostgreSQL DSN or SQLAlchemy URL (DEDUPE_SQL_DSN)")
+    p.add_argument("--table", help="table name (DEDUPE_SQL_TABLE; default dedupe_outcome)")
+    p.add_argument("--batch", type=int, default=1000, help="rows deleted per statement by purge (default 1000)")
+    p.add_argument("--dialect", default="postgresql", choices=("postgresql", "mysql", "mariadb"),
+                   help="for ddl: which database's DDL (default postgresql)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = DedupeSettings()
+    table = args.table or settings.sql_table
+    if args.action == "ddl":
+        from ..sql import ddl
+
+        print(ddl(args.dialect, table), end="")
+        return 0
+    dsn = args.dsn or settings.sql_dsn
+    if not dsn:
+        print("dedupe-worker sql: give --dsn or set DEDUPE_SQL_DSN", file=sys.stderr)
+        return 2
+    from ..sql import SqlOutcomes
+
+    outcomes = SqlOutcomes(dsn, table=table)
+    if args.action == "init":
+        outcomes.create_table()
+        print(f"{table}: ready ({outcomes.dialect})")
+    else:
+        print(f"{table}: purged {outcomes.purge(batch=args.batch)} expired row(s)")
+    return 0

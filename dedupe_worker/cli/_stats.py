@@ -1,0 +1,47 @@
+"""``dedupe-worker stats``: a namespace at a glance (bounded SCAN) and a memory projection."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .._operate.doctor import DEFAULT_RATE
+from .._operate.survey import survey
+from ._options import add_dedupe_options, deduplicator_from
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("stats", help="count a namespace's keys by state and project its memory")
+    p.add_argument("--sample", type=int, default=1000, help="records looked at closely (default 1000)")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                   help=f"messages/s for the projection (default {DEFAULT_RATE:g})")
+    p.add_argument("--json", action="store_true")
+    add_dedupe_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    dedupe = deduplicator_from(args)
+    try:
+        found = survey(dedupe.store.client, dedupe.layout.namespace, sample=args.sample,
+                       progress=sys.stderr if sys.stderr.isatty() else None)
+    finally:
+        dedupe.close()
+    report = found.as_dict(args.rate, dedupe.result_ttl)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"namespace {dedupe.layout.namespace}: {found.keys:,} Redis keys")
+    for state, count in sorted(found.states.items()):
+        print(f"  {state:<16} {count:,} (in the sample of {args.sample:,})")
+    for name, label in (("result_bytes", "stored result bytes"), ("ttl_ms", "TTL ms")):
+        if report[name]:
+            low, mid, high = report[name]["min"], report[name]["p50"], report[name]["max"]
+            print(f"  {label:<22} min {low:,}  p50 {mid:,}  max {high:,}")
+    print(f"  bytes per key          {found.bytes_per_key:,} (MEMORY USAGE, sampled)")
+    print(f"  projection             {report['projection_bytes']:,} bytes at {args.rate:g} msg/s kept "
+          f"{dedupe.result_ttl:g} s (R x T x bytes per key)")
+    return 0

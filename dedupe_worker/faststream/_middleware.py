@@ -1,0 +1,222 @@
+"""``dedupe_middleware``: a FastStream subscriber's handler applied once per idempotency key.
+
+Usage (the same for ``KafkaBroker`` and ``NatsBroker``)::
+
+    dedupe = AsyncDeduplicator.from_url("redis://127.0.0.1:6379/0", namespace="orders")
+    middleware = dedupe_middleware(dedupe)
+    broker = RabbitBroker(url, middlewares=[middleware])
+    app = FastStream(broker, on_startup=[middleware.check_at_start])  # refuses an evicting Redis
+
+    @broker.subscriber("orders")
+    async def handle(order: Order) -> dict:
+        token = current_claim().token          # fence your writes with it
+        ...
+
+Every message goes through the asyncio engine (:func:`dedupe_worker.asyncio.decide`): the key is
+claimed, the rest of the middleware chain and the handler run with the lease renewed and
+``current_claim()`` set, the handler's return value is stored, and the verdict is mapped to the
+broker (broker steps in :mod:`._brokers`); no verdict logic lives here:
+
+===================  ======================================================================
+verdict              the message ...
+===================  ======================================================================
+applied              is acked as FastStream does; the return value is published as usual
+duplicate,           is acked without running the handler (nothing is published)
+previously_failed
+in_progress          first waits up to ``defer_wait`` on the key (this subscriber's task waits;
+                     others go on): acked as a duplicate once the holder stores its outcome,
+                     or run if the holder released the key or its lease ran out; then, as below
+lease_lost,          is handed back to be delivered again after a backoff that starts at tens of
+store_unavailable    ms and never outlasts the holder's lease (:mod:`._brokers`); never dropped
+                     (so is a message that meets an evicting Redis: see ``check_at_start``)
+handler_error        the claim is released and the exception goes on to FastStream, whose
+                     ``ack_policy`` decides (``NACK_ON_ERROR`` redelivers, ``REJECT_ON_ERROR``
+                     rejects to the dead-letter exchange)
+conflict, invalid_   is dead-lettered with ``x-dedupe-*`` headers (reason, error, key, origin):
+key, undecodable,    to ``<queue|topic|subject>.dlq``, see :mod:`._brokers`
+permanent_failure,
+unserializable_result
+===================  ======================================================================
+
+**The key.** ``key`` is a strategy from :mod:`dedupe_worker.keys`
+(``header_key("idempotency-key")``, ``field_key("order.id")``, ``message_id_key()``,
+``first_of(...)``). By default: the ``idempotency-key`` header, else the message id (RabbitMQ's
+``message_id`` property; NATS' ``Nats-Msg-Id`` or a ``message_id`` header), else a hash of the
+body; on Kafka the header, else the record key with a body hash, else a body hash.
+
+**Crash safety.** A consumer killed mid-handler has not acked: the broker redelivers the message.
+The dead consumer's claim stays held until its lease runs out, so the redelivery is deferred
+until then and runs the handler again under a larger fencing token. Subscribers must not ack
+before the handler ran: leave ``ack_policy`` at anything but ``AckPolicy.ACK_FIRST`` (Kafka: so
+that offsets are committed after the handler). NATS needs a JetStream subscriber (core NATS has
+no redelivery).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from faststream import BaseMiddleware
+from faststream.exceptions import AckMessage, NackMessage, RejectMessage
+
+from .._engine import Action, Decision, Hooks, Reason, RetryPolicy, refused
+from .._engine.dispatch import ACKED, Acted, Done, dispatch_async
+from .._errors import EvictionPolicyError, InvalidKey, StoreUnavailable, UndecodableMessage
+from .._messages.deadletter import dead_letter_headers
+from .._messages.envelope import Envelope
+from ..asyncio import AsyncClaimClient, decide
+from ..keys import KeyStrategy, body_fingerprint
+from ._brokers import BrokerAdapter, adapter_for
+
+__all__ = ["DedupeMiddleware", "dedupe_middleware"]
+
+log = logging.getLogger(__name__)
+
+#: Deferral counts kept per key (they only grow the backoff); past this many keys, they start over.
+MAX_TRACKED_DEFERRALS = 10_000
+
+
+class DedupeMiddleware(Hooks, RetryPolicy):
+    """The middleware factory FastStream calls once per message (``middlewares=[...]``); see the
+    module doc. Hooks (:class:`~dedupe_worker.Hooks`) get FastStream's ``StreamMessage``; override
+    them in a subclass. ``max_attempts``, ``retry_base`` and ``retry_cap`` are not used: handler
+    errors are FastStream's ``ack_policy``'s."""
+
+    def __init__(self, dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
+                 fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
+                 dead_letter_producer: Any = None, defer_base: float | None = None, defer_cap: float | None = None,
+                 defer_wait: float | None = None) -> None:
+        self.dedupe = dedupe
+        self.key = key
+        self.fingerprint = fingerprint
+        self.dead_letter_producer = dead_letter_producer
+        self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
+        self._deferrals: dict[str, int] = {}
+
+    def __call__(self, msg: Any, /, *, context: Any) -> _Scope:
+        return _Scope(msg, context=context, owner=self)
+
+    async def handle(self, call_next: Callable[[Any], Any], msg: Any, subscriber: Any, broker: Any = None) -> Any:
+        """Derive the key, let :func:`decide` claim it and run the rest of the chain, act on the
+        verdict. ``broker`` (the one consuming ``msg``) publishes Kafka's dead letters when no
+        ``dead_letter_producer`` was given."""
+        adapter = adapter_for(msg)
+        envelope = adapter.envelope(msg, subscriber)
+        try:
+            key = (self.key or adapter.default_key)(envelope)
+            fingerprint = self.fingerprint(envelope) if self.fingerprint is not None else None
+        except (InvalidKey, UndecodableMessage) as exc:
+            return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None, broker)
+        try:
+            decision = await decide(self.dedupe, key, functools.partial(call_next, msg), fingerprint=fingerprint,
+                                    wait=self.defer_wait, integration="faststream")
+        except EvictionPolicyError as exc:
+            # Not checked at start (no check_at_start hook, or Redis was down then): handed back,
+            # never failed (a handler error would be rejected or acked away under some ack policies).
+            log.error("Redis may evict our records, deferring key=%s token=0 message_id=%s: %s", key,
+                      getattr(msg, "message_id", None), exc)
+            decision = Decision(Reason.STORE_UNAVAILABLE, error=exc)
+        return await self.settle(adapter, msg, envelope, decision, key, broker)
+
+    async def check_at_start(self) -> None:
+        """The start-up check of the store: raises :class:`~dedupe_worker.EvictionPolicyError` when
+        Redis may evict our records (unless the client has ``allow_eviction``), so the app refuses
+        to start before it consumes anything. Register it as the app's start-up hook:
+        ``FastStream(broker, on_startup=[middleware.check_at_start])`` (it runs before the broker
+        connects). Redis unreachable is only logged: the first claim checks again. Without it, the
+        first message that meets an evicting Redis is deferred (handed back), never dropped."""
+        if self.dedupe.store_checked:
+            return
+        try:
+            await self.dedupe.check_store()
+        except StoreUnavailable as exc:
+            log.warning("could not check Redis settings at start: %s", exc)
+
+    async def settle(self, adapter: BrokerAdapter, msg: Any, envelope: Envelope, decision: Decision,
+                     key: str | None, broker: Any = None) -> Any:
+        """Map the verdict onto the broker. Raises FastStream's ``AckMessage``/``NackMessage``/
+        ``RejectMessage`` after acting, so that nothing is published and FastStream's own
+        acknowledgement (already done) is a no-op."""
+        if key is not None and decision.action is not Action.DEFER:
+            self._deferrals.pop(key, None)  # decided: a later deferral of the key starts over
+        await dispatch_async(_MessageSteps(self, adapter, envelope, key, broker), self, msg, key, decision)
+        return decision.value
+
+    def next_deferral(self, key: str | None) -> int:
+        """Count one more deferral of ``key`` (kept while the key keeps being deferred)."""
+        deferrals = self._deferrals.pop(key, 0) + 1 if key is not None else 1
+        if key is not None:
+            if len(self._deferrals) >= MAX_TRACKED_DEFERRALS:
+                self._deferrals.clear()
+            self._deferrals[key] = deferrals
+        return deferrals
+
+
+class _MessageSteps:
+    """The dispatch port of :class:`DedupeMiddleware` (:class:`~dedupe_worker._engine.dispatch.AsyncBroker`)
+    for one message. Each step raises FastStream's ``AckMessage``/``NackMessage``/``RejectMessage``
+    after acting (through :attr:`~dedupe_worker._engine.dispatch.Acted.then`), so that nothing is
+    published and FastStream's own acknowledgement (already done) is a no-op."""
+
+    __slots__ = ("adapter", "broker", "envelope", "key", "owner")
+
+    def __init__(self, owner: DedupeMiddleware, adapter: BrokerAdapter, envelope: Envelope, key: str | None,
+                 broker: Any) -> None:
+        self.owner = owner
+        self.adapter = adapter
+        self.envelope = envelope
+        self.key = key
+        self.broker = broker
+
+    async def ack(self, msg: Any, decision: Decision) -> Acted:
+        if decision.reason is Reason.APPLIED:
+            return ACKED  # FastStream acks once the handler's value is returned
+        await msg.ack()
+        return Acted(Done.ACKED, then=AckMessage())
+
+    async def defer(self, msg: Any, decision: Decision) -> Acted:
+        delay = self.owner.defer_delay(self.owner.next_deferral(self.key), decision.retry_after or None)
+        await self.adapter.requeue(msg, delay)
+        return Acted(Done.DEFERRED, delay, then=NackMessage())
+
+    async def retry(self, msg: Any, decision: Decision) -> Acted:
+        # FastStream's ack_policy decides, as for any handler exception
+        return Acted(Done.HANDED_OVER, then=decision.error)
+
+    async def dead_letter(self, msg: Any, decision: Decision) -> Acted:
+        headers = {**dead_letter_headers(decision, key=self.key), **self.adapter.origin(self.envelope)}
+        await self.adapter.dead_letter(msg, self.envelope, headers, self.owner.dead_letter_producer or self.broker)
+        return Acted(Done.DEAD_LETTERED, then=RejectMessage())
+
+    def where(self, msg: Any) -> str:
+        return f"message_id={getattr(msg, 'message_id', None)}"
+
+
+class _Scope(BaseMiddleware):
+    """One message's pass through :class:`DedupeMiddleware`."""
+
+    def __init__(self, msg: Any, /, *, context: Any, owner: DedupeMiddleware) -> None:
+        super().__init__(msg, context=context)
+        self.owner = owner
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        return await self.owner.handle(call_next, msg, self.context.get_local("handler_"),
+                                       self.context.get("broker"))
+
+
+def dedupe_middleware(dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
+                      fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
+                      dead_letter_producer: Any = None, **options: Any) -> DedupeMiddleware:
+    """The middleware for ``RabbitBroker``/``KafkaBroker``/``NatsBroker(..., middlewares=[...])``.
+
+    ``key``: a key strategy (default: see the module doc). ``fingerprint``: what a key stands for
+    (default: a hash of the body; ``None`` for no check). ``dead_letter_producer``: what publishes Kafka's
+    dead letters: by default the ``KafkaBroker`` that consumed the message, else the one given here
+    (another ``KafkaBroker``, or a started ``aiokafka.AIOKafkaProducer``). ``options``: ``defer_base``,
+    ``defer_cap``, ``defer_wait`` (:class:`~dedupe_worker._engine.RetryPolicy`).
+    """
+    return DedupeMiddleware(dedupe, key=key, fingerprint=fingerprint, dead_letter_producer=dead_letter_producer,
+                            **options)

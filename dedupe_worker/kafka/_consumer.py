@@ -1,0 +1,354 @@
+"""The deduplicating Kafka consumer loop (confluent-kafka, classic consumer groups).
+
+One thread consumes a batch, derives each message's key, decides the whole batch with the engine's
+:func:`~dedupe_worker.decide_many` (each chunk claimed just before its handlers run, each
+outcome stored as soon as the handlers that finished since the last store reach ``flush_after``,
+together with the next chunk's claim), dead-letters what must be, and then commits, per partition,
+the offset after the last message before which everything is decided. The first undecided message
+of a partition (in progress elsewhere, Redis down, handler error to retry, dead letter not
+delivered) pauses that partition and rewinds it; the other partitions keep flowing.
+
+Crash story: the consumer commits only after a batch is decided, so a crash redelivers at most the
+uncommitted messages. Those whose outcome was stored answer DUPLICATE: every finished handler's,
+except those that finished within the last ``flush_after`` before the crash. Those, and the one
+whose handler was running, stay claimed until their leases run out and then run again (fence
+outside effects with :func:`~dedupe_worker.current_claim`). Messages of the batch not started yet
+were never claimed, so they run at once after the restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from .._deduplicator import Deduplicator
+from .._engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, decide_many, refused
+from .._engine.decision import HANDLER_RAN
+from .._engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
+from .._engine.hooks import Hooks
+from .._messages.envelope import Envelope, from_kafka
+from .._operate.doctor import check_at_start
+from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
+from ._deadletter import DeadLetter, DeadLetterProducer, producer_config
+from ._flow import TP, PartitionFlow
+from ._hooks import ConsumerHooks
+from ._positions import DONE, Hold, PartitionState, plan_partition
+
+__all__ = ["DedupeKafkaConsumer"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Any]
+BatchHandler = Callable[[list[Message]], Sequence[Any]]
+
+
+class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
+    """Consume ``topics`` with ``config`` and apply ``handler(message)`` once per idempotency key.
+
+    Guaranteed: ``enable.auto.commit`` is forced off and an offset is committed only when every
+    earlier message of its partition is applied, a duplicate or delivered to the dead-letter topic;
+    at-least-once delivery is never weakened into at-most-once. A key seen again (other offset,
+    other partition, other consumer) is not applied again while its outcome is kept.
+
+    Not guaranteed: a handler killed mid-run may run again after its lease (see the module doc);
+    dead letters are written at least once (a crash between delivery and commit repeats one);
+    the handler-error attempt count lives in memory and restarts after a rebalance or restart.
+
+    :param config: confluent-kafka consumer settings (``bootstrap.servers``, ``group.id``, ...);
+        ``auto.offset.reset`` defaults to ``earliest``.
+    :param handler: called with the ``confluent_kafka.Message``; its return value is stored as the
+        key's result (JSON). Give ``None`` and a ``batch_handler`` instead to handle batches.
+    :param batch_handler: called once per batch with the messages to apply (duplicates left out)
+        and returns one result per message; if it raises, every one of them failed (retried, then
+        dead-lettered). ``current_claim()`` is not set inside it.
+    :param key_strategy: ``Envelope -> key`` (default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`).
+    :param fingerprint: ``Envelope -> payload fingerprint`` (``None``: no conflict detection).
+    :param batch_size: most messages consumed and decided together.
+    :param flush_after: seconds of handler time whose finished outcomes may wait to be stored
+        together; also the target run time of each claimed chunk (default 5 ms).
+    :param max_attempts: handler attempts before a message is dead-lettered (default 5).
+    :param retry_base, retry_cap: backoff (full jitter) between handler attempts (1 s, 60 s).
+    :param defer_base, defer_cap: backoff of deferrals, never past the holder's remaining lease
+        (0.05 s, 30 s).
+    :param defer_wait: a partition held by a key in progress elsewhere resumes as soon as that key
+        is decided, waiting at most this long (5 s) before it looks again. ``None`` for any of
+        these six: the shared default of :class:`~dedupe_worker._engine.RetryPolicy`.
+    :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
+    :param producer_overrides: extra settings for the dead-letter producer.
+    :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
+    :param summary_interval: seconds between the summary lines logged at INFO while consuming
+        (applied, duplicates, deferred, retried, dead-lettered; one more at shutdown).
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topics: Sequence[str],
+        handler: Handler | None,
+        deduplicator: Deduplicator,
+        *,
+        batch_handler: BatchHandler | None = None,
+        key_strategy: KeyStrategy = KAFKA_DEFAULT,
+        fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
+        batch_size: int = 500,
+        poll_timeout: float = 1.0,
+        flush_after: float = FLUSH_AFTER,
+        max_attempts: int | None = None,
+        retry_base: float | None = None,
+        retry_cap: float | None = None,
+        defer_base: float | None = None,
+        defer_cap: float | None = None,
+        defer_wait: float | None = None,
+        dead_letter_topic: str = "{topic}.dlq",
+        producer_overrides: Mapping[str, Any] | None = None,
+        dead_letter_timeout: float = 30.0,
+        summary_interval: float = 10.0,
+    ) -> None:
+        self.set_options(max_attempts=max_attempts, retry_base=retry_base, retry_cap=retry_cap,
+                         defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
+        if batch_size < 1 or self.max_attempts < 1:
+            raise ValueError("batch_size and max_attempts must be at least 1")
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
+        self.config = {"auto.offset.reset": "earliest", **config, "enable.auto.commit": False}
+        self.topics = list(topics)
+        self.handler = handler
+        self.batch_handler = batch_handler
+        self.dedupe = deduplicator
+        self.key_strategy = key_strategy
+        self.fingerprint = fingerprint
+        self.batch_size = batch_size
+        self.poll_timeout = poll_timeout
+        #: Handler timings carried from batch to batch, to size the claimed chunks.
+        self.pacing = Pacing(flush_after)
+        self.consumer = Consumer(self.config)
+        producer = Producer(producer_config(self.config, producer_overrides, dead_letter_timeout))
+        self.dead_letters = DeadLetterProducer(producer, dead_letter_topic, dead_letter_timeout)
+        #: Count of decisions by reason value, plus ``"dead_lettered"`` and ``"committed"``.
+        self.stats: Counter[str] = Counter()
+        #: What was done with the messages, for the summary lines.
+        self.tally = Tally("kafka consumer", summary_interval)
+        #: ``(message, key, decision)`` of the ACKs of the batch being processed whose hooks run
+        #: after its commit (only collected when ``on_applied`` or ``on_duplicate`` is overridden).
+        self._acked: list[tuple[Message, str, Decision]] = []
+        self._partitions: dict[TP, PartitionState] = {}
+        self._stop = threading.Event()
+        self._woken = deque()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def run(self, install_signal_handlers: bool | None = None) -> None:
+        """Consume until :meth:`stop` (or SIGTERM/SIGINT when ``install_signal_handlers``, the
+        default in the main thread), then finish the current batch, commit it and leave the group."""
+        if install_signal_handlers is None:
+            install_signal_handlers = threading.current_thread() is threading.main_thread()
+        previous = {}
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        check_at_start(self.dedupe)
+        self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        self.tally.begin()
+        try:
+            while not self._stop.is_set():
+                self._resume_due()
+                messages = self.consumer.consume(self.batch_size, self._wait())
+                if messages:
+                    self.process(messages)
+                self.tally.tick()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+            self.tally.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current batch (safe from any thread or signal)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Deliver queued dead letters and leave the group, which hands the partitions on."""
+        self.dead_letters.close()
+        self.consumer.close()
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def process(self, messages: Sequence[Message]) -> None:
+        """Decide a batch, dead-letter, rewind what is undecided and commit what is decided."""
+        live: list[Message] = []
+        tps: list[TP] = []
+        for msg in messages:
+            tp = self._accept(msg)
+            if tp is not None:
+                live.append(msg)
+                tps.append(tp)
+        outcomes = self._outcomes(live, tps)
+        acked, self._acked = self._acked, []
+        rows: dict[TP, list[tuple[int, Any]]] = {}
+        for msg, tp, outcome in zip(live, tps, outcomes, strict=True):
+            row = rows.get(tp)
+            if row is None:
+                row = rows[tp] = []
+            row.append((msg.offset() or 0, outcome))
+        commits: list[TopicPartition] = []
+        for tp, outcome_rows in rows.items():
+            state = self._partitions[tp]
+            plan = plan_partition(state, sorted(outcome_rows, key=_offset))
+            if plan.commit is not None:
+                commits.append(TopicPartition(tp[0], tp[1], plan.commit))
+            if plan.rewind is not None:
+                offset, hold = plan.rewind
+                held = next(m for m, t in zip(live, tps, strict=True) if t == tp and (m.offset() or 0) == offset)
+                acted = self._hold(tp, state, held, hold)
+                if acted is not None:
+                    assert hold.decision is not None
+                    report(self, held, hold.key, hold.decision, acted, self.tally, _where)
+        self._commit(commits)
+        for msg, key, decision in acked:  # the commit past them is done (or follows a hold): their hooks
+            report(self, msg, key, decision, ACKED, None, _where)
+
+    def _hold(self, tp: TP, state: PartitionState, msg: Message, hold: Hold) -> Acted | None:
+        """The broker step of a message not decided (deferred, or a handler error to retry): rewind
+        its partition to it, and wait on its key when it is held elsewhere. ``None`` for a dead
+        letter not delivered (logged already)."""
+        self._rewind(tp, state, msg.offset() or 0, hold.delay)
+        decision = hold.decision
+        if decision is None:
+            return None
+        if self._watchable(decision):
+            assert decision.claim is not None
+            state.held = msg
+            self.dedupe.watcher.watch(decision.claim.stem, partial(self._wake, tp), hold.delay)
+        return Acted(Done.RETRIED if decision.action is Action.RETRY else Done.DEFERRED, hold.delay)
+
+    def _watchable(self, decision: Decision) -> bool:
+        """A key held elsewhere: its partition waits on the key and resumes once it is decided."""
+        return decision.reason is Reason.IN_PROGRESS and decision.claim is not None and self.defer_wait > 0
+
+    def _outcomes(self, live: Sequence[Message], tps: Sequence[TP]) -> list[Any]:
+        """``DONE`` or a :class:`Hold` per message (``tps``: the partition of each)."""
+        outcomes: list[Any] = [None] * len(live)
+        letters: list[tuple[int, DeadLetter]] = []
+        keyed: list[tuple[int, str]] = []
+        items: list[tuple[str, Any, Callable[[], Any]]] = []
+        handler = self.handler or _batched
+        partitions, key_strategy, fingerprint = self._partitions, self.key_strategy, self.fingerprint
+        for i, msg in enumerate(live):
+            settled = partitions[tps[i]].settled
+            if settled and (msg.offset() or 0) in settled:  # decided in an earlier batch, behind a hold
+                pending = settled[msg.offset() or 0]
+                if pending is None:
+                    outcomes[i] = DONE
+                else:
+                    letters.append((i, DeadLetter(msg, pending.decision, pending.key, pending.attempts)))
+                continue
+            try:
+                envelope = from_kafka(msg)
+                key = key_strategy(envelope)
+                fp = fingerprint(envelope) if fingerprint is not None else None
+            except Exception as exc:  # MissingKey, UndecodableMessage, or a broken strategy
+                decision = refused(exc, "kafka")
+                self.stats[decision.reason.value] += 1
+                letters.append((i, DeadLetter(msg, decision)))
+                continue
+            keyed.append((i, key))
+            items.append((key, fp, partial(handler, msg)))
+        decisions = self.decide_batch(items, [live[i] for i, _ in keyed])
+        self.stats.update([decision.reason._value_ for decision in decisions])
+        # ACK hooks run after the batch's commit (process()); not collected when both are no-ops
+        hooked = not (is_noop(self.on_applied, Hooks.on_applied) and is_noop(self.on_duplicate, Hooks.on_duplicate))
+        acked = self._acked
+        debug = log.isEnabledFor(logging.DEBUG)
+        applied = duplicates = 0
+        for (i, key), decision in zip(keyed, decisions, strict=True):
+            reason = decision.reason
+            if reason is _APPLIED or reason is _DUPLICATE or reason is _PREVIOUSLY_FAILED:  # ACK
+                if reason is _APPLIED:
+                    applied += 1
+                else:
+                    duplicates += 1
+                if debug:
+                    log.debug("%s key=%s token=%s offset=%s", reason.value, key, decision.token, live[i].offset())
+                if hooked:
+                    acked.append((live[i], key, decision))
+                outcomes[i] = DONE
+            else:
+                outcomes[i] = self._verdict(live[i], key, decision, letters, i)
+        self.tally.acked(applied, duplicates)
+        delivered = self.dead_letters.send([letter for _, letter in letters])
+        for (i, letter), ok in zip(letters, delivered, strict=True):
+            holds = self._state(letter.message).holds
+            outcomes[i] = DONE if ok else Hold(self.defer_delay(holds + 1), letter)
+            self._after_dead_letter(letter, ok)
+        return outcomes
+
+    def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
+                     messages: Sequence[Message]) -> list[Decision]:
+        """The dedupe verdicts for ``(key, fingerprint, handler)`` items (one per message):
+        :func:`~dedupe_worker.decide_many`, with the batch handler if there is one."""
+        if not items:
+            return []
+        batch = self.batch_handler
+        if batch is None:
+            return decide_many(self.dedupe, items, pacing=self.pacing, integration="kafka")
+        return decide_many(self.dedupe, items, run_batch=lambda chosen: batch([messages[i] for i in chosen]),
+                           pacing=self.pacing, integration="kafka")
+
+    def _verdict(self, msg: Message, key: str, decision: Decision,
+                 letters: list[tuple[int, DeadLetter]], index: int) -> Any:
+        """Map one decision that is not an ACK to a :class:`Hold` or (queued in ``letters``) a dead
+        letter (``stats`` counted it already)."""
+        state = self._state(msg)
+        offset = msg.offset() or 0
+        action = decision.action
+        attempts = state.attempts.get(offset, 0)
+        if decision.reason in HANDLER_RAN:
+            attempts = state.attempts[offset] = attempts + 1
+        if action is Action.RETRY and attempts < self.max_attempts:
+            delay = self.retry_delay(attempts)
+        elif action is Action.DEFER:
+            if self._watchable(decision):  # resumed when the key is decided (see _hold)
+                delay = min(decision.retry_after + 0.01, self.defer_wait)
+            else:
+                delay = self.defer_delay(state.holds + 1, decision.retry_after or None)
+        else:
+            letters.append((index, DeadLetter(msg, decision, key, attempts)))
+            return None
+        return Hold(delay, decision=decision, key=key)
+
+    def _after_dead_letter(self, letter: DeadLetter, ok: bool) -> None:
+        msg, decision = letter.message, letter.decision
+        if ok:
+            self.stats["dead_lettered"] += 1
+            report(self, msg, letter.key, decision, _DEAD_LETTERED, self.tally, _where)
+        else:
+            log.error("dead letter not delivered key=%s token=%s %s; holding the partition",
+                      letter.key, decision.token, _where(msg))
+
+
+_APPLIED, _DUPLICATE, _PREVIOUSLY_FAILED = Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED
+
+
+def _offset(row: tuple[int, Any]) -> int:
+    return row[0]
+
+
+_DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
+
+
+def _where(msg: Message) -> str:
+    """``topic:partition@offset`` of ``msg``, for log lines."""
+    return f"{msg.topic()}:{msg.partition()}@{msg.offset()}"
+
+
+def _batched(_message: Message) -> None:
+    """Stands in for the per-message handler when a batch handler runs instead (never called)."""
+    raise AssertionError("decide_many runs the batch handler, not this one")

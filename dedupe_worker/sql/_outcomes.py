@@ -1,0 +1,193 @@
+""":class:`SqlOutcomes`: the table ``atomic()`` commits outcomes in, and what the engine reads back.
+
+One row per key (its Redis stem), written only inside the handler's transaction by
+:func:`~dedupe_worker.sql._atomic`. The engine reads a row (one query) only when a key is claimed
+again after an earlier claim, to answer a re-run from the committed outcome without running the
+handler. Rows expire ``result_ttl`` after they were written; :meth:`SqlOutcomes.purge` deletes
+expired rows in bounded batches (cron: ``dedupe-worker sql purge``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from importlib import resources
+from typing import Any
+
+from .._errors import AlreadyApplied
+from .._extras import require
+from .._protocol.claim import Claim
+from .._protocol.codec import ClaimCodec
+from ._statements import Dialect, Statement, check_table, dialect_named, recorded, stored_key
+
+__all__ = ["SqlOutcomes", "attached", "ddl"]
+
+log = logging.getLogger(__name__)
+
+#: namespace -> (outcomes, the client's codec): how ``atomic()`` finds its table from a claim.
+_attached: dict[str, tuple[SqlOutcomes, ClaimCodec]] = {}
+_lock = threading.Lock()
+
+
+def ddl(dialect: str, table: str = "dedupe_outcome") -> str:
+    """The ``CREATE TABLE`` (and index) statements for ``dialect`` (``postgresql``, ``mysql``,
+    ``mariadb``), from the files shipped in ``dedupe_worker/sql/ddl/`` (copy those into your
+    migrations as they are)."""
+    d = dialect_named(dialect, table)
+    text = resources.files(__package__).joinpath("ddl", "mysql.sql" if d.mysql else "postgresql.sql").read_text()
+    name = check_table(table)
+    return text.replace("dedupe_outcome_expires_at", name.split(".")[-1] + "_expires_at").replace(
+        "dedupe_outcome", name)
+
+
+def _statements(text: str) -> list[str]:
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return [part.strip() for part in body.split(";") if part.strip()]
+
+
+class SqlOutcomes:
+    """Outcomes committed in the handlers' own database, for ``Deduplicator(outcomes=...)``.
+
+    :param target: a PostgreSQL DSN (``postgresql://...``, used through psycopg 3), a SQLAlchemy
+        URL with a driver (``mysql+pymysql://...``), or a SQLAlchemy ``Engine`` or ``AsyncEngine``
+        (PostgreSQL, MySQL or MariaDB). Used by the engine's look-ups and by :meth:`create_table`
+        and :meth:`purge`; ``atomic()`` uses the handler's own connection.
+    :param table: the table's name (optionally ``schema.table``).
+    """
+
+    def __init__(self, target: Any, *, table: str = "dedupe_outcome") -> None:
+        self.table = check_table(table)
+        if isinstance(target, str) and "+" in target.split("://", 1)[0]:
+            target = require("sqlalchemy", "sql").create_engine(target, pool_pre_ping=True)
+        self.target = target
+        self._codec: ClaimCodec | None = None
+
+    def __repr__(self) -> str:
+        return f"SqlOutcomes(table={self.table!r}, dialect={self.dialect!r})"
+
+    # -- the client's side ----------------------------------------------------------------------
+
+    def attach(self, client: ClaimCodec) -> None:
+        """Called by a client given these outcomes: ``atomic()`` in a handler of that client's
+        namespace records into this table, encoding results as that client does."""
+        with _lock:
+            _attached[client.layout.namespace] = (self, client)
+        self._codec = self._codec or client
+
+    @property
+    def dialect(self) -> str:
+        """``postgresql``, ``mysql`` or ``mariadb``."""
+        if isinstance(self.target, str):
+            return "postgresql"
+        engine = getattr(self.target, "sync_engine", self.target)
+        return str(engine.dialect.name)
+
+    def _sql(self) -> Dialect:
+        return dialect_named(self.dialect, self.table)
+
+    def _run(self, statement: Statement) -> Any:
+        """Execute one statement in its own transaction; the first row or the row count."""
+        if isinstance(self.target, str):
+            psycopg = require("psycopg", "sql")
+            with psycopg.connect(self.target, autocommit=True) as conn:
+                cur = conn.execute(statement.sql, statement.params)
+                return cur.fetchone() if statement.reads else cur.rowcount
+        if hasattr(self.target, "sync_engine"):
+            raise TypeError("this SqlOutcomes has an AsyncEngine: use its asyncio methods (lookup_async)")
+        from sqlalchemy import text
+
+        from ._drivers import _named
+
+        with self.target.begin() as conn:
+            result = conn.execute(text(_named(statement.sql)), statement.params)
+            return result.first() if statement.reads else result.rowcount
+
+    async def _run_async(self, statement: Statement) -> Any:
+        if isinstance(self.target, str):
+            psycopg = require("psycopg", "sql")
+            async with await psycopg.AsyncConnection.connect(self.target, autocommit=True) as conn:
+                cur = await conn.execute(statement.sql, statement.params)
+                return await cur.fetchone() if statement.reads else cur.rowcount
+        if not hasattr(self.target, "sync_engine"):
+            return self._run(statement)  # a sync Engine: a short blocking query
+        from sqlalchemy import text
+
+        from ._drivers import _named
+
+        async with self.target.begin() as conn:
+            result = await conn.execute(text(_named(statement.sql)), statement.params)
+            return result.first() if statement.reads else result.rowcount
+
+    def _found(self, claim: Claim, row: Any) -> AlreadyApplied | None:
+        if row is None:
+            return None
+        codec = self._codec_for(claim)
+        return recorded(codec, claim, row)
+
+    def _codec_for(self, claim: Claim) -> ClaimCodec:
+        return attached(claim, self)[1]
+
+    def lookup(self, claim: Claim) -> AlreadyApplied | None:
+        """The committed outcome of ``claim``'s key as an :class:`AlreadyApplied`, else ``None``
+        (one query, outside any handler transaction)."""
+        return self._found(claim, self._run(self._sql().read(stored_key(claim.stem), locking=False)))
+
+    async def lookup_async(self, claim: Claim) -> AlreadyApplied | None:
+        """:meth:`lookup` on asyncio."""
+        return self._found(claim, await self._run_async(self._sql().read(stored_key(claim.stem), locking=False)))
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def create_table(self) -> None:
+        """Create the table and its index if missing (``dedupe-worker sql init``)."""
+        for sql in _statements(ddl(self.dialect, self.table)):
+            self._run(Statement(sql, {}))
+        log.info("outcome table %s ready (%s)", self.table, self.dialect)
+
+    async def create_table_async(self) -> None:
+        """:meth:`create_table` on asyncio (for an ``AsyncEngine``)."""
+        for sql in _statements(ddl(self.dialect, self.table)):
+            await self._run_async(Statement(sql, {}))
+
+    def purge(self, *, batch: int = 1000, now: float | None = None) -> int:
+        """Delete rows past their retention, ``batch`` rows per statement (each its own short
+        transaction) until none is left; return how many were deleted. Safe to run from cron
+        while workers run: a key's row is only deleted once its ``result_ttl`` passed."""
+        now_ms = int((time.time() if now is None else now) * 1000)
+        total = 0
+        while True:
+            deleted = int(self._run(self._sql().purge(now_ms, batch)))
+            total += deleted
+            if deleted < batch:
+                break
+        if total:
+            log.info("purged %d expired outcome row(s) from %s", total, self.table)
+        return total
+
+    async def purge_async(self, *, batch: int = 1000, now: float | None = None) -> int:
+        """:meth:`purge` on asyncio."""
+        now_ms = int((time.time() if now is None else now) * 1000)
+        total = 0
+        while True:
+            deleted = int(await self._run_async(self._sql().purge(now_ms, batch)))
+            total += deleted
+            if deleted < batch:
+                return total
+
+
+def attached(claim: Claim, outcomes: SqlOutcomes | None = None) -> tuple[SqlOutcomes, ClaimCodec]:
+    """The outcomes (``outcomes``, else those of the client of ``claim``'s namespace) and the codec
+    that encodes ``claim``'s results. Raises ``RuntimeError`` when no client was given outcomes."""
+    namespace = claim.stem[:claim.stem.index(":{")] if ":{" in claim.stem else ""
+    found = _attached.get(namespace)
+    if outcomes is None:
+        if found is None:
+            raise RuntimeError(f"no SqlOutcomes for namespace {namespace!r}: give the Deduplicator "
+                               "outcomes=SqlOutcomes(...) (or DEDUPE_SQL_DSN), or pass atomic(conn, outcomes=...)")
+        return found
+    if found is not None:
+        return outcomes, found[1]
+    if outcomes._codec is None:
+        raise RuntimeError("this SqlOutcomes is not attached to a client: give it to a Deduplicator first")
+    return outcomes, outcomes._codec
