@@ -53,6 +53,7 @@ class RedisStore(StoreCalls):
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
+        super().__init__()
 
     # -- running them ---------------------------------------------------------------------------
 
@@ -92,7 +93,8 @@ class RedisStore(StoreCalls):
         if self.durability is not None:
             return self.claim([(stem, fingerprint, original)], lease_ms, retention_ms)[0]
         return _claim_reply(*self.scripts.call(
-            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
+            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+            (lease_ms, retention_ms, fingerprint, original, *self.format_args)
         ))
 
     def complete_one(self, stem: str, token: int, status: Stored, value: bytes, result_ttl_ms: int) -> bool:
@@ -101,7 +103,7 @@ class RedisStore(StoreCalls):
             return self.complete([(stem, token, status, value)], result_ttl_ms)[0]
         reply = self.scripts.call(
             "complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
-            (result_ttl_ms, token, status.value, value),
+            (result_ttl_ms, token, status.value, self.record(token, status, value), *self.format_args),
         )
         return bool(reply[0])
 

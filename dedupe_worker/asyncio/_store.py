@@ -39,6 +39,7 @@ class AsyncRedisStore(StoreCalls):
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
+        super().__init__()
 
     async def run(self, *groups: list[Call]) -> list[list[Any]]:
         """Send every call of every group in one round trip; each group's replies flattened.
@@ -72,7 +73,8 @@ class AsyncRedisStore(StoreCalls):
         if self.durability is not None:
             return (await self.claim([(stem, fingerprint, original)], lease_ms, retention_ms))[0]
         return _claim_reply(*await self.scripts.call(
-            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)), (lease_ms, retention_ms, fingerprint, original)
+            "claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+            (lease_ms, retention_ms, fingerprint, original, *self.format_args)
         ))
 
     async def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
