@@ -17,7 +17,7 @@ SOAK_INTEGRATIONS ?= celery,rabbitmq,kafka,replay
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,testing,metrics,otel,asyncio,test,dev,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,embedded,testing,metrics,otel,asyncio,test,dev,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -56,6 +56,7 @@ class RedisStore(StoreCalls):
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
+        super().__init__()
 
     def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
         """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""

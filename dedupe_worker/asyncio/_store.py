@@ -41,6 +41,7 @@ class AsyncRedisStore(StoreCalls):
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
+        super().__init__()
 
     async def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
         """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
