@@ -177,6 +177,10 @@ class StoreCalls:
 
     def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
+        if len(items) == 1:  # one message (decide, run): the same call, built without the batch's loops
+            stem, fingerprint, original = items[0]
+            return [("claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+                     (lease_ms, retention_ms, fingerprint, original, *self.format_args))]
         calls = self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
                             (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
         if self.format_args:  # claim.lua reads the format this worker writes first
@@ -185,6 +189,10 @@ class StoreCalls:
 
     def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
         """``items`` are ``(stem, token, status, value)``."""
+        if len(items) == 1:  # one message: as claim_calls
+            stem, token, status, value = items[0]
+            return [("complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+                     (result_ttl_ms, token, _LETTER[status], self.record(token, status, value), *self.format_args))]
         calls = self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
                                          for s, _, _, _ in items],
                             (result_ttl_ms,), [(token, _LETTER[status], self.record(token, status, value))
