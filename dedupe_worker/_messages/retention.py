@@ -25,7 +25,7 @@ __all__ = ["TTL_HEADER", "header_ttl", "parse_ttl"]
 TTL_HEADER = "x-dedupe-ttl"
 
 
-def parse_ttl(value: Any, source: str = TTL_HEADER) -> float | None:
+def parse_ttl(value: Any, source: str = f"{TTL_HEADER} header") -> float | None:
     """``value`` (a header's text, bytes or number) as seconds; ``None`` when absent or empty.
     Raises :class:`~dedupe_worker.UndecodableMessage` (naming ``source``) unless it is a positive
     number of seconds."""
@@ -45,7 +45,7 @@ def parse_ttl(value: Any, source: str = TTL_HEADER) -> float | None:
     try:
         ttl_ms(seconds)
     except ValueError:
-        raise UndecodableMessage(f"{source} header: {value!r} is not a positive number of seconds") from None
+        raise UndecodableMessage(f"{source}: {value!r} is not a positive number of seconds") from None
     return float(seconds)
 
 
@@ -57,4 +57,4 @@ def header_ttl(headers: Mapping[str, Any] | None, name: str = TTL_HEADER) -> flo
     if value is None:
         lowered = name.lower()
         value = next((v for k, v in headers.items() if isinstance(k, str) and k.lower() == lowered), None)
-    return parse_ttl(value, name)
+    return parse_ttl(value, f"{name} header")
