@@ -5,12 +5,16 @@ told apart from it."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import redis
 
 import dedupe_worker
 from dedupe_worker import Deduplicator, Reason, decide, decide_many, idempotent
 from dedupe_worker.asyncio import AsyncDeduplicator
+from dedupe_worker.cli import main
 
 from .async_fixtures import adedupe, aredis
 
@@ -152,3 +156,26 @@ async def test_asyncio_paths(adedupe: AsyncDeduplicator, redis_client: redis.Red
 
     assert await decorated(3) == 3
     assert_kept(pttl(redis_client, adedupe, "ai:3"), 71)
+
+
+def test_inspect_shows_each_key_s_remaining_ttl(dedupe: Deduplicator, capsys: pytest.CaptureFixture[str],
+                                                redis_url: str, namespace: str) -> None:
+    dedupe.run("short", lambda: 1, ttl=30)
+    dedupe.run("long", lambda: 2, ttl=7200)
+    assert main(["inspect", "--redis-url", redis_url, "--namespace", namespace, "--json", "short", "long"]) == 0
+    short, long = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert_kept(short["result_ttl_ms"], 30)
+    assert_kept(long["result_ttl_ms"], 7200)
+    assert main(["inspect", "--redis-url", redis_url, "--namespace", namespace, "long"]) == 0
+    assert re.search(r"kept 7,(19\d|200)\.\d s more", capsys.readouterr().out)
+
+
+def test_stats_projects_memory_from_the_sampled_ttls(dedupe: Deduplicator, capsys: pytest.CaptureFixture[str],
+                                                     redis_url: str, namespace: str) -> None:
+    for n in range(10):
+        dedupe.run(f"k{n}", lambda: n, ttl=3600)
+    assert main(["stats", "--redis-url", redis_url, "--namespace", namespace, "--json", "--rate", "10"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 3590 < report["sampled_retention"] * 0.5 <= 3600  # every outcome was written just now
+    assert report["sampled_projection_bytes"] == int(10 * report["sampled_retention"] * report["bytes_per_key"])
+    assert report["projection_bytes"] == int(10 * report["result_ttl"] * report["bytes_per_key"])
