@@ -173,7 +173,7 @@ def test_inspect_shows_each_key_s_remaining_ttl(dedupe: Deduplicator, capsys: py
 def test_stats_projects_memory_from_the_sampled_ttls(dedupe: Deduplicator, capsys: pytest.CaptureFixture[str],
                                                      redis_url: str, namespace: str) -> None:
     for n in range(10):
-        dedupe.run(f"k{n}", lambda: n, ttl=3600)
+        dedupe.run(f"k{n}", lambda n=n: n, ttl=3600)
     assert main(["stats", "--redis-url", redis_url, "--namespace", namespace, "--json", "--rate", "10"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert 3590 < report["sampled_retention"] * 0.5 <= 3600  # every outcome was written just now
