@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from ._protocol.codec import ttl_ms
 from ._protocol.fingerprint import fingerprint_of
 
 __all__ = ["idempotent"]
@@ -27,19 +28,28 @@ def idempotent(
     deduplicator: Runner,
     key: str | Callable[..., str],
     fingerprint: Callable[..., Any] | bool = True,
+    ttl: float | Callable[..., float | None] | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function at most once per key; later calls return the stored value.
 
     ``key`` is a callable taking the function's arguments, or a format string over its bound
     arguments (``"charge:{order_id}"``). ``fingerprint`` is a callable over the arguments, ``True``
     (default: a hash of the function's name and bound arguments, so a key reused with other
-    arguments raises :class:`~dedupe_worker.KeyConflict`) or ``False`` (no check). Raises as
-    :meth:`Deduplicator.run` does.
+    arguments raises :class:`~dedupe_worker.KeyConflict`) or ``False`` (no check). ``ttl``:
+    seconds each outcome is kept instead of the deduplicator's ``result_ttl``, a number or a
+    callable over the arguments (``None`` from it: ``result_ttl``). Raises as
+    :meth:`Deduplicator.run` does (``ValueError`` at once for a ``ttl`` number that is not positive).
 
     An ``async def`` needs an :class:`~dedupe_worker.asyncio.AsyncDeduplicator` (and a plain
     function a :class:`Deduplicator`); the wrapper is then a coroutine function too, and
     ``current_claim()`` is set inside the coroutine. A mismatch raises ``TypeError`` at once.
     """
+
+    if ttl is not None and not callable(ttl):
+        ttl_ms(ttl)
+
+    def ttl_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
+        return ttl(*args, **kwargs) if callable(ttl) else ttl
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
@@ -61,14 +71,14 @@ def idempotent(
             @functools.wraps(fn)
             async def coroutine(*args: Any, **kwargs: Any) -> Any:
                 k, fp = key_and_fingerprint(args, kwargs)
-                return await deduplicator.run(k, fn, *args, fingerprint=fp, **kwargs)
+                return await deduplicator.run(k, fn, *args, fingerprint=fp, ttl=ttl_of(args, kwargs), **kwargs)
 
             return coroutine  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             k, fp = key_and_fingerprint(args, kwargs)
-            return deduplicator.run(k, fn, *args, fingerprint=fp, **kwargs)
+            return deduplicator.run(k, fn, *args, fingerprint=fp, ttl=ttl_of(args, kwargs), **kwargs)
 
         return wrapper  # type: ignore[return-value]
 

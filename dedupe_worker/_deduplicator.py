@@ -85,8 +85,9 @@ class Deduplicator(DeduplicatorCore, ClaimClient):
         self._attach(outcomes)
 
     def run(self, key: str | bytes, fn: Callable[..., T], /, *args: Any, fingerprint: Any = None,
-            wait: float = 0.0, **kwargs: Any) -> T:
-        """Claim ``key``, run ``fn(*args, **kwargs)`` once, store and return its value.
+            wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
+        """Claim ``key``, run ``fn(*args, **kwargs)`` once, store and return its value (kept
+        ``ttl`` seconds when given, instead of ``result_ttl``; the lease is unchanged).
 
         A duplicate returns the stored value without calling ``fn``. With ``wait``, a key held by
         another worker is waited on for up to that many seconds: its stored value is returned
@@ -98,7 +99,7 @@ class Deduplicator(DeduplicatorCore, ClaimClient):
         ``fail_open``) and whatever ``fn`` raised (the claim is released, or for
         ``permanent_errors`` the failure stored).
         """
-        return _engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, **kwargs)
+        return _engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, ttl=ttl, **kwargs)
 
     def apply(self, claim: Claim, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`.

@@ -41,6 +41,7 @@ not be stored is deferred as IN_PROGRESS without a claim.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +50,7 @@ from typing import Any, cast
 from .._errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.client import ClaimClient
-from .._protocol.codec import Request
+from .._protocol.codec import Request, ttl_ms
 from .._protocol.context import _current as current
 from .._protocol.flows import ClientCore, Flow, Handler, Stream
 from .._protocol.scripts import StreamCut
@@ -91,8 +92,11 @@ _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEA
 
 class _Batch:
     def __init__(self, dedupe: ClientCore, items: Sequence[Item], pacing: Pacing,
-                 run_batch: Callable[[list[int]], Any] | None, integration: str = "run") -> None:
+                 run_batch: Callable[[list[int]], Any] | None, integration: str = "run",
+                 ttl: float | Sequence[float | None] | None = None) -> None:
         self.dedupe = dedupe
+        #: Each item's ttl (seconds its outcome is kept), ``None`` when all use ``result_ttl``.
+        self.ttls = _ttls(ttl, len(items))
         self.integration = integration
         self.items = items
         self.pacing = pacing
@@ -160,8 +164,10 @@ class _Batch:
         handlers, unless the chunk was stopped (``flush_after`` reached, or interrupted): then
         they are given back (released with the next round trip, and queued again)."""
         acquired = []
-        decisions, copies = self.decisions, self.copies
+        decisions, copies, ttls = self.decisions, self.copies, self.ttls
         for i, claim in zip(self.chunk[start:start + len(claims)], claims, strict=True):
+            if ttls is not None and ttls[i] is not None:
+                claim = dataclasses.replace(claim, ttl=ttls[i])
             if claim.outcome is _ACQUIRED:
                 acquired.append((i, claim))
                 continue
@@ -419,14 +425,14 @@ class _Batch:
 
 def batch_flow(dedupe: ClientCore, items: Sequence[Item], run_batch: Callable[[list[int]], Any] | None = None,
                flush_after: float | None = None, pacing: Pacing | None = None,
-               integration: str = "run") -> Flow[list[Decision]]:
+               integration: str = "run", ttl: float | Sequence[float | None] | None = None) -> Flow[list[Decision]]:
     """The flow of :func:`decide_many` (and of ``dedupe_worker.asyncio.decide_many``, which awaits
     the handlers): the batch engine, written once for both drivers."""
     if pacing is None:
         pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
     elif flush_after is not None:
         pacing.flush_after = flush_after
-    return _Batch(dedupe, items, pacing, run_batch, integration).decide()
+    return _Batch(dedupe, items, pacing, run_batch, integration, ttl).decide()
 
 
 def decide_many(
@@ -437,6 +443,7 @@ def decide_many(
     flush_after: float | None = None,
     pacing: Pacing | None = None,
     integration: str = "run",
+    ttl: float | Sequence[float | None] | None = None,
 ) -> list[Decision]:
     """:func:`~dedupe_worker.decide` for a batch of ``(key, fingerprint, handler)``, in
     order; see the module docstring for when claims are taken and outcomes stored. Never raises
@@ -454,5 +461,22 @@ def decide_many(
     whole batch is claimed before it, and every outcome stored right after it. If it raises, every
     one of them gets that error (HANDLER_ERROR, claims released; or PERMANENT_FAILURE, stored).
     ``current_claim()`` is not set inside it.
+
+    ``ttl``: seconds the outcomes are kept instead of ``result_ttl``: one number for every item, or
+    one per item (``None`` for ``result_ttl``), e.g. read from each message's header. Raises
+    ``ValueError`` before anything is claimed when one is not a positive number.
     """
-    return dedupe.drive(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration))
+    return dedupe.drive(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration, ttl))
+
+
+def _ttls(ttl: float | Sequence[float | None] | None, count: int) -> list[float | None] | None:
+    """One ttl per item (checked: ``ValueError`` unless positive), or ``None`` when none is set."""
+    if ttl is None:
+        return None
+    ttls: list[float | None] = [ttl] * count if isinstance(ttl, (int, float)) else list(ttl)
+    if len(ttls) != count:
+        raise ValueError(f"{len(ttls)} ttls for {count} items")
+    for one in ttls:
+        if one is not None:
+            ttl_ms(one)
+    return ttls if any(one is not None for one in ttls) else None

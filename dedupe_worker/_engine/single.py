@@ -208,10 +208,10 @@ def refused(error: BaseException, integration: str) -> Decision:
 
 
 def begin_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any,
-               wait: float) -> Flow[Claim | Decision]:
-    """The claim, or the verdict when there is none: a bad key, or Redis down."""
+               wait: float, ttl: float | None = None) -> Flow[Claim | Decision]:
+    """The claim (carrying ``ttl``), or the verdict when there is none: a bad key, or Redis down."""
     try:
-        return (yield from dedupe.begin_flow(key, fingerprint, wait))
+        return (yield from dedupe.begin_flow(key, fingerprint, wait, ttl))
     except InvalidKey as exc:
         return poison(exc)
     except StoreUnavailable as exc:
@@ -219,16 +219,17 @@ def begin_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any],
 
 
 def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any = None,
-                wait: float = 0.0, integration: str = "run") -> Flow[Decision]:
-    """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict."""
+                wait: float = 0.0, integration: str = "run", ttl: float | None = None) -> Flow[Decision]:
+    """Claim ``key``, run ``handler`` if acquired, store its outcome (kept ``ttl`` seconds, else
+    ``result_ttl``), and return the verdict."""
     if not observer.enabled:
-        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait)
+        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait, ttl)
         if type(begun) is Decision:
             return begun
         return settle(begun) or (yield from execute_flow(dedupe, begun, handler, integration))  # type: ignore[arg-type]
     with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
         began = time.perf_counter()
-        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait)
+        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait, ttl)
         if isinstance(begun, Claim):
             observer.round_trip("claim", time.perf_counter() - began)
             span.update(attributes(begun, integration))
@@ -241,19 +242,21 @@ def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any]
 
 
 def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *, fingerprint: Any = None,
-           wait: float = 0.0, integration: str = "run") -> Decision:
+           wait: float = 0.0, integration: str = "run", ttl: float | None = None) -> Decision:
     """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict.
     Never raises for bad input, Redis or the handler's own exceptions.
 
     ``wait``: when another worker holds the key, wait up to this many seconds for it (see
     :meth:`~dedupe_worker._protocol.ClaimClient.begin`) before answering IN_PROGRESS.
-    ``integration`` names the caller in metrics and traces."""
-    return dedupe.drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration))
+    ``integration`` names the caller in metrics and traces. ``ttl``: seconds the outcome is kept,
+    instead of the client's ``result_ttl`` (the lease is unchanged); ``ValueError`` unless positive."""
+    return dedupe.drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,
-        fingerprint: Any = None, wait: float = 0.0, **kwargs: Any) -> T:
+        fingerprint: Any = None, wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
     """:func:`decide` for ``fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker._engine.decision.outcome`."""
     handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-    return outcome(decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait))  # type: ignore[no-any-return]
+    return outcome(decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait,  # type: ignore[no-any-return]
+                          ttl=ttl))

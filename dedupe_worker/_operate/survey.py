@@ -21,6 +21,8 @@ class Survey:
     states: Counter[str] = field(default_factory=Counter)
     result_bytes: list[int] = field(default_factory=list)
     ttls_ms: list[int] = field(default_factory=list)
+    #: The remaining TTLs of the sampled outcomes (result records) alone.
+    result_ttls_ms: list[int] = field(default_factory=list)
     memory: list[int] = field(default_factory=list)
 
     @property
@@ -32,6 +34,16 @@ class Survey:
         """Bytes needed at ``rate`` messages/s kept ``result_ttl`` s: R x T x bytes per key."""
         return int(rate * result_ttl * self.bytes_per_key)
 
+    @property
+    def sampled_retention(self) -> float | None:
+        """Seconds outcomes are kept, as the sampled TTLs tell (``None`` without outcomes): twice
+        the mean remaining TTL of the sampled results. Outcomes written at a steady rate have
+        remaining TTLs spread evenly between 0 and their ttl, so this is the ttl when all share
+        one; with per-message ttls of different lengths it is above their mean (longer-kept
+        outcomes are more of the sample), so the projection it gives errs on the high side."""
+        live = [ms for ms in self.result_ttls_ms if ms > 0]
+        return 2 * statistics.mean(live) / 1000 if live else None
+
     def as_dict(self, rate: float, result_ttl: float) -> dict[str, Any]:
         def spread(values: list[int]) -> dict[str, int]:
             if not values:
@@ -39,9 +51,13 @@ class Survey:
             ordered = sorted(values)
             return {"min": ordered[0], "p50": ordered[len(ordered) // 2], "max": ordered[-1]}
 
+        retention = self.sampled_retention
         return {"keys": self.keys, "states": dict(self.states), "result_bytes": spread(self.result_bytes),
-                "ttl_ms": spread(self.ttls_ms), "bytes_per_key": self.bytes_per_key,
-                "projection_bytes": self.projection(rate, result_ttl), "rate": rate, "result_ttl": result_ttl}
+                "ttl_ms": spread(self.ttls_ms), "result_ttl_ms": spread(self.result_ttls_ms),
+                "bytes_per_key": self.bytes_per_key,
+                "projection_bytes": self.projection(rate, result_ttl), "rate": rate, "result_ttl": result_ttl,
+                "sampled_retention": retention,
+                "sampled_projection_bytes": None if retention is None else self.projection(rate, retention)}
 
 
 def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
@@ -72,6 +88,7 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
             status, size = size_from_replies(*reads)
             found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
             found.result_bytes.append(size)
+            found.result_ttls_ms.append(int(ttl))
         elif name.endswith(":started"):
             owner = reads[0]
             if isinstance(owner, Exception):

@@ -80,10 +80,13 @@ class Claim:
     #: For ACQUIRED: the key was claimed before (a re-run after a crash, an outage, a lost lease or
     #: a release), so an earlier run may have committed effects; ``False`` on a first claim.
     reclaimed: bool = field(default=False, repr=False)
+    #: Seconds this message's outcome is kept, chosen when it was claimed (``begin(..., ttl=)``):
+    #: ``complete`` and ``fail`` store it for that long; ``None``: the client's ``result_ttl``.
+    ttl: float | None = field(default=None, repr=False)
 
     def __init__(self, key: str, outcome: Outcome, token: int = 0, result: Any = None, retry_after: float = 0.0,
                  failed: bool = False, error: Any = None, stem: str = "", fingerprint: str = "",
-                 reclaimed: bool = False) -> None:
+                 reclaimed: bool = False, ttl: float | None = None) -> None:
         # One per message on every path: filling __dict__ at once is half the cost of the frozen
         # dataclass __init__ (one object.__setattr__ per field); the fields and defaults are the
         # ones declared above, and the instance stays frozen. Kept for its figure: 402 ns against
@@ -91,7 +94,7 @@ class Claim:
         # per message (bench.core, begin_many+complete_many): ~5%.
         self.__dict__.update(key=key, outcome=outcome, token=token, result=result, retry_after=retry_after,
                              failed=failed, error=error, stem=stem, fingerprint=fingerprint,
-                             reclaimed=reclaimed)
+                             reclaimed=reclaimed, ttl=ttl)
 
     @property
     def acquired(self) -> bool:

@@ -201,7 +201,8 @@ class ClaimClient(ClientCore):
 
     # -- transitions ----------------------------------------------------------------------------
 
-    def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0) -> Claim:
+    def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0,
+              ttl: float | None = None) -> Claim:
         """Try to claim ``key``: one round trip, one :class:`Claim` with one :class:`Outcome`.
 
         ``fingerprint`` identifies the payload (a short string, or any JSON-like value that is
@@ -211,20 +212,27 @@ class ClaimClient(ClientCore):
         of answering IN_PROGRESS at once (see :meth:`wait_for`): DUPLICATE with its value once it
         stores its outcome, ACQUIRED once it releases the key or its lease runs out. Raises
         :class:`InvalidKey` and :class:`StoreUnavailable`.
+
+        ``ttl``: seconds this message's outcome is kept, instead of ``result_ttl``. The claim
+        carries it (:attr:`Claim.ttl`), so :meth:`complete` and :meth:`fail` store the outcome for
+        that long; the lease is unchanged, and a released key's token counter is kept at least as
+        long (``retention`` is raised to ``ttl`` for this key). Raises ``ValueError`` unless it is
+        a positive number.
         """
-        return self.drive(self.begin_flow(key, fingerprint, wait))
+        return self.drive(self.begin_flow(key, fingerprint, wait, ttl))
 
     def begin_many(
-        self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None, wait: float = 0.0
+        self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None, wait: float = 0.0,
+        ttl: float | None = None,
     ) -> list[Claim]:
         """Claim a batch of keys in one round trip; answers come in the order of ``keys``.
 
         A key that appears twice in one batch is ACQUIRED once; its later copies answer
         IN_PROGRESS (held by our own token) until the first is completed or released. With
         ``wait``, keys held by others are waited on as in :meth:`begin`, one after the other, all
-        within ``wait`` seconds in total.
+        within ``wait`` seconds in total. ``ttl``: as in :meth:`begin`, for every key.
         """
-        requests, claims, ours = self.drive(self.begin_many_flow(keys, fingerprints, wait))
+        requests, claims, ours = self.drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
         if wait > 0:
             deadline = time.monotonic() + wait
             claims = [self.wait_for(r, c, deadline)

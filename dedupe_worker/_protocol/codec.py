@@ -5,6 +5,7 @@ into stored records. Shared by :class:`~dedupe_worker.ClaimClient` and the async
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -16,15 +17,26 @@ from .fingerprint import request_fingerprint
 from .layout import _UNSAFE, HASHED_PREFIX, KeyLayout
 from .serialization import JsonSerializer, Packer, Serializer, unpack
 
-__all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request"]
+__all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request", "ttl_ms"]
 
 log = logging.getLogger(__name__)
 
 #: Keys longer than this many UTF-8 bytes are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
 
+#: The longest per-message ttl taken, in seconds (ten years): beyond it a value is a mistake.
+_MAX_TTL = 10 * 365 * 86400.0
+
 _ACQUIRED, _DUPLICATE = Outcome.ACQUIRED, Outcome.DUPLICATE
 _unsafe = _UNSAFE.search
+
+
+def ttl_ms(ttl: float) -> int:
+    """A per-message ttl in seconds, checked, in milliseconds; ``ValueError`` unless it is a
+    positive number (at most ten years)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= _MAX_TTL:
+        raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
+    return max(1, int(ttl * 1000))
 
 
 def _byte_length(key: str | bytes) -> int:
@@ -88,9 +100,22 @@ class ClaimCodec:
         seconds when given (a per-call choice), else ``result_ttl``."""
         if ttl is None:
             return self._result_ttl_ms
-        if ttl <= 0:
-            raise ValueError(f"ttl must be positive, not {ttl!r}")
-        return max(1, int(ttl * 1000))
+        return ttl_ms(ttl)
+
+    def retention_ms(self, ttl: float | None = None) -> int:
+        """How long a started key (and with it the token counter) is kept once released, in
+        milliseconds: ``retention``, or longer for a message kept ``ttl`` seconds, so the counter
+        outlives every outcome and a key's tokens stay monotonic."""
+        if ttl is None:
+            return self._retention_ms
+        return max(self._retention_ms, self.result_ttl_ms(ttl))
+
+    @staticmethod
+    def with_ttl(claims: list[Claim], ttl: float | None) -> list[Claim]:
+        """``claims`` carrying ``ttl`` (the retention their outcomes are stored with)."""
+        if ttl is None:
+            return claims
+        return [dataclasses.replace(c, ttl=ttl) for c in claims]
 
     @staticmethod
     def owns(claim: Claim, stored: Any) -> bool:

@@ -31,6 +31,7 @@ Effects (the result the driver sends back):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
@@ -230,23 +231,25 @@ class ClientCore(ClaimCodec):
 
     # -- claims ---------------------------------------------------------------------------------
 
-    def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float) -> Flow[Claim]:
-        """``begin``: one claim (one round trip), and with ``wait`` the wait on a held key."""
+    def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float, ttl: float | None = None) -> Flow[Claim]:
+        """``begin``: one claim (one round trip), and with ``wait`` the wait on a held key. The
+        claim carries ``ttl`` (seconds its outcome is kept; ``None``: ``result_ttl``)."""
         request = self.request(key, fingerprint)
-        claim = (yield from self.claims_flow((request,)))[0]
+        claim = (yield from self.claims_flow((request,), ttl))[0]
         if wait > 0 and claim.outcome is _IN_PROGRESS:
             return (yield from self.wait_flow(request, claim, time.monotonic() + wait))
         return claim
 
     def begin_many_flow(self, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
-                        wait: float) -> Flow[tuple[list[Request], list[Claim], set[tuple[str, int]]]]:
+                        wait: float, ttl: float | None = None
+                        ) -> Flow[tuple[list[Request], list[Claim], set[tuple[str, int]]]]:
         """``begin_many``'s round trip: the requests, their claims, and ``(stem, token)`` of those
         acquired (a repeated key held by us is not waited on); the driver waits on the rest."""
         fps = fingerprints if fingerprints is not None else [None] * len(keys)
         if len(fps) != len(keys):
             raise ValueError("fingerprints must match keys one to one")
         requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
-        claims = yield from self.claims_flow(requests)
+        claims = yield from self.claims_flow(requests, ttl)
         ours = {(c.stem, c.token) for c in claims if c.acquired} if wait > 0 else set()
         return requests, claims, ours
 
@@ -258,38 +261,40 @@ class ClientCore(ClaimCodec):
             if left <= 0:
                 break
             yield Wait(request.stem, left)
-            claim = (yield from self.claims_flow((request,)))[0]
+            claim = (yield from self.claims_flow((request,), claim.ttl))[0]
         return claim
 
-    def claims_flow(self, requests: Sequence[Request]) -> Flow[list[Claim]]:
-        """Claim ``requests`` in one round trip."""
+    def claims_flow(self, requests: Sequence[Request], ttl: float | None = None) -> Flow[list[Claim]]:
+        """Claim ``requests`` in one round trip; the claims carry ``ttl`` (their outcomes'
+        retention), and the started keys are kept at least that long (:meth:`retention_ms`)."""
         if not self.store_checked:
             yield CHECK_STORE
         replies = yield from self.round_trip((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
-                                                    self._lease_ms, self._retention_ms),))
-        claims = self._claims(requests, replies[0])
+                                                    self._lease_ms, self.retention_ms(ttl)),))
+        claims = self.with_ttl(self._claims(requests, replies[0]), ttl)
         _log_claims(claims)
         return claims
 
     # -- settling a batch and claiming the next chunk -------------------------------------------
 
     def settle_and_claim_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
-                              requests: Sequence[Request]) -> Flow[tuple[list[bool], list[bool], list[Claim]]]:
-        """``settle_and_claim``: store ``outcomes``, release ``releases``, claim ``requests``, in
-        one round trip; see ``ClaimClient.settle_and_claim`` for the errors."""
+                              requests: Sequence[Request], ttl: float | None = None
+                              ) -> Flow[tuple[list[bool], list[bool], list[Claim]]]:
+        """``settle_and_claim``: store ``outcomes``, release ``releases``, claim ``requests``
+        (carrying ``ttl``), in one round trip; see ``ClaimClient.settle_and_claim`` for the errors."""
         completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:
             self.renewer.settle(leases_of(outcomes, releases))
         if requests and not self.store_checked:
             yield CHECK_STORE
         claim_calls = self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms,
-                                             self._retention_ms)
+                                             self.retention_ms(ttl))
         try:
             stored, released, replies = yield from self.round_trip((completes, frees, claim_calls))
         except StoreUnavailable as exc:
             settled = yield from self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests)
             return (*settled, [])
-        claims = self._claims(requests, replies)
+        claims = self.with_ttl(self._claims(requests, replies), ttl)
         _log_claims(claims)
         return (*self.settled(outcomes, stored, released), claims)
 
@@ -320,11 +325,15 @@ class ClientCore(ClaimCodec):
 
     def settle_calls(self, outcomes: Sequence[tuple[Claim, Stored, bytes]],
                      releases: Sequence[Claim]) -> tuple[list[Call], list[Call]]:
-        """The script calls that store ``outcomes`` and release ``releases``."""
+        """The script calls that store ``outcomes`` and release ``releases``, in their order; each
+        outcome kept for its claim's ``ttl`` (one call list per run of equal ttls)."""
         store = self.store
-        return (store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
-                                     self._result_ttl_ms),
-                store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms))
+        completes: list[Call] = []
+        for ttl, run in itertools.groupby(outcomes, key=_ttl_of):
+            completes += store.complete_calls([(c.stem, c.token, status, data) for c, status, data in run],
+                                              self.result_ttl_ms(ttl))
+        return (completes, store.release_calls([(c.stem, c.token) for c in releases],
+                                               self.retention_ms(max_ttl(releases))))
 
     def settled(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], stored: Sequence[Any],
                 released: Sequence[Any]) -> tuple[list[bool], list[bool]]:
@@ -374,7 +383,8 @@ class ClientCore(ClaimCodec):
         stem, token = claim.stem, claim.token
         if self.renewer.is_lost(stem, token):
             raise LeaseLost(claim.key, token)
-        calls = self.store.complete_calls(((stem, token, status, data),), self.result_ttl_ms(ttl))
+        calls = self.store.complete_calls(((stem, token, status, data),),
+                                          self.result_ttl_ms(claim.ttl if ttl is None else ttl))
         stored = yield from self.finishing_flow(((stem, token),), (calls,))
         if not self.owns(claim, stored[0][0]):
             raise LeaseLost(claim.key, token)
@@ -399,7 +409,7 @@ class ClientCore(ClaimCodec):
     def fail_flow(self, claim: Claim, error: BaseException | str) -> Flow[None]:
         """``fail``: store a permanent failure as the outcome; raises :class:`LeaseLost`."""
         calls = self.store.complete_calls(((claim.stem, claim.token, Stored.FAILED, self.encode_failure(error)),),
-                                          self._result_ttl_ms)
+                                          self.result_ttl_ms(claim.ttl))
         stored = yield from self.finishing_flow(((claim.stem, claim.token),), (calls,))
         if not self.owns(claim, stored[0][0]):
             raise LeaseLost(claim.key, claim.token)
@@ -408,7 +418,8 @@ class ClientCore(ClaimCodec):
     def release_flow(self, claims: Sequence[Claim]) -> Flow[list[bool]]:
         """``release_many``: give the claims up; ``False`` where the token no longer owned it."""
         items = [(c.stem, c.token) for c in claims]
-        released = yield from self.finishing_flow(items, (self.store.release_calls(items, self._retention_ms),))
+        released = yield from self.finishing_flow(items, (self.store.release_calls(items,
+                                                                                   self.retention_ms(max_ttl(claims))),))
         return [bool(v) for v in released[0]]
 
     # -- single calls ---------------------------------------------------------------------------
@@ -459,6 +470,17 @@ class KeptLeases:
 def leases_of(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:
     """``(stem, token)`` of every claim settled by ``outcomes`` and ``releases``."""
     return [*((c.stem, c.token) for c, _, _ in outcomes), *((c.stem, c.token) for c in releases)]
+
+
+def _ttl_of(outcome: tuple[Claim, Stored, bytes]) -> float | None:
+    return outcome[0].ttl
+
+
+def max_ttl(claims: Iterable[Claim]) -> float | None:
+    """The longest ``ttl`` among ``claims`` (``None`` when none has one): a release keeps the
+    started keys of a call for the longest of them."""
+    ttls = [c.ttl for c in claims if c.ttl is not None]
+    return max(ttls) if ttls else None
 
 
 def _log_claims(claims: list[Claim]) -> None:

@@ -161,18 +161,19 @@ class AsyncClaimClient(ClientCore):
 
     # -- transitions: the flows of :mod:`dedupe_worker._protocol.flows`, awaited -----------------
 
-    async def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0) -> Claim:
+    async def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0,
+                    ttl: float | None = None) -> Claim:
         """Try to claim ``key``: one round trip, one :class:`Claim`; as
-        :meth:`ClaimClient.begin <dedupe_worker.ClaimClient.begin>`, ``wait`` included.
+        :meth:`ClaimClient.begin <dedupe_worker.ClaimClient.begin>`, ``wait`` and ``ttl`` included.
         Raises :class:`InvalidKey` and :class:`StoreUnavailable`."""
-        return await self.drive_async(self.begin_flow(key, fingerprint, wait))
+        return await self.drive_async(self.begin_flow(key, fingerprint, wait, ttl))
 
     async def begin_many(self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None,
-                         wait: float = 0.0) -> list[Claim]:
+                         wait: float = 0.0, ttl: float | None = None) -> list[Claim]:
         """Claim a batch of keys in one round trip, answers in the order of ``keys``; a key twice
         in the batch is ACQUIRED once. With ``wait``, held keys are waited on concurrently, all
-        within ``wait`` seconds."""
-        requests, claims, ours = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait))
+        within ``wait`` seconds. ``ttl``: as :meth:`begin`, for every key."""
+        requests, claims, ours = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait, ttl))
         if wait > 0:
             deadline = time.monotonic() + wait
 

@@ -41,8 +41,9 @@ class AsyncDeduplicator(DeduplicatorCore, AsyncClaimClient):
         self._attach(outcomes)
 
     async def run(self, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any, fingerprint: Any = None,
-                  wait: float = 0.0, **kwargs: Any) -> T:
-        """Claim ``key``, ``await fn(*args, **kwargs)`` once, store and return its value.
+                  wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
+        """Claim ``key``, ``await fn(*args, **kwargs)`` once, store and return its value (kept
+        ``ttl`` seconds when given, instead of ``result_ttl``).
 
         A duplicate returns the stored value without calling ``fn``. Raises as
         :meth:`Deduplicator.run <dedupe_worker.Deduplicator.run>`: :class:`InProgress`,
@@ -51,7 +52,7 @@ class AsyncDeduplicator(DeduplicatorCore, AsyncClaimClient):
         ``fail_open``) and whatever ``fn`` raised (the claim released, or for
         ``permanent_errors`` the failure stored). Cancelling the caller releases the claim.
         """
-        return await engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, **kwargs)
+        return await engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, ttl=ttl, **kwargs)
 
     async def apply(self, claim: Claim, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Await ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`."""

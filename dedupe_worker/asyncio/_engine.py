@@ -53,31 +53,33 @@ async def execute(dedupe: AsyncClaimClient, claim: Claim, handler: AsyncHandler,
 
 
 async def decide(dedupe: AsyncClaimClient, key: str | bytes, handler: AsyncHandler, *, fingerprint: Any = None,
-                 wait: float = 0.0, integration: str = "run") -> Decision:
+                 wait: float = 0.0, integration: str = "run", ttl: float | None = None) -> Decision:
     """Claim ``key``, await ``handler()`` if acquired, store its outcome, and return the verdict
     (the same :class:`~dedupe_worker.Decision` as the synchronous engine's). Never raises for bad
     input, Redis or the handler's own exceptions; ``CancelledError`` propagates (the claim
-    released). ``integration`` names the caller in metrics and traces."""
-    return await dedupe.drive_async(decide_flow(dedupe, key, handler, fingerprint, wait, integration))
+    released). ``integration`` names the caller in metrics and traces; ``ttl`` as the sync one's."""
+    return await dedupe.drive_async(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
 
 
 async def run(dedupe: AsyncClaimClient, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any,
-              fingerprint: Any = None, wait: float = 0.0, **kwargs: Any) -> T:
+              fingerprint: Any = None, wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
     """:func:`decide` for ``await fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker._engine.outcome`."""
     handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-    return outcome(await decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait))  # type: ignore[no-any-return]
+    return outcome(await decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait,  # type: ignore[no-any-return]
+                                ttl=ttl))
 
 
 async def decide_many(dedupe: AsyncClaimClient, items: Sequence[AsyncItem], *,
                       run_batch: Callable[[list[int]], Awaitable[Sequence[Any]]] | None = None,
                       flush_after: float | None = None, pacing: Pacing | None = None,
-                      integration: str = "run") -> list[Decision]:
+                      integration: str = "run", ttl: float | Sequence[float | None] | None = None
+                      ) -> list[Decision]:
     """The batch engine on asyncio: :func:`dedupe_worker.decide_many` for ``(key, fingerprint,
     handler)`` items whose handlers are ``async def`` (awaited one after the other, each with
     ``current_claim()`` set), in order. The same code decides (the engine's batch flow), so the
     verdicts, the chunking by ``flush_after``, the copies of a key within the batch and the crash
     story are the sync engine's; ``run_batch(indices)`` is awaited. Never raises for bad input,
     Redis or the handlers' own exceptions; ``CancelledError`` propagates once what finished is
-    stored and the rest released."""
-    return await dedupe.drive_async(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration))
+    stored and the rest released. ``ttl``: as the sync one's."""
+    return await dedupe.drive_async(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration, ttl))

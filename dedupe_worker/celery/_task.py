@@ -51,7 +51,9 @@ from celery.exceptions import Reject, Retry
 from .._deduplicator import Deduplicator
 from .._engine import Decision, Hooks, Reason, RetryPolicy, decide, outcome, refused
 from .._engine.dispatch import ACKED, Acted, Done, dispatch
-from .._errors import EvictionPolicyError, InvalidKey
+from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
+from .._messages.retention import TTL_HEADER, parse_ttl
+from .._protocol.codec import ttl_ms
 from .._protocol.context import current_claim
 from ._options import deduplicator_for, identify
 from ._send import send_once
@@ -157,6 +159,13 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: :const:`None`: ``app.conf.dedupe_send_ttl``, else ``dedupe_lease`` plus 60 s of queue time.
     dedupe_send_ttl: float | None = None
 
+    #: Seconds this task's outcomes are kept, instead of ``dedupe_result_ttl`` (the lease is
+    #: unchanged). Per call: ``apply_async(..., dedupe_ttl=60)``, or the ``x-dedupe-ttl`` message
+    #: header, which wins over this. A header value that is not a positive number fails the task
+    #: (``UndecodableMessage``, not retried). :const:`None`: ``app.conf.dedupe_ttl``, else
+    #: ``dedupe_result_ttl``.
+    dedupe_ttl: float | None = None
+
     # max_attempts, retry_base, retry_cap, defer_base, defer_cap, defer_wait: see RetryPolicy (the
     # same options and defaults as the RabbitMQ and Kafka consumers). Set max_attempts = 1 to fail
     # at once on an exception, as a plain Celery task does. defer_wait: on a worker, a copy of a
@@ -213,7 +222,8 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         request = self.request
         try:
             key, fingerprint = identify(self, args, kwargs, self._header(request, self.idempotency_header))
-        except InvalidKey as exc:
+            ttl = self.ttl_for(request)
+        except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl header is UndecodableMessage
             return self._settle(refused(exc, "celery"), "")
         request.dedupe_key = key
         request.fencing_token = None
@@ -223,7 +233,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         wait = 0.0 if request.is_eager or request.called_directly else self.defer_wait
         try:
             decision = decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait,
-                              integration="celery")
+                              integration="celery", ttl=ttl)
         except EvictionPolicyError as exc:
             if request.is_eager or request.called_directly:
                 raise  # no message to lose: the caller gets the error
@@ -280,7 +290,13 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Celery's ``apply_async``; with ``dedupe_on_send``, first asks Redis whether the work is
-        done, queued or running, and then does not publish (see :mod:`dedupe_worker.celery._send`)."""
+        done, queued or running, and then does not publish (see :mod:`dedupe_worker.celery._send`).
+        ``dedupe_ttl``: seconds this call's outcome is kept (sent as the ``x-dedupe-ttl`` header);
+        ``ValueError`` unless it is a positive number."""
+        ttl = options.pop("dedupe_ttl", None)
+        if ttl is not None:
+            ttl_ms(ttl)
+            options["headers"] = {**(options.get("headers") or {}), TTL_HEADER: ttl}
         return send_once(self, super().apply_async, args, kwargs, options)
 
     def signature_from_request(self, request: Any = None, args: Any = None, kwargs: Any = None,
@@ -292,8 +308,21 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         value = self._header(request, self.idempotency_header)
         if value is not None:
             kept[self.idempotency_header] = value
+        ttl = self._header(request, TTL_HEADER)
+        if ttl is not None:
+            kept[TTL_HEADER] = ttl
         extra["headers"] = {**kept, **(extra.get("headers") or {})}
         return super().signature_from_request(request, args, kwargs, queue=queue, **extra)
+
+    def ttl_for(self, request: Any) -> float | None:
+        """Seconds this call's outcome is kept: the ``x-dedupe-ttl`` header, else ``dedupe_ttl``,
+        else ``app.conf.dedupe_ttl``, else ``None`` (``dedupe_result_ttl``). Raises
+        :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
+        ttl = parse_ttl(self._header(request, TTL_HEADER), f"{TTL_HEADER} header")
+        if ttl is None:
+            option = self.dedupe_ttl if self.dedupe_ttl is not None else self.app.conf.get("dedupe_ttl")
+            ttl = parse_ttl(option, f"dedupe_ttl of {self.name}")
+        return ttl
 
     @staticmethod
     def _header(request: Any, name: str) -> Any:

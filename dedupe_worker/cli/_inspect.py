@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  lease runs {report.remaining_lease_ms} ms more")
             if report.result_preview:
                 print(f"  stored: {report.result_preview}")
+            if report.result_ttl_ms > 0:
+                print(f"  kept {report.result_ttl_ms / 1000:,.1f} s more (its remaining TTL)")
             print(f"  records: {report.redis_key}:started ttl {report.started_ttl_ms} ms, "
                   f":result ttl {report.result_ttl_ms} ms (-2 = none)")
             if report.original_key:

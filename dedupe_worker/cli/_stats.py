@@ -37,11 +37,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"namespace {dedupe.layout.namespace}: {found.keys:,} Redis keys")
     for state, count in sorted(found.states.items()):
         print(f"  {state:<16} {count:,} (in the sample of {args.sample:,})")
-    for name, label in (("result_bytes", "stored result bytes"), ("ttl_ms", "TTL ms")):
+    for name, label in (("result_bytes", "stored result bytes"), ("ttl_ms", "TTL ms"),
+                        ("result_ttl_ms", "outcome TTL ms")):
         if report[name]:
             low, mid, high = report[name]["min"], report[name]["p50"], report[name]["max"]
             print(f"  {label:<22} min {low:,}  p50 {mid:,}  max {high:,}")
     print(f"  bytes per key          {found.bytes_per_key:,} (MEMORY USAGE, sampled)")
     print(f"  projection             {report['projection_bytes']:,} bytes at {args.rate:g} msg/s kept "
           f"{dedupe.result_ttl:g} s (R x T x bytes per key)")
+    if report["sampled_retention"] is not None:
+        print(f"  from the sampled TTLs  {report['sampled_projection_bytes']:,} bytes at {args.rate:g} msg/s kept "
+              f"{report['sampled_retention']:,.0f} s (twice the mean remaining TTL of the sampled outcomes: "
+              "per-message ttls included)")
     return 0

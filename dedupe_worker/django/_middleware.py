@@ -98,7 +98,8 @@ class IdempotencyMiddleware:
             return to_django(screened)
         attempt = self.rules.attempt(info, screened, request.body)  # Django keeps the body for the view
         try:
-            claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
+            claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
+                                      ttl=self.rules.request_ttl(info))
         except StoreUnavailable as exc:
             down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
             return self.get_response(request) if down is None else to_django(down)

@@ -66,9 +66,10 @@ except ImportError:  # dramatiq without its rabbitmq extra: other brokers dead-l
 from .._deduplicator import Deduplicator
 from .._engine import Decision, Hooks, RetryPolicy, decide, refused
 from .._engine.dispatch import ACKED, Acted, Done, dispatch
-from .._errors import EvictionPolicyError, InvalidKey
+from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
+from .._messages.retention import TTL_HEADER, header_ttl, parse_ttl
 from .._operate.doctor import check_at_start
 from ..keys import fingerprint_of, message_id_key
 
@@ -124,13 +125,16 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     """
 
     def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,
-                 defer_wait: float | None = None) -> None:
+                 defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
         self.dedupe = dedupe
         self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
+        #: The message option (Dramatiq's headers) holding a message's retention in seconds
+        #: (``None``: not read).
+        self.ttl_header = ttl_header
 
     @property
     def actor_options(self) -> set[str]:
-        return {"idempotency_key", "idempotency_fingerprint"}
+        return {"idempotency_key", "idempotency_fingerprint", "idempotency_ttl"}
 
     # -- Dramatiq's hooks -----------------------------------------------------------------------
 
@@ -187,12 +191,23 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         try:
             key = self.key_for(actor, message, args, kwargs)
             fingerprint = self.fingerprint_for(actor, args, kwargs)
-        except InvalidKey as exc:
+            ttl = self.ttl_for(actor, message)
+        except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl is UndecodableMessage
             return self.settle(actor.broker, message, refused(exc, "dramatiq"), None)
         body = functools.partial(fn, *args, **kwargs)
         decision = decide(self.dedupe, key, body, fingerprint=fingerprint, wait=self.defer_wait,
-                          integration="dramatiq")
+                          integration="dramatiq", ttl=ttl)
         return self.settle(actor.broker, message, decision, key)
+
+    def ttl_for(self, actor: dramatiq.Actor[Any, Any], message: Any) -> float | None:
+        """Seconds this message's outcome is kept: the message's ``ttl_header`` option
+        (``send_with_options(..., **{"x-dedupe-ttl": 60})``), else the actor option
+        ``idempotency_ttl``, else ``None`` (``result_ttl``). Raises
+        :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
+        ttl = header_ttl(message.options, self.ttl_header) if self.ttl_header else None
+        if ttl is None:
+            ttl = parse_ttl(actor.options.get("idempotency_ttl"), f"idempotency_ttl of {actor.actor_name}")
+        return ttl
 
     @staticmethod
     def key_for(actor: dramatiq.Actor[Any, Any], message: Any, args: tuple[Any, ...],

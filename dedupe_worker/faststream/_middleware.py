@@ -67,6 +67,7 @@ from .._engine.dispatch import ACKED, Acted, Done, dispatch_async
 from .._errors import EvictionPolicyError, InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
+from .._messages.retention import TTL_HEADER, header_ttl
 from ..asyncio import AsyncClaimClient, decide
 from ..keys import KeyStrategy, body_fingerprint
 from ._brokers import BrokerAdapter, adapter_for
@@ -88,10 +89,12 @@ class DedupeMiddleware(Hooks, RetryPolicy):
     def __init__(self, dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
                  fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
                  dead_letter_producer: Any = None, defer_base: float | None = None, defer_cap: float | None = None,
-                 defer_wait: float | None = None) -> None:
+                 defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
         self.dedupe = dedupe
         self.key = key
         self.fingerprint = fingerprint
+        #: The header holding a message's retention in seconds (``None``: not read).
+        self.ttl_header = ttl_header
         self.dead_letter_producer = dead_letter_producer
         self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
         self._deferrals: dict[str, int] = {}
@@ -108,11 +111,12 @@ class DedupeMiddleware(Hooks, RetryPolicy):
         try:
             key = (self.key or adapter.default_key)(envelope)
             fingerprint = self.fingerprint(envelope) if self.fingerprint is not None else None
-        except (InvalidKey, UndecodableMessage) as exc:
+            ttl = header_ttl(envelope.headers, self.ttl_header) if self.ttl_header else None
+        except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl header is UndecodableMessage
             return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None, broker)
         try:
             decision = await decide(self.dedupe, key, functools.partial(call_next, msg), fingerprint=fingerprint,
-                                    wait=self.defer_wait, integration="faststream")
+                                    wait=self.defer_wait, integration="faststream", ttl=ttl)
         except EvictionPolicyError as exc:
             # Not checked at start (no check_at_start hook, or Redis was down then): handed back,
             # never failed (a handler error would be rejected or acked away under some ack policies).
@@ -216,7 +220,10 @@ def dedupe_middleware(dedupe: AsyncClaimClient, *, key: KeyStrategy | None = Non
     (default: a hash of the body; ``None`` for no check). ``dead_letter_producer``: what publishes Kafka's
     dead letters: by default the ``KafkaBroker`` that consumed the message, else the one given here
     (another ``KafkaBroker``, or a started ``aiokafka.AIOKafkaProducer``). ``options``: ``defer_base``,
-    ``defer_cap``, ``defer_wait`` (:class:`~dedupe_worker._engine.RetryPolicy`).
+    ``defer_cap``, ``defer_wait`` (:class:`~dedupe_worker._engine.RetryPolicy`), and ``ttl_header``:
+    the header holding a message's retention in seconds (default ``x-dedupe-ttl``; its outcome is
+    kept that long instead of ``result_ttl``; a value that is not a positive number dead-letters
+    the message as ``undecodable``; ``None``: not read).
     """
     return DedupeMiddleware(dedupe, key=key, fingerprint=fingerprint, dead_letter_producer=dead_letter_producer,
                             **options)

@@ -100,7 +100,8 @@ class IdempotencyMiddleware:
             return  # the client left before its request was read: nothing ran, nothing to answer
         attempt = self.rules.attempt(request, screened, body)
         try:
-            claim = await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
+            claim = await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
+                                            ttl=self.rules.request_ttl(request))
         except StoreUnavailable as exc:
             down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
             if down is not None:

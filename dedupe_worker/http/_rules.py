@@ -6,7 +6,8 @@ claim protocol, so the three behave alike::
 
     outcome = rules.screen(request)       # None: pass through; Response: a 400; str: the key
     attempt = rules.attempt(request, key, body)           # stored key, fingerprint, wait
-    claim = dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
+    claim = dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
+                         ttl=rules.request_ttl(request))
     (a claim that raised StoreUnavailable: rules.store_down(...), a 503 or, fail_open, run the app)
     answer = rules.answer(claim)          # None: run the app; else a replay, a 409 or a 422
     recorder = rules.recorder(request)    # fed the app's response as it is sent
@@ -170,10 +171,15 @@ class IdempotencyRules:
         log.error("idempotency store unavailable, answering 503 key=%s: %s", attempt.key, exc)
         return problems.unavailable(self.docs_url)
 
+    def request_ttl(self, request: RequestInfo) -> float | None:
+        """Seconds ``request``'s response is kept (``ttl``), before the app's ``ttl_header``
+        may change it: given to ``begin(..., ttl=)``, so the claim carries it as every consumer's
+        per-message ttl does."""
+        return self.ttl(request) if callable(self.ttl) else self.ttl
+
     def recorder(self, request: RequestInfo) -> Recorder:
         """A :class:`Recorder` for the app's response to ``request``."""
-        ttl = self.ttl(request) if callable(self.ttl) else self.ttl
-        return Recorder(self, ttl)
+        return Recorder(self, self.request_ttl(request))
 
 
 def replay(stored: Response) -> Response:

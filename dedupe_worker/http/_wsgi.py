@@ -109,7 +109,8 @@ class WSGIIdempotencyMiddleware:
         environ["CONTENT_LENGTH"] = str(len(body))
         attempt = self.rules.attempt(request, screened, body)
         try:
-            claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait)
+            claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
+                                      ttl=self.rules.request_ttl(request))
         except StoreUnavailable as exc:
             down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
             return self.app(environ, start_response) if down is None else respond(start_response, down)

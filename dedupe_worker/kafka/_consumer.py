@@ -34,6 +34,7 @@ from .._engine.decision import HANDLER_RAN
 from .._engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
 from .._engine.hooks import Hooks
 from .._messages.envelope import Envelope, from_kafka
+from .._messages.retention import TTL_HEADER, header_ttl
 from .._operate.doctor import check_at_start
 from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint
 from ._deadletter import DeadLetter, DeadLetterProducer, producer_config
@@ -85,6 +86,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
     :param summary_interval: seconds between the summary lines logged at INFO while consuming
         (applied, duplicates, deferred, retried, dead-lettered; one more at shutdown).
+    :param ttl_header: the header holding a message's retention in seconds (its outcome is kept
+        that long instead of ``result_ttl``); a value that is not a positive number dead-letters
+        the message (``undecodable``, the reason naming the header). ``None``: not read.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         producer_overrides: Mapping[str, Any] | None = None,
         dead_letter_timeout: float = 30.0,
         summary_interval: float = 10.0,
+        ttl_header: str | None = TTL_HEADER,
     ) -> None:
         self.set_options(max_attempts=max_attempts, retry_base=retry_base, retry_cap=retry_cap,
                          defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
@@ -124,6 +129,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.dedupe = deduplicator
         self.key_strategy = key_strategy
         self.fingerprint = fingerprint
+        #: The header holding a message's retention in seconds (``None``: not read).
+        self.ttl_header = ttl_header
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
         #: Handler timings carried from batch to batch, to size the claimed chunks.
@@ -239,7 +246,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         letters: list[tuple[int, DeadLetter]] = []
         keyed: list[tuple[int, str]] = []
         items: list[tuple[str, Any, Callable[[], Any]]] = []
+        ttls: list[float | None] = []
         handler = self.handler or _batched
+        ttl_header = self.ttl_header
         partitions, key_strategy, fingerprint = self._partitions, self.key_strategy, self.fingerprint
         for i, msg in enumerate(live):
             settled = partitions[tps[i]].settled
@@ -254,14 +263,16 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 envelope = from_kafka(msg)
                 key = key_strategy(envelope)
                 fp = fingerprint(envelope) if fingerprint is not None else None
-            except Exception as exc:  # MissingKey, UndecodableMessage, or a broken strategy
+                ttl = header_ttl(envelope.headers, ttl_header) if ttl_header else None
+            except Exception as exc:  # MissingKey, UndecodableMessage (a bad ttl too), or a broken strategy
                 decision = refused(exc, "kafka")
                 self.stats[decision.reason.value] += 1
                 letters.append((i, DeadLetter(msg, decision)))
                 continue
             keyed.append((i, key))
             items.append((key, fp, partial(handler, msg)))
-        decisions = self.decide_batch(items, [live[i] for i, _ in keyed])
+            ttls.append(ttl)
+        decisions = self.decide_batch(items, [live[i] for i, _ in keyed], ttl=ttls)
         self.stats.update([decision.reason._value_ for decision in decisions])
         # ACK hooks run after the batch's commit (process()); not collected when both are no-ops
         hooked = not (is_noop(self.on_applied, Hooks.on_applied) and is_noop(self.on_duplicate, Hooks.on_duplicate))
@@ -291,16 +302,17 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         return outcomes
 
     def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
-                     messages: Sequence[Message]) -> list[Decision]:
+                     messages: Sequence[Message], *, ttl: Sequence[float | None] | None = None) -> list[Decision]:
         """The dedupe verdicts for ``(key, fingerprint, handler)`` items (one per message):
-        :func:`~dedupe_worker.decide_many`, with the batch handler if there is one."""
+        :func:`~dedupe_worker.decide_many`, with the batch handler if there is one; ``ttl``: each
+        message's retention (from its ``ttl_header``)."""
         if not items:
             return []
         batch = self.batch_handler
         if batch is None:
-            return decide_many(self.dedupe, items, pacing=self.pacing, integration="kafka")
+            return decide_many(self.dedupe, items, pacing=self.pacing, integration="kafka", ttl=ttl)
         return decide_many(self.dedupe, items, run_batch=lambda chosen: batch([messages[i] for i in chosen]),
-                           pacing=self.pacing, integration="kafka")
+                           pacing=self.pacing, integration="kafka", ttl=ttl)
 
     def _verdict(self, msg: Message, key: str, decision: Decision,
                  letters: list[tuple[int, DeadLetter]], index: int) -> Any:

@@ -41,6 +41,8 @@ class Item:
     fingerprint: Any = None
     call: Callable[[], Any] | None = None
     decision: Decision | None = None
+    #: Seconds the outcome is kept (the message's ttl header), ``None`` for ``result_ttl``.
+    ttl: float | None = None
 
 
 def _int_header(message: Any, name: str) -> int:

@@ -46,6 +46,7 @@ from .._engine.dispatch import Tally
 from .._errors import UndecodableMessage
 from .._extras import require
 from .._messages.envelope import Envelope, from_kombu
+from .._messages.retention import TTL_HEADER, header_ttl
 from .._operate.doctor import check_at_start
 from ..keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
 from ._actions import BrokerActions, Item, Stopping
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 
 #: Keyword options of :class:`DedupeConsumer` (class attributes, so a subclass may set them too).
 OPTIONS = ("prefetch_count", "batch", "accept", "flush_after", "max_attempts", "retry_base", "retry_cap",
-           "defer_base", "defer_cap", "defer_wait", "outage_cap", "summary_interval")
+           "defer_base", "defer_cap", "defer_wait", "outage_cap", "summary_interval", "ttl_header")
 
 #: ``handler(body, message)``: the decoded body and the kombu message, as kombu callbacks get them.
 Handler = Callable[[Any, Any], Any]
@@ -96,6 +97,10 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     flush_after: float = FLUSH_AFTER
     #: Seconds between the summary lines logged at INFO while consuming (and one at shutdown).
     summary_interval: float = 10.0
+    #: The header holding a message's retention in seconds (its outcome is kept that long instead
+    #: of ``result_ttl``); a value that is not a positive number dead-letters the message
+    #: (``undecodable``, the reason naming the header). ``None``: not read.
+    ttl_header: str | None = TTL_HEADER
 
     def __init__(
         self,
@@ -213,10 +218,10 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         todo = [item for item in items if item.decision is None]
         if len(todo) > 1 and self.batch:
             decisions = decide_many(self.dedupe, [(i.key or "", i.fingerprint, i.call or _noop) for i in todo],
-                                    pacing=self.pacing, integration="rabbitmq")
+                                    pacing=self.pacing, integration="rabbitmq", ttl=[i.ttl for i in todo])
         else:
             decisions = [decide(self.dedupe, i.key or "", i.call or _noop, fingerprint=i.fingerprint,
-                                integration="rabbitmq") for i in todo]
+                                integration="rabbitmq", ttl=i.ttl) for i in todo]
         for item, decision in zip(todo, decisions, strict=True):
             item.decision = decision
         unavailable = [i for i in items if i.decision and i.decision.reason is Reason.STORE_UNAVAILABLE]
@@ -240,7 +245,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         decision = item.decision
         if decision is None:
             decision = item.decision = decide(self.dedupe, item.key or "", item.call or _noop,
-                                              fingerprint=item.fingerprint, integration="rabbitmq")
+                                              fingerprint=item.fingerprint, integration="rabbitmq", ttl=item.ttl)
         if decision.reason is Reason.STORE_UNAVAILABLE:
             self._outages += 1
             self._requeue_later([item])
@@ -254,6 +259,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             envelope = from_kombu(message, queue)
             item.key = self.key_strategy(envelope)
             item.fingerprint = self.fingerprint(envelope) if self.fingerprint else None
+            item.ttl = header_ttl(envelope.headers, self.ttl_header) if self.ttl_header else None
         except Exception as exc:
             item.decision = refused(exc, "rabbitmq")
             return item

@@ -3,7 +3,8 @@
 One row per key (its Redis stem), written only inside the handler's transaction by
 :func:`~dedupe_worker.sql._atomic`. The engine reads a row (one query) only when a key is claimed
 again after an earlier claim, to answer a re-run from the committed outcome without running the
-handler. Rows expire ``result_ttl`` after they were written; :meth:`SqlOutcomes.purge` deletes
+handler. Rows expire ``result_ttl`` after they were written (a message's own ``ttl`` when it has
+one); :meth:`SqlOutcomes.purge` deletes
 expired rows in bounded batches (cron: ``dedupe-worker sql purge``).
 """
 
@@ -153,7 +154,8 @@ class SqlOutcomes:
     def purge(self, *, batch: int = 1000, now: float | None = None) -> int:
         """Delete rows past their retention, ``batch`` rows per statement (each its own short
         transaction) until none is left; return how many were deleted. Safe to run from cron
-        while workers run: a key's row is only deleted once its ``result_ttl`` passed."""
+        while workers run: a key's row is only deleted once its ``result_ttl`` (or its message's
+        ``ttl``) passed."""
         now_ms = int((time.time() if now is None else now) * 1000)
         total = 0
         while True:

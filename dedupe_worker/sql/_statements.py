@@ -113,9 +113,10 @@ def stored_key(stem: str) -> str:
     return f"{namespace}:sha256:{hashlib.sha256(stem.encode('utf-8')).hexdigest()}"
 
 
-def expiry_ms(codec: ClaimCodec) -> int:
-    """When a row written now may be purged (epoch milliseconds): after the client's ``result_ttl``."""
-    return int(time.time() * 1000) + codec._result_ttl_ms
+def expiry_ms(codec: ClaimCodec, claim: Claim) -> int:
+    """When a row written now may be purged (epoch milliseconds): after the claim's ``ttl`` (the
+    message's own retention), else the client's ``result_ttl``: as long as its Redis outcome."""
+    return int(time.time() * 1000) + codec.result_ttl_ms(claim.ttl)
 
 
 def recorded(codec: ClaimCodec, claim: Claim, row: Any) -> AlreadyApplied:
@@ -141,7 +142,7 @@ def enter(dialect: Dialect, codec: ClaimCodec, claim: Claim) -> Generator[Statem
     run's row is committed."""
     key = stored_key(claim.stem)
     for _ in range(3):
-        inserted = yield dialect.insert(key, claim.token, expiry_ms(codec))
+        inserted = yield dialect.insert(key, claim.token, expiry_ms(codec, claim))
         if inserted:
             return
         row = yield dialect.read(key, locking=True)

@@ -1,0 +1,60 @@
+"""Per-message retention read from a message header: how many seconds a message's outcome is
+kept (``ttl=`` of the engine) instead of the deduplicator's ``result_ttl``.
+
+One parser for every consumer (RabbitMQ, Kafka, FastStream, Dramatiq, Celery): the header
+``x-dedupe-ttl`` (the name is configurable per consumer) holds a positive number of seconds as
+text (``"3600"``, ``"0.5"``) or as a number. A missing or empty header means ``result_ttl``. Any
+other value is bad input: :func:`header_ttl` raises :class:`~dedupe_worker.UndecodableMessage`,
+which the consumers turn into a dead-lettered message whose reason names the header and the value.
+Dead-lettered rather than run with ``result_ttl``: the sender asked for a retention, and keeping
+the outcome for another length could drop it too early (a duplicate applied again) or keep it
+longer than the sender allows; a dead letter loses nothing and can be replayed once fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import UndecodableMessage
+from .._protocol.codec import ttl_ms
+
+__all__ = ["TTL_HEADER", "header_ttl", "parse_ttl"]
+
+#: The default name of the header that carries a message's retention in seconds.
+TTL_HEADER = "x-dedupe-ttl"
+
+
+def parse_ttl(value: Any, source: str = f"{TTL_HEADER} header") -> float | None:
+    """``value`` (a header's text, bytes or number) as seconds; ``None`` when absent or empty.
+    Raises :class:`~dedupe_worker.UndecodableMessage` (naming ``source``) unless it is a positive
+    number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            seconds: Any = float(value)
+        except ValueError:
+            seconds = value
+    else:
+        seconds = value
+    try:
+        ttl_ms(seconds)
+    except ValueError:
+        raise UndecodableMessage(f"{source}: {value!r} is not a positive number of seconds") from None
+    return float(seconds)
+
+
+def header_ttl(headers: Mapping[str, Any] | None, name: str = TTL_HEADER) -> float | None:
+    """The ttl in ``headers`` under ``name`` (case-insensitive): see :func:`parse_ttl`."""
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None:
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if isinstance(k, str) and k.lower() == lowered), None)
+    return parse_ttl(value, f"{name} header")
