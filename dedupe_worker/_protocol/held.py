@@ -1,19 +1,41 @@
-"""One Redis connection held between script calls: the per-message path without the pool.
+"""How the protocol's commands reach Redis: a held connection, or redis-py's pool beside it.
 
-redis-py gets a connection from its pool and gives it back on every command, with locking, a
-readiness check and metrics around both; on a loopback round trip of ~30 µs that is a fifth of
-the client's CPU. :class:`HeldConnection` keeps one connection out of the client's own pool and
-sends pre-built commands on it.
+Two paths with one small interface (:class:`RedisPath`), chosen in one place (:func:`path_for`):
 
-What is guaranteed: the same connection settings as the client (it is the client's pool that
-made it); one caller at a time (a lock taken without blocking: a second thread, such as the lease
-renewer or the key watcher, finds it busy and uses the client's ordinary path); never shared with
-a forked child (after a fork the child drops it, and its lock, and takes its own). After a
-connection or timeout error the connection is disconnected and the next attempt reconnects,
-under the client's own retry policy, exactly as a plain ``client.evalsha`` would retry; when the
-attempts run out it is given back to the pool. An error reply (``NOSCRIPT``, a script error) is
-a whole reply: the connection stays in step and is kept. A streamed round trip
-(:meth:`HeldConnection.execute_streamed`) hands each reply on as soon as it is read; once one was
+* :class:`PoolPath`, plain redis-py: ``execute_command`` and a non-transactional pipeline, a
+  connection from the client's pool for each. Every client gets it: clusters, Sentinel, a
+  ``single_connection_client``, blocking or small pools.
+* :class:`HeldPath`, on a plain ``redis.Redis`` with a large enough pool: one connection taken
+  from the client's pool once and kept (:class:`HeldConnection`, one per pool), commands sent
+  on it with redis-py's public ``Connection`` methods (``pack_command``, ``send_packed_command``,
+  ``read_response``). redis-py gets a connection from its pool and gives it back on every
+  command, with locking, a readiness check and bookkeeping around both; on a loopback round
+  trip that is a third to a half of the client's CPU. A caller that finds the held connection
+  busy (another thread: the lease renewer, the key watcher) takes the pool path. Only the held
+  path streams: :meth:`RedisPath.execute_streamed` hands each reply on as it is read; the pool
+  path hands them on after the round trip.
+
+Why the held path is kept (``python -m bench.held_connection``, private ``redis-server`` pinned
+to vCPU 0, client pinned to the same vCPU or to the other, medians of 15 rounds, three runs,
+machine shared with other work; held path's wall time as a share of the pool path's, and client
+CPU per message held / pool)::
+
+                   same vCPU            split vCPUs
+    run()          HELD_SAME_RUN        HELD_SPLIT_RUN
+    duplicate      HELD_SAME_DUP        HELD_SPLIT_DUP
+    batch of 100   HELD_SAME_BATCH      HELD_SPLIT_BATCH
+    decide_many    HELD_SAME_MANY       HELD_SPLIT_MANY
+
+What is guaranteed on the held path: the same connection settings as the client (it is the
+client's pool that made the connection: ``Redis(connection_pool=..., single_connection_client=True)``);
+one caller at a time (a lock taken without blocking); never shared with a forked child (after a
+fork the child drops it, and its lock, and takes its own). A connection with something to read
+while idle (the server closed it) is reconnected before anything is sent on it, as the pool
+checks a connection it hands out. After a connection or timeout error the connection is
+disconnected and the next attempt reconnects, under the connection's own retry policy, exactly
+as a plain ``client.evalsha`` would retry; when the attempts run out it is given back to the
+pool. An error reply (``NOSCRIPT``, a script error) is a whole reply: the connection stays in
+step and is kept. A streamed round trip hands each reply on as soon as it is read; once one was
 handed on nothing is sent again, and a failure drops the connection rather than leave unread
 replies on it.
 """
@@ -21,34 +43,100 @@ replies on it.
 from __future__ import annotations
 
 import os
-import select
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any, TypeGuard
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeGuard
 
 import redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
-hiredis_pack: Any
-try:
-    from hiredis import pack_command as hiredis_pack
-except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
-    hiredis_pack = None
+__all__ = ["BUSY", "HeldConnection", "HeldPath", "PoolPath", "RedisPath", "path_for"]
 
-__all__ = ["BUSY", "HeldConnection"]
-
-#: Returned by :meth:`HeldConnection.execute` when another thread holds the connection.
+#: Returned by :class:`HeldConnection` when another thread holds the connection.
 BUSY: Any = object()
+
+#: Pools smaller than this are left alone: holding one of few connections could starve the
+#: threads (renewer, watcher) that fall back to the pool.
+MIN_POOL_SIZE = 16
+
+#: One command: its arguments as ``execute_command`` takes them.
+Command = tuple[Any, ...]
+
+
+class RedisPath(Protocol):
+    """What the script runner needs of Redis. Error replies of a round trip come back as
+    exception objects (as a pipeline's with ``raise_on_error=False``); other failures raise
+    what redis-py raises."""
+
+    #: The held connection behind this path, or ``None`` (the pool path).
+    held: HeldConnection | None
+
+    def execute(self, command: Command) -> Any:
+        """One command, its reply (an error reply raised)."""
+
+    def execute_many(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands`` in one round trip, every reply in order."""
+
+    def execute_streamed(self, commands: Sequence[Command], deliver: Callable[[int, Any], None]) -> bool:
+        """``commands`` in one round trip, ``deliver(index, reply)`` called for each reply as
+        soon as it is read; ``False`` (and nothing sent) when this path cannot stream now."""
+
+
+class PoolPath:
+    """Plain redis-py: a connection from the client's pool for every command or pipeline."""
+
+    held: HeldConnection | None = None
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def execute(self, command: Command) -> Any:
+        return self.client.execute_command(*command)
+
+    def execute_many(self, commands: Sequence[Command]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+    def execute_streamed(self, commands: Sequence[Command], deliver: Callable[[int, Any], None]) -> bool:
+        del commands, deliver
+        return False
+
+
+class HeldPath(PoolPath):
+    """The held connection of the client's pool, and the pool path whenever it is busy."""
+
+    def __init__(self, client: redis.Redis, held: HeldConnection) -> None:
+        super().__init__(client)
+        self.held = held
+
+    def execute(self, command: Command) -> Any:
+        assert self.held is not None
+        reply = self.held.execute(*command)
+        return super().execute(command) if reply is BUSY else reply
+
+    def execute_many(self, commands: Sequence[Command]) -> list[Any]:
+        assert self.held is not None
+        replies = self.held.execute_many(list(commands))
+        return super().execute_many(commands) if replies is BUSY else replies
+
+    def execute_streamed(self, commands: Sequence[Command], deliver: Callable[[int, Any], None]) -> bool:
+        assert self.held is not None
+        return self.held.execute_streamed(list(commands), deliver) is not BUSY
+
+
+def path_for(client: Any) -> RedisPath:
+    """The one place the path is chosen: :class:`HeldPath` where :meth:`HeldConnection.suits`
+    the client, else :class:`PoolPath`."""
+    held = HeldConnection.for_client(client)
+    return PoolPath(client) if held is None else HeldPath(client, held)
 
 
 #: One held connection per connection pool, shared by every client object on that pool.
 _by_pool: weakref.WeakKeyDictionary[Any, HeldConnection] = weakref.WeakKeyDictionary()
 _by_pool_lock = threading.Lock()
-
-#: Pools smaller than this are left alone: holding one of few connections could starve the
-#: threads (renewer, watcher) that fall back to the pool.
-MIN_POOL_SIZE = 16
 
 
 class HeldConnection:
@@ -62,14 +150,10 @@ class HeldConnection:
     def __init__(self, client: redis.Redis) -> None:
         self._pool = weakref.ref(client.connection_pool)  # the registry's key: never held strongly
         self._lock = threading.Lock()
-        self._connection: Any = None
+        #: ``Redis(connection_pool=..., single_connection_client=True)``: redis-py's own way to
+        #: keep one connection of a pool; we use its ``connection`` and send on it ourselves.
+        self._holder: redis.Redis | None = None
         self._pid = os.getpid()
-        #: ``hiredis.pack_command`` when the client packs with it anyway (redis-py's hiredis
-        #: serializer, which ignores the encoding setting too); called straight, it skips
-        #: redis-py's per-argument pass (about 0.1 µs an argument; a batch has hundreds).
-        self._pack: Any = None
-        self._poller: Any = None
-        self._polled: Any = None  # the socket ``_poller`` watches
 
     @classmethod
     def for_client(cls, client: Any) -> HeldConnection | None:
@@ -100,14 +184,7 @@ class HeldConnection:
         """In a forked child: the parent's socket is not ours, and a lock a parent thread held
         at the fork would stay taken for good."""
         self._lock = threading.Lock()
-        self._connection, self._pid, self._poller, self._polled = None, os.getpid(), None, None
-
-    @property
-    def pool(self) -> Any:
-        pool = self._pool()
-        if pool is None:  # pragma: no cover - the registry drops us with the pool
-            raise ConnectionError("the connection pool is gone")
-        return pool
+        self._holder, self._pid = None, os.getpid()
 
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply, or :data:`BUSY` when another caller holds the
@@ -117,7 +194,7 @@ class HeldConnection:
             return BUSY
         try:
             connection = self._take()
-            packed = [self._pack(args)] if self._pack is not None else connection.pack_command(*args)
+            packed = connection.pack_command(*args)
 
             def send() -> Any:
                 connection.send_packed_command(packed)
@@ -127,14 +204,14 @@ class HeldConnection:
         finally:
             self._lock.release()
 
-    def execute_many(self, commands: list[tuple[Any, ...]]) -> Any:
+    def execute_many(self, commands: list[Command]) -> Any:
         """Send ``commands`` in one write and read every reply, an error reply as its exception
         object (like a pipeline with ``raise_on_error=False``); :data:`BUSY` as :meth:`execute`."""
         if not self._lock.acquire(blocking=False):
             return BUSY
         try:
             connection = self._take()
-            packed = self._packed(connection, commands)
+            packed = connection.pack_commands(commands)
 
             def send() -> list[Any]:
                 connection.send_packed_command(packed)
@@ -144,7 +221,7 @@ class HeldConnection:
         finally:
             self._lock.release()
 
-    def execute_streamed(self, commands: list[tuple[Any, ...]], deliver: Callable[[int, Any], None]) -> Any:
+    def execute_streamed(self, commands: list[Command], deliver: Callable[[int, Any], None]) -> Any:
         """:meth:`execute_many`, but each reply is handed to ``deliver(index, reply)`` as soon as it
         is read, before the next one is read: the caller works on it while Redis runs the later
         commands. Returns ``None``, or :data:`BUSY` as :meth:`execute`.
@@ -157,7 +234,7 @@ class HeldConnection:
             return BUSY
         try:
             connection = self._take()
-            packed = self._packed(connection, commands)
+            packed = connection.pack_commands(commands)
 
             def send() -> Any:
                 connection.send_packed_command(packed)
@@ -179,12 +256,6 @@ class HeldConnection:
         finally:
             self._lock.release()
 
-    def _packed(self, connection: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
-        """``commands`` as the bytes of one write."""
-        if self._pack is not None:
-            return [b"".join(self._pack(c) for c in commands)]
-        return connection.pack_commands(commands)  # type: ignore[no-any-return]
-
     def _with_retry(self, connection: Any, send: Any) -> Any:
         """``send()`` under the connection's retry policy, as redis-py runs a command: a
         connection or timeout error disconnects (the next attempt reconnects). An error reply is
@@ -200,52 +271,41 @@ class HeldConnection:
     def close(self) -> None:
         """Give the connection back to the pool (a later call takes one again)."""
         with self._lock:
-            if self._connection is not None and self._pid == os.getpid():
-                self.pool.release(self._connection)
-            self._connection = None
+            holder, self._holder = self._holder, None
+            if holder is not None and self._pid == os.getpid():
+                holder.close()  # releases the connection to the pool (the pool stays open)
 
     def _take(self) -> Any:
         """The held connection, ready to send: as the pool checks a connection it hands out, one
         with something to read while idle (the server closed it, or a stray reply) is reconnected
-        before anything is sent on it (about 1 µs: a non-blocking peek)."""
+        before anything is sent on it. Every reply we asked for was read in full, so the parser
+        holds nothing."""
         if self._pid != os.getpid():  # forked: the parent's socket is not ours to use or close
-            self._connection, self._pid = None, os.getpid()
-        connection = self._connection
-        if connection is None:
-            try:
-                connection = self._connection = self.pool.get_connection()
-            except TypeError:  # redis-py before 5.3 wants a command name
-                connection = self._connection = self.pool.get_connection("EVALSHA")
-            packer = type(getattr(connection, "_command_packer", None)).__name__
-            self._pack = hiredis_pack if packer == "HiredisRespSerializer" else None
-        elif self._readable_while_idle(connection):
+            self._holder, self._pid = None, os.getpid()
+        holder = self._holder
+        if holder is None:
+            pool = self._pool()
+            if pool is None:  # pragma: no cover - the registry drops us with the pool
+                raise ConnectionError("the connection pool is gone")
+            holder = self._holder = redis.Redis(connection_pool=pool, single_connection_client=True)
+            return holder.connection
+        connection: Any = holder.connection
+        try:
+            stale = bool(connection.can_read())
+        except (ConnectionError, TimeoutError, OSError):
+            stale = True
+        if stale:
             connection.disconnect()
             connection.connect()
         return connection
 
-    def _readable_while_idle(self, connection: Any) -> bool:
-        """Whether an idle connection has something to read (then the server closed it, or a
-        stray reply waits): a zero-timeout ``poll`` on its socket, kept registered between calls
-        (a third of ``connection.can_read()``, which is what the pool uses and what we fall back
-        to where ``select.poll`` is missing). Every reply we asked for was read in full, so the
-        parser holds nothing."""
-        sock = getattr(connection, "_sock", None)
-        if sock is None or not hasattr(select, "poll"):
-            try:
-                return bool(connection.can_read())
-            except (ConnectionError, TimeoutError, OSError):
-                return True
-        if sock is not self._polled:
-            self._poller = select.poll()
-            self._poller.register(sock, select.POLLIN | select.POLLPRI)
-            self._polled = sock
-        return bool(self._poller.poll(0))
-
     def _drop(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
+        """Disconnect the held connection and give it back to the pool."""
+        holder, self._holder = self._holder, None
+        connection: Any = holder.connection if holder is not None else None
+        if holder is not None and connection is not None:
             connection.disconnect()
-            self.pool.release(connection)
+            holder.close()
 
 
 def _read(connection: Any) -> Any:
