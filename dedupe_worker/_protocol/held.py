@@ -8,23 +8,29 @@ Two paths with one small interface (:class:`RedisPath`), chosen in one place (:f
 * :class:`HeldPath`, on a plain ``redis.Redis`` with a large enough pool: one connection taken
   from the client's pool once and kept (:class:`HeldConnection`, one per pool), commands sent
   on it with redis-py's public ``Connection`` methods (``pack_command``, ``send_packed_command``,
-  ``read_response``). redis-py gets a connection from its pool and gives it back on every
+  ``read_response``, ``can_read``; packed by ``hiredis.pack_command`` straight where that gives
+  the connection's own bytes). redis-py gets a connection from its pool and gives it back on every
   command, with locking, a readiness check and bookkeeping around both; on a loopback round
   trip that is a third to a half of the client's CPU. A caller that finds the held connection
   busy (another thread: the lease renewer, the key watcher) takes the pool path. Only the held
   path streams: :meth:`RedisPath.execute_streamed` hands each reply on as it is read; the pool
   path hands them on after the round trip.
 
-Why the held path is kept (``python -m bench.held_connection``, private ``redis-server`` pinned
-to vCPU 0, client pinned to the same vCPU or to the other, medians of 15 rounds, three runs,
-machine shared with other work; held path's wall time as a share of the pool path's, and client
-CPU per message held / pool)::
+Why the held path is kept: ``python -m bench.held_connection`` (both paths in one process,
+taking turns in 15 short rounds, median round), a private ``redis-server`` pinned with ``taskset``
+to vCPU 0 and the client to the same vCPU or the other, three runs each (medians below), on a
+machine shared with other work. Wall time of the held path as a share of the pool path's, and
+client CPU per message held / pool::
 
-                   same vCPU            split vCPUs
-    run()          HELD_SAME_RUN        HELD_SPLIT_RUN
-    duplicate      HELD_SAME_DUP        HELD_SPLIT_DUP
-    batch of 100   HELD_SAME_BATCH      HELD_SPLIT_BATCH
-    decide_many    HELD_SAME_MANY       HELD_SPLIT_MANY
+                        same vCPU                    split vCPUs
+                   wall     CPU µs              wall     CPU µs
+    run()          0.69     32.9 / 59.0         0.79     62.7 / 95.9
+    duplicate      0.72     15.4 / 25.8         0.78     30.6 / 44.2
+    batch of 100   0.93      4.3 /  5.5         0.85      4.6 /  6.1
+    decide_many    0.89      6.7 /  8.3         0.90      7.2 /  9.0
+
+A first-seen ``run()`` takes about 30% less wall time and 40% less client CPU on the held path;
+batches gain 7-15% (the pool's cost is per round trip, not per message).
 
 What is guaranteed on the held path: the same connection settings as the client (it is the
 client's pool that made the connection: ``Redis(connection_pool=..., single_connection_client=True)``);
