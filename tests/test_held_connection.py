@@ -1,6 +1,7 @@
-"""The held connection of the per-message path (``protocol/held.py``), against a real Redis:
-replies never cross between threads, a killed connection reconnects, a forked child takes its
-own, and an error reply leaves the connection in step."""
+"""The held connection of the per-message path (``_protocol/held.py``, chosen in
+``_protocol/paths.py``), against a real Redis: replies never cross between threads, a killed
+connection reconnects, a forked child takes its own, an error reply leaves the connection in
+step, and only redis-py's public names are used."""
 
 from __future__ import annotations
 
@@ -251,7 +252,7 @@ def test_the_direct_packer_is_used_only_where_it_packs_as_the_connection(redis_u
 
 
 def test_the_path_is_chosen_in_one_place(redis_url: str) -> None:
-    from dedupe_worker._protocol.held import HeldPath, PoolPath, path_for
+    from dedupe_worker._protocol.paths import HeldPath, PoolPath, path_for
 
     big, small = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url, max_connections=4)
     assert isinstance(path_for(big), HeldPath) and path_for(big).held is not None

@@ -14,7 +14,7 @@ left out. Which one a server gets is decided once per runner from ``INFO server`
 
 What to send, the ``NOSCRIPT`` handling and the reply checks are written once, without I/O, in
 :mod:`.script_flow`, shared with the asyncio runner; this module carries the requests to Redis,
-on the held connection or redis-py's pool (:mod:`.held`), and streams replies
+on the held connection or redis-py's pool (:mod:`.paths`), and streams replies
 (:meth:`ScriptRunner.call_streamed`, sync only: it needs the held connection).
 """
 
@@ -30,7 +30,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
-from .held import BUSY, path_for
+from .held import BUSY
+from .paths import path_for
 from .script_flow import (
     LOAD_ORDER,
     SCRIPT_NAMES,
@@ -91,7 +92,7 @@ class ScriptRunner:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
         self.flows = ScriptFlows({name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)})
-        #: How commands reach Redis (see :mod:`.held`), chosen once here.
+        #: How commands reach Redis (see :mod:`.paths`), chosen once here.
         self.path = path_for(client)
         #: The connection the per-message calls use, shared by every runner on the same pool;
         #: ``None`` on a cluster or a small or blocking pool (redis-py's pool path).
