@@ -16,7 +16,7 @@ SOAK_INTEGRATIONS ?= celery,rabbitmq,kafka,replay
 VENV_OLDEST  ?= .venv-oldest
 REDIS_FLOOR  := $(shell sed -n 's/.*"redis\[hiredis\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 STAMP_OLDEST  = $(VENV_OLDEST)/.installed-redis-$(REDIS_FLOOR)
-EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,testing,metrics,otel,asyncio,test,dev
+EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,testing,metrics,otel,asyncio,test,dev
 
 .PHONY: install test test-oldest lint typecheck bench demo soak clean
 
@@ -26,12 +26,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
 	touch $(STAMP)
 
+# kombu[redis]: the tests use Redis as a Celery broker, so kombu (and Celery) must be releases
+# whose Redis transport still takes the oldest redis-py (kombu 5.7 wants redis-py 6.1+).
 $(STAMP_OLDEST): pyproject.toml
 	test -n "$(REDIS_FLOOR)"
 	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
 	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
-	# kombu[redis]: the tests use Redis as a Celery broker, so kombu (and Celery) must be releases
-	# whose Redis transport still takes this redis-py (kombu 5.7 wants redis-py 6.1+)
 	$(VENV_OLDEST)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]" "redis[hiredis]==$(REDIS_FLOOR)" "kombu[redis]"
 	rm -f $(VENV_OLDEST)/.installed-redis-*
 	touch $(STAMP_OLDEST)

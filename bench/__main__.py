@@ -29,11 +29,12 @@ import time
 
 BENCHES = ("bench.core", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks", "bench.celery_send",
            "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks", "bench.replay", "bench.settle",
-           "bench.durability", "bench.http_middleware", "bench.sql_outcomes")
+           "bench.durability", "bench.http_middleware", "bench.sql_outcomes", "bench.compression")
 #: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
 TAKES_REDIS_URL = ("bench.core", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
                    "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks",
-                   "bench.replay", "bench.settle", "bench.http_middleware", "bench.sql_outcomes")
+                   "bench.replay", "bench.settle", "bench.http_middleware", "bench.sql_outcomes",
+                   "bench.compression")
 #: The benches that print a ``--label`` (where they ran).
 TAKES_LABEL = ("bench.core", "bench.asyncio_paths", "bench.rabbitmq_consumer", "bench.kafka_consumer",
                "bench.frameworks", "bench.settle", "bench.durability", "bench.http_middleware", "bench.sql_outcomes")

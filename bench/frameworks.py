@@ -123,7 +123,7 @@ def main() -> None:
                         default=os.environ.get("DEDUPE_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"))
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--messages", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     amqp = args.rabbitmq_url.rstrip("/") + "/"

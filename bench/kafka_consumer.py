@@ -1,12 +1,17 @@
-"""Kafka consumer messages/s with deduplication, as a ratio to the same consumer without it.
+"""Kafka consumer messages/s and client CPU per message with deduplication, against the bare loop.
 
     python -m bench.kafka_consumer [--bootstrap HOST:PORT] [--redis-url URL] [--messages N]
                                    [--rounds R] [--work-us US]
 
-Both variants are :class:`~dedupe_worker.kafka.DedupeKafkaConsumer` on the same broker and topic
-in the same run; the baseline derives no key and runs the handler directly instead of
-``decide_many`` (no Redis), so the ratio prices exactly the claim + complete round trips and the
-key and fingerprint work. The handler does nothing (or spins ``--work-us`` microseconds). Each
+Every variant reads the same topic on the same broker in the same run. The baseline (``bare``)
+is the loop a user writes without us, public confluent-kafka API only: ``subscribe``,
+``consume(batch)``, call the handler on each record, ``commit(asynchronous=False)`` per batch.
+``stubbed`` is the earlier baseline, labelled as such: :class:`~dedupe_worker.kafka.DedupeKafkaConsumer`
+deriving no key and running the handler directly instead of ``decide_many`` (no Redis), so it
+prices the claim + complete round trips and the key and fingerprint work but not our loop.
+Beside msg/s each case shows the client's CPU per message (``time.process_time``, every thread
+of the process, librdkafka's included, over the same span as the clock) and its baseline's.
+The handler does nothing (or spins ``--work-us`` microseconds). Each
 measurement is a fresh consumer group reading the topic from the start; the clock starts at the
 first batch (so the group join, which is slow on tansu, is not counted) and stops when the last
 message is committed. Batch size 1 commits once per message, so it reads fewer messages. Every
@@ -27,7 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
-from confluent_kafka import Message, Producer
+from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.ratios import print_ratios
@@ -43,20 +48,22 @@ class Timed(DedupeKafkaConsumer):
     target = 0
     started = 0.0
     finished = 0.0
+    cpu_started = 0.0
+    cpu_finished = 0.0
     seen = 0
 
     def process(self, messages: Sequence[Message]) -> None:
         if not self.started:
-            self.started = time.perf_counter()
+            self.started, self.cpu_started = time.perf_counter(), time.process_time()
         super().process(messages)
         self.seen += len(messages)
         if self.seen >= self.target:
-            self.finished = time.perf_counter()
+            self.finished, self.cpu_finished = time.perf_counter(), time.process_time()
             self.stop()
 
 
 class Plain(Timed):
-    """The baseline: the same loop, handler run directly, nothing claimed in Redis."""
+    """The earlier (stubbed) baseline: our loop, handler run directly, nothing claimed in Redis."""
 
     def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
                      messages: Sequence[Message]) -> list[Decision]:
@@ -103,14 +110,42 @@ def handler_for(work: float) -> Callable[[Message], None]:
 
 
 def measure(cls: type[Timed], bootstrap: str, topic: str, count: int, batch: int,
-            dedupe: Deduplicator, work: float = 0.0, **options: Any) -> float:
+            dedupe: Deduplicator, work: float = 0.0, **options: Any) -> tuple[float, float]:
+    """msg/s and client CPU µs per message of one fresh consumer group reading ``count`` records."""
     config = {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
               "session.timeout.ms": 2000, "heartbeat.interval.ms": 500}
     consumer = cls(config, [topic], handler_for(work), dedupe, batch_size=batch, poll_timeout=0.5,
                    **options)
     consumer.target = count
     consumer.run(install_signal_handlers=False)
-    return count / (consumer.finished - consumer.started)
+    return (count / (consumer.finished - consumer.started),
+            1e6 * (consumer.cpu_finished - consumer.cpu_started) / count)
+
+
+def measure_bare(bootstrap: str, topic: str, count: int, batch: int, work: float = 0.0) -> tuple[float, float]:
+    """The bare confluent-kafka loop: ``consume(batch)``, handler per record, one synchronous
+    commit per batch; clocks from the first batch, as :func:`measure`."""
+    handler = handler_for(work)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                         "session.timeout.ms": 2000, "heartbeat.interval.ms": 500,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    seen, started, cpu_started = 0, 0.0, 0.0
+    try:
+        while seen < count:
+            messages = consumer.consume(batch, 0.5)
+            if not messages:
+                continue
+            if not started:
+                started, cpu_started = time.perf_counter(), time.process_time()
+            for message in messages:
+                if message.error() is None:
+                    handler(message)
+                    seen += 1
+            consumer.commit(asynchronous=False)
+        return count / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu_started) / count
+    finally:
+        consumer.close()
 
 
 def main() -> None:
@@ -131,18 +166,24 @@ def main() -> None:
         fill(bootstrap, topic, args.messages)
         plain = {"key_strategy": lambda envelope: "-", "fingerprint": None, "work": work}
         for batch, count in ((1, max(1, args.messages // 20)), (500, args.messages)):
-            rates: dict[str, list[float]] = {"plain": [], "dedupe": []}
+            rates: dict[str, list[float]] = {"bare": [], "stubbed": [], "dedupe": []}
+            cpu: dict[str, list[float]] = {name: [] for name in rates}
+
+            def add(name: str, sample: tuple[float, float], rates: dict[str, list[float]] = rates,
+                    cpu: dict[str, list[float]] = cpu) -> None:
+                rates.setdefault(name, []).append(sample[0])
+                cpu.setdefault(name, []).append(sample[1])
+
             for _ in range(args.rounds):
                 namespace = f"bench-{uuid.uuid4().hex[:8]}"  # every key new: all applied
                 dedupe = Deduplicator(client, namespace=namespace, result_ttl=300)
-                rates["plain"].append(measure(Plain, bootstrap, topic, count, batch, dedupe, **plain))
-                rates["dedupe"].append(measure(Timed, bootstrap, topic, count, batch, dedupe, work))
+                add("bare", measure_bare(bootstrap, topic, count, batch, work))
+                add("stubbed", measure(Plain, bootstrap, topic, count, batch, dedupe, **plain))
+                add("dedupe", measure(Timed, bootstrap, topic, count, batch, dedupe, work))
                 if batch == 500:
-                    again = measure(Timed, bootstrap, topic, count, batch, dedupe, work)
-                    rates.setdefault("redelivered", []).append(again)
+                    add("redelivered", measure(Timed, bootstrap, topic, count, batch, dedupe, work))
                 dedupe.close()
-            print_ratios(f"batch {batch:>3}", rates, "plain", count)
-
+            print_ratios(f"batch {batch:>3}", rates, "bare", count, cpu=cpu)
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""RabbitMQ consumer messages/s with deduplication, as a ratio to the same kombu consumer without it.
+"""RabbitMQ consumer messages/s and client CPU per message with deduplication, against bare kombu.
 
     python -m bench.rabbitmq_consumer [--url AMQP_URL] [--redis-url URL] [--messages N] [--rounds R]
 
@@ -9,7 +9,9 @@ prefetch 100 the prefetched messages are claimed in one Redis round trip and com
 another). ``loop only`` is ``DedupeConsumer`` with the decision short-cut (no Redis), to show what
 the loop itself costs. ``duplicates`` is a second pass over keys already applied (all acked
 unhandled). The handler does nothing. Each measurement consumes a freshly filled queue; the clock
-runs from the first delivery to the last ack. The variants take turns; medians are printed.
+runs from the first delivery to the last ack. Beside msg/s each case shows the client's CPU per
+message (``time.process_time`` over the same span, every thread of the process) and the bare
+kombu loop's. The variants take turns; medians are printed.
 """
 
 from __future__ import annotations
@@ -44,17 +46,24 @@ class Counting:
     count = 0
     started = 0.0
     finished = 0.0
+    cpu_started = 0.0
+    cpu_finished = 0.0
+
+    def start(self) -> None:
+        if not self.started:
+            self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     def tick(self, n: int = 1) -> None:
-        if not self.started:
-            self.started = time.perf_counter()
+        self.start()
         self.count += n
         if self.count >= self.target:
-            self.finished = time.perf_counter()
+            self.finished, self.cpu_finished = time.perf_counter(), time.process_time()
             self.should_stop = True
 
-    def rate(self) -> float:
-        return self.count / (self.finished - self.started)
+    def rate(self) -> tuple[float, float]:
+        """msg/s, and client CPU µs per message."""
+        return (self.count / (self.finished - self.started),
+                1e6 * (self.cpu_finished - self.cpu_started) / self.count)
 
 
 class Kombu(Counting, ConsumerMixin):  # type: ignore[misc]
@@ -70,6 +79,7 @@ class Kombu(Counting, ConsumerMixin):  # type: ignore[misc]
                              prefetch_count=self.prefetch)]
 
     def on_message(self, body: Any, message: Any) -> None:
+        self.start()
         handler(body, message)
         message.ack()
         self.tick()
@@ -77,8 +87,7 @@ class Kombu(Counting, ConsumerMixin):  # type: ignore[misc]
 
 class Dedupe(Counting, DedupeConsumer):
     def handle(self, batch: Sequence[tuple[str, Any, BaseException | None]]) -> None:
-        if not self.started:
-            self.started = time.perf_counter()
+        self.start()
         super().handle(batch)
         self.tick(len(batch))
 
@@ -87,8 +96,7 @@ class LoopOnly(Dedupe):
     """``DedupeConsumer`` with the decision short-cut: every message APPLIED, no Redis."""
 
     def handle(self, batch: Sequence[tuple[str, Any, BaseException | None]]) -> None:
-        if not self.started:
-            self.started = time.perf_counter()
+        self.start()
         for _queue, message, _ in batch:
             body = message.decode()
             self.settle_applied(message, Decision(Reason.APPLIED, None, handler(body, message)))
@@ -110,7 +118,8 @@ def fill(conn: Connection, queue: str, count: int, prefix: str) -> None:
     channel.close()
 
 
-def measure(make: Callable[[Connection, str], Counting], conn: Connection, count: int, prefix: str) -> float:
+def measure(make: Callable[[Connection, str], Counting], conn: Connection, count: int,
+            prefix: str) -> tuple[float, float]:
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     fill(conn, queue, count, prefix)
     consumer = make(conn.clone(), queue)
@@ -141,6 +150,7 @@ def main() -> None:
     with Connection(args.url) as conn:
         for prefetch, count in ((1, max(1, args.messages // 5)), (100, args.messages)):
             rates: dict[str, list[float]] = {"kombu": [], "loop only": [], "dedupe": [], "duplicates": []}
+            cpu: dict[str, list[float]] = {name: [] for name in rates}
             for _ in range(args.rounds):
                 run = uuid.uuid4().hex[:8]
                 dedupe = Deduplicator(client, namespace=f"bench-{run}", result_ttl=300)
@@ -152,12 +162,13 @@ def main() -> None:
                 def kombu(c: Connection, q: str, prefetch: int = prefetch) -> Counting:
                     return Kombu(c, q, prefetch)
 
-                rates["kombu"].append(measure(kombu, conn, count, run))
-                rates["loop only"].append(measure(ours(LoopOnly), conn, count, run))
-                rates["dedupe"].append(measure(ours(Dedupe), conn, count, run))
-                rates["duplicates"].append(measure(ours(Dedupe), conn, count, run))
+                for name, make in (("kombu", kombu), ("loop only", ours(LoopOnly)), ("dedupe", ours(Dedupe)),
+                                   ("duplicates", ours(Dedupe))):
+                    rate, per_message = measure(make, conn, count, run)
+                    rates[name].append(rate)
+                    cpu[name].append(per_message)
                 dedupe.close()
-            print_ratios(f"prefetch {prefetch:>3}", rates, "kombu", count)
+            print_ratios(f"prefetch {prefetch:>3}", rates, "kombu", count, cpu=cpu)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ class DedupeSettings(BaseSettings):
     max_key_length: int = Field(200, gt=0)
     #: Results larger than this are stored as "completed, body omitted".
     max_result_bytes: int = Field(1_000_000, ge=0)
+    #: Results over this many bytes are stored compressed (when that makes them smaller).
+    compress_above: int | None = Field(1024, ge=0)
+    #: How: ``auto`` (zstd where installed, else zlib), ``zstd`` or ``zlib``.
+    compression: str = "auto"
     #: Run the handler without deduplication when Redis is down (loudly logged). Off: fail closed.
     fail_open: bool = False
     #: Replicas that must acknowledge every claim and completion (``WAIT``); 0: none.
@@ -52,5 +56,6 @@ class DedupeSettings(BaseSettings):
         """The options of a claim client (sync or asyncio) these settings set."""
         return dict(namespace=self.namespace, lease=self.lease, result_ttl=self.result_ttl,
                     max_key_length=self.max_key_length, max_result_bytes=self.max_result_bytes,
+                    compress_above=self.compress_above, compression=self.compression,
                     fail_open=self.fail_open, wait_replicas=self.wait_replicas, wait_timeout=self.wait_timeout,
                     allow_eviction=self.allow_eviction)

@@ -169,13 +169,15 @@ def test_settings_come_from_task_then_app_then_environment(
     for app in apps:
         app.conf.dedupe_redis_url = celery_config["backend"]
         app.conf.dedupe_result_ttl = 99
+        app.conf.dedupe_compression = "zlib"
     apps[1].conf.dedupe_lease = 3
     tasks = []
     for app in apps:
         @app.task(base=IdempotentTask, shared=False, name="s.env")
         def from_env() -> None: ...
 
-        @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine")
+        @app.task(base=IdempotentTask, shared=False, name="s.task", dedupe_lease=1.5, dedupe_namespace="mine",
+                  dedupe_compress_above=64)
         def from_task() -> None: ...
 
         tasks.append((from_env.deduplicator, from_task.deduplicator))
@@ -184,6 +186,7 @@ def test_settings_come_from_task_then_app_then_environment(
     assert (env.lease, env.layout.namespace, env.result_ttl) == (7.0, "from-env", 99)
     assert (own.lease, own.layout.namespace, own.result_ttl) == (1.5, "mine", 99)
     assert (conf.lease, conf.layout.namespace) == (3.0, "from-env")
+    assert (env.packer.above, env.packer.codec, own.packer.above) == (1024, "zlib", 64)
     assert own_again is own  # same settings, same process: one Deduplicator, one renewer thread
     for app in apps:
         app.close()

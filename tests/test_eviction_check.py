@@ -9,6 +9,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import _engine as async_engine
 
 from . import services
-from .celery_fixtures import make_app
+from .celery_fixtures import WorkerProcess, delete_namespace, delete_queue, effects, make_app
 
 LRU = ("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru")
 
@@ -123,7 +124,9 @@ def test_asyncio_refuses_and_works_when_allowed(evicting: services.RedisServer) 
     asyncio.run(scenario())
 
 
-def test_celery_task_refuses_and_works_when_allowed(evicting: services.RedisServer, redis_url: str) -> None:
+def test_celery_task_called_eagerly_refuses_and_works_when_allowed(evicting: services.RedisServer,
+                                                                   redis_url: str) -> None:
+    """Eager mode has no worker start and no message to lose: the call raises."""
     namespace = f"ev-celery-{uuid.uuid4().hex[:6]}"
     app = make_app(broker="memory://", backend=redis_url, namespace=namespace, queue=namespace, eager=True,
                    store_url=evicting.url)
@@ -136,6 +139,143 @@ def test_celery_task_refuses_and_works_when_allowed(evicting: services.RedisServ
     first = app.tasks["dt.charge"].delay(1, 10).get()
     assert app.tasks["dt.charge"].delay(1, 10).get() == first
     app.close()
+
+
+def celery_config(store: services.RedisServer, rabbitmq_url: str, redis_url: str) -> dict[str, Any]:
+    namespace = f"ev-cw-{uuid.uuid4().hex[:8]}"
+    return {"broker": rabbitmq_url, "backend": redis_url, "namespace": namespace, "queue": f"dedupe-test-{namespace}",
+            "lease": 2.0, "store_url": store.url}
+
+
+def test_celery_worker_refuses_to_start(evicting: services.RedisServer, rabbitmq_url: str, redis_url: str,
+                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = celery_config(evicting, rabbitmq_url, redis_url)
+    worker = WorkerProcess(config, concurrency=1, tmp=tmp_path)
+    try:
+        assert worker.proc.wait(60) != 0
+        assert "allkeys-lru" in worker.output() and "allow_eviction=True" in worker.output()
+        assert " ready." not in worker.output()
+        monkeypatch.setenv("DEDUPE_ALLOW_EVICTION", "1")
+        allowed = WorkerProcess(config, concurrency=1, tmp=tmp_path)
+        try:
+            allowed.wait_ready()
+        finally:
+            allowed.stop()
+    finally:
+        worker.stop()
+        app = make_app(**config)
+        delete_queue(app, config["queue"])
+        app.close()
+        delete_namespace(redis_url, config["namespace"])
+
+
+def test_celery_task_meeting_an_evicting_redis_is_deferred_not_lost(rabbitmq_url: str, redis_url: str,
+                                                                   tmp_path: Path) -> None:
+    """The start-up check could not run (Redis down at start); Redis comes back evicting: the task
+    is deferred until Redis is fixed, then applied once."""
+    if shutil.which("redis-server") is None:
+        services.unavailable("redis-server binary")
+    store = services.RedisServer(extra=LRU)
+    config = celery_config(store, rabbitmq_url, redis_url)
+    worker = WorkerProcess(config, concurrency=1, tmp=tmp_path).wait_ready()  # its store is down
+    app = make_app(**config)
+    try:
+        store.start()
+        result = app.tasks["dt.charge"].delay(1, 10)
+        assert services_wait(lambda: "deferring task=dt.charge" in worker.output(), timeout=30), worker.output()
+        redis.Redis(port=store.port).config_set("maxmemory-policy", "noeviction")
+        assert result.get(timeout=30)["amount"] == 10
+        with effects(app) as r:
+            assert r.get(f"fx:{config['namespace']}:charge:1") == "1"
+            assert int(r.get(f"fx:{config['namespace']}:deferrals") or 0) >= 1
+    finally:
+        worker.stop()
+        store.stop()
+        delete_queue(app, config["queue"])
+        app.close()
+        delete_namespace(redis_url, config["namespace"])
+
+
+def test_faststream_app_refuses_to_start(evicting: services.RedisServer, rabbitmq_url: str) -> None:
+    """The middleware's start-up hook stops ``FastStream(...).start()`` before the broker
+    connects; with ``allow_eviction`` the app starts."""
+    from faststream import FastStream
+    from faststream.rabbit import RabbitBroker
+
+    from dedupe_worker.faststream import dedupe_middleware
+
+    queue = f"ev-fs-{uuid.uuid4().hex[:8]}"
+
+    async def scenario(dedupe: AsyncDeduplicator) -> bool:
+        middleware = dedupe_middleware(dedupe)
+        broker = RabbitBroker(rabbitmq_url, middlewares=[middleware], logger=None)
+
+        @broker.subscriber(queue)
+        async def handle(body: Any) -> None:
+            return None
+
+        app = FastStream(broker, on_startup=[middleware.check_at_start], logger=None)
+        try:
+            await app.start()
+            return broker.running
+        finally:
+            await app.stop()
+            await dedupe.aclose()
+
+    refused = AsyncDeduplicator.from_url(evicting.url, namespace="ev-fs")
+    with pytest.raises(EvictionPolicyError, match="allkeys-lru"):
+        asyncio.run(scenario(refused))
+    try:
+        assert asyncio.run(scenario(AsyncDeduplicator.from_url(evicting.url, namespace="ev-fs",
+                                                               allow_eviction=True)))
+    finally:
+        with Connection(rabbitmq_url) as conn:
+            conn.channel().queue_delete(queue=queue)
+
+
+def test_faststream_message_meeting_an_evicting_redis_is_deferred(private_redis: services.RedisServer,
+                                                                 rabbitmq_url: str) -> None:
+    """Not checked at start (no hook): a message that meets an evicting Redis is handed back, not
+    failed, and applied once Redis is fixed."""
+    from faststream.rabbit import RabbitBroker
+
+    from .faststream_app import RecordingMiddleware
+
+    queue = f"ev-fs-{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis(port=private_redis.port)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+
+    async def until(condition: Any, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return bool(condition())
+
+    async def scenario() -> None:
+        dedupe = AsyncDeduplicator.from_url(private_redis.url, namespace="ev-fs-msg")
+        middleware = RecordingMiddleware(dedupe)
+        seen: list[Any] = []
+        broker = RabbitBroker(rabbitmq_url, middlewares=[middleware], logger=None)
+
+        @broker.subscriber(queue)
+        async def handle(body: Any) -> None:
+            seen.append(body)
+
+        async with broker:
+            await broker.start()
+            await broker.publish({"id": 1}, queue=queue)
+            assert await until(lambda: middleware.count("deferred") >= 2)  # refused, handed back, again
+            assert seen == []
+            admin.config_set("maxmemory-policy", "noeviction")
+            assert await until(lambda: bool(seen))
+        assert seen == [{"id": 1}] and middleware.count("applied") == 1
+        await dedupe.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        with Connection(rabbitmq_url) as conn:
+            conn.channel().queue_delete(queue=queue)
 
 
 def test_dramatiq_worker_refuses_to_boot(evicting: services.RedisServer, rabbitmq_url: str) -> None:

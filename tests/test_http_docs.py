@@ -23,9 +23,10 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "http.md"
 
 
 def examples() -> dict[str, str]:
-    """The python blocks of docs/http.md that follow an ``<!-- example: NAME -->`` line."""
-    text = DOCS.read_text()
-    return dict(re.findall(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", text, re.S))
+    """The python blocks of docs/http.md marked ``<!-- docs-test: run by tests/test_x.py (NAME) -->``
+    (tests/test_docs.py checks that the file named runs them)."""
+    marked = r"<!-- docs-test: run by tests/test_\w+\.py \(([\w-]+)\) -->\n```python\n(.*?)```"
+    return dict(re.findall(marked, DOCS.read_text(), re.S))
 
 
 def load(name: str, code: str, tmp_path: Path) -> ModuleType:

@@ -16,6 +16,8 @@ import httpx
 import pytest
 import redis
 
+from dedupe_worker._protocol.serialization import unpack
+
 from .http_servers import SERVERS, serve
 
 pytestmark = pytest.mark.timeout(120)
@@ -231,7 +233,7 @@ def test_large_body_is_stored_compressed_and_replayed_intact(client: httpx.Clien
     again = client.post("/big", content=b"{}", headers={"Idempotency-Key": key})
     assert len(first.content) > 200_000 and again.content == first.content and replayed(again)
     r = redis.Redis.from_url(redis_url)
-    stored = [json.loads(r.hget(k, "v") or b"null") for k in r.scan_iter(f"{server[1]}:{{http:*}}:result")]
+    stored = [json.loads(unpack(r.hget(k, "v") or b"null")) for k in r.scan_iter(f"{server[1]}:{{http:*}}:result")]
     r.close()
     assert any(v and v.get("z") == "deflate" and len(v["b"]) < 100_000 for v in stored)
 

@@ -7,11 +7,13 @@ import argparse
 import io
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
 
 from dedupe_worker import Deduplicator, Envelope, StoreUnavailable
+from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.cli._replay import parse_rate
 from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, field_key, header_key, position_key
 from dedupe_worker.replay import (
@@ -139,6 +141,62 @@ def test_redis_down_leaves_the_message_and_counts_it_failed(private_redis: Redis
         assert summary.record(entry) == "failed"
         with pytest.raises(StoreUnavailable):
             dedupe.status("k")
+    finally:
+        dedupe.close()
+
+
+def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_message(
+        dedupe: Deduplicator, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    apply_before(dedupe, "applied", b'{"id": 1}')
+    apply_before(dedupe, "other", b'{"id": 9}')
+    redis_client.set(KeyLayout.result(dedupe.request("broken").stem), "not a hash")  # WRONGTYPE
+    planner = Planner(dedupe, header_key())
+    sent: list[int] = []  # commands per round trip, on the held connection or a pipeline
+    real_pipeline = redis_client.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda *a, **k: sent.append(len(pipe.command_stack)) or real_execute(*a, **k)
+        return pipe
+
+    monkeypatch.setattr(redis_client, "pipeline", counting_pipeline)
+    held = dedupe.store.scripts.held
+    if held is not None:
+        real_many = type(held).execute_many
+        monkeypatch.setattr(type(held), "execute_many",
+                            lambda self, commands: sent.append(len(commands)) or real_many(self, commands))
+
+    entries = planner.judge_many([(envelope(k, b'{"id": 1}'), "handler_error")
+                                  for k in ("applied", "broken", "other", "new")]
+                                 + [(envelope(None), "handler_error")])
+
+    assert sent == [8]  # one round trip: inspect + stored fingerprint for each of the four keys
+    assert [(e.key, e.state, e.step) for e in entries] == [
+        ("applied", "applied", Step.DROP), ("broken", "unavailable", Step.LEAVE),
+        ("other", "conflict", Step.LEAVE), ("new", "free", Step.REPLAY), (None, "no_key", Step.LEAVE)]
+    assert "WRONGTYPE" in entries[1].note
+
+
+def test_redis_down_leaves_every_message_of_the_batch(private_redis: RedisServer) -> None:
+    dedupe = Deduplicator(redis.Redis.from_url(private_redis.url, socket_timeout=0.5), namespace="t")
+    try:
+        assert Planner(dedupe, header_key()).judge(envelope("warm")).step is Step.REPLAY
+        private_redis.stop()
+        entries = Planner(dedupe, header_key()).judge_many([(envelope(k), "") for k in ("a", "b", "c")])
+        assert [(e.key, e.state, e.step) for e in entries] == [(k, "unavailable", Step.LEAVE) for k in "abc"]
+    finally:
+        dedupe.close()
+
+
+def test_a_batch_read_after_the_scripts_were_flushed_loads_them(private_redis: RedisServer) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    dedupe = Deduplicator(client, namespace="t")
+    try:
+        apply_before(dedupe, "applied", b'{"id": 1}')
+        client.script_flush()  # a restart or failover: every script gone (a private server)
+        entries = Planner(dedupe, header_key()).judge_many([(envelope(k), "") for k in ("applied", "new")])
+        assert [(e.state, e.step) for e in entries] == [("applied", Step.DROP), ("free", Step.REPLAY)]
     finally:
         dedupe.close()
 

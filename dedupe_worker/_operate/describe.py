@@ -8,6 +8,7 @@ from typing import Any
 from .._protocol.claim import State, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.layout import KeyLayout
+from .._protocol.serialization import unpack
 
 __all__ = ["KeyReport", "describe"]
 
@@ -32,6 +33,15 @@ class KeyReport:
         return asdict(self)
 
 
+def _text(stored: bytes | str | None) -> str:
+    """A stored value as text: decompressed when it was stored compressed."""
+    try:
+        data = unpack(stored) if stored else b""
+    except Exception as exc:  # a codec this process lacks, or corrupted data: say so, show nothing
+        return f"(stored compressed, {len(stored or b'')} bytes, unreadable here: {exc})"
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
+
 def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     """Read ``key``'s records (``inspect.lua`` for the state, one pipeline for TTLs and ``orig``)."""
     request = dedupe.request(key)
@@ -45,7 +55,7 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     name = state.state.value
     if state.state is State.DONE and state.status is Stored.FAILED:
         name = "failed"
-    value = state.value.decode("utf-8", "replace") if isinstance(state.value, bytes) else str(state.value or "")
+    value = _text(state.value)
     if state.status is Stored.OMITTED:
         value = "(omitted: larger than max_result_bytes, or not JSON)"
     preview = value if len(value) <= PREVIEW else value[:PREVIEW] + f"... ({len(value)} chars)"

@@ -54,7 +54,8 @@ class ClaimClient(ClaimCodec):
     :param result_ttl: seconds an outcome is kept.
     :param retention: seconds the token counter outlives a lease (default ``result_ttl``).
     :param max_key_length: longer keys are stored as their sha256.
-    :param max_result_bytes: larger results are stored as "completed, body omitted".
+    :param max_result_bytes: results whose stored (compressed) form is larger are stored as
+        "completed, body omitted".
     :param permanent_errors: exception types stored as a failed outcome instead of released.
     :param fail_open: when Redis is down, run the work anyway (logged as an error).
     :param renew_interval: seconds between lease renewals (default a third of ``lease``).
@@ -64,6 +65,12 @@ class ClaimClient(ClaimCodec):
         :class:`StoreUnavailable` (the claims it took are given back). Not consensus: see README.
     :param allow_eviction: accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run
         again). Off: the first claim raises :class:`EvictionPolicyError` there (:meth:`check_store`).
+    :param compress_above: results (and stored failures) over this many bytes are stored
+        compressed, when that makes them smaller; ``None``: never. Readers decompress whatever
+        they find, and read values stored uncompressed as before.
+    :param compression: ``"auto"`` (zstd where installed, ``pip install 'dedupe-worker[zstd]'``,
+        else zlib), ``"zstd"`` or ``"zlib"``. Every worker of a namespace must read what the
+        others write: where some lack zstd, pin ``"zlib"``.
     """
 
     def __init__(
@@ -83,9 +90,12 @@ class ClaimClient(ClaimCodec):
         wait_replicas: int = 0,
         wait_timeout: float = 0.1,
         allow_eviction: bool = False,
+        compress_above: int | None = 1024,
+        compression: str = "auto",
     ) -> None:
         super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
+                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,
+                         compress_above=compress_above, compression=compression)
         self.allow_eviction = allow_eviction
         #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
         self.store_checked = allow_eviction

@@ -14,7 +14,7 @@ from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
 from .layout import _UNSAFE, HASHED_PREFIX, KeyLayout
-from .serialization import JsonSerializer, Serializer
+from .serialization import JsonSerializer, Packer, Serializer, unpack
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request"]
 
@@ -62,6 +62,8 @@ class ClaimCodec:
         max_key_length: int = 200,
         max_result_bytes: int = 1_000_000,
         serializer: Serializer | None = None,
+        compress_above: int | None = 1024,
+        compression: str = "auto",
     ) -> None:
         if lease <= 0 or result_ttl <= 0:
             raise ValueError("lease and result_ttl must be positive")
@@ -70,6 +72,8 @@ class ClaimCodec:
         self.result_ttl = result_ttl
         self.max_result_bytes = max_result_bytes
         self.serializer: Serializer = serializer or JsonSerializer()
+        #: Compresses stored values over ``compress_above`` bytes (:class:`Packer`).
+        self.packer = Packer(compress_above, compression)
         self._lease_ms = max(1, int(lease * 1000))
         self._result_ttl_ms = max(1, int(result_ttl * 1000))
         self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
@@ -161,15 +165,21 @@ class ClaimCodec:
         corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
         executed or unpickled."""
         try:
-            return self.serializer.loads(reply.value or b"null")
+            return self.decode(reply.value or b"null")
         except Exception as exc:
             log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
                       key, reply.token, exc)
             return OMITTED
 
+    def decode(self, data: bytes | str) -> Any:
+        """A stored value back as the handler returned it (JSON types): decompressed when it was
+        stored compressed, then parsed. Raises what the serializer or the decompressor raise."""
+        return self.serializer.loads(unpack(data))
+
     def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
-        """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``; a value JSON
-        cannot hold, or one over ``max_result_bytes``, is stored as omitted."""
+        """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``. ``data`` is
+        compressed when over ``compress_above`` bytes; a value JSON cannot hold, or one whose
+        stored (compressed) form is over ``max_result_bytes``, is stored as omitted."""
         if value is None and type(self.serializer) is JsonSerializer and self.max_result_bytes >= 4:
             return Stored.COMPLETED, b"null", None  # the common no-op result, without a dumps call
         try:
@@ -178,6 +188,7 @@ class ClaimCodec:
             log.error("result of key=%s token=%s not serialisable, stored as omitted: %s",
                       claim.key, claim.token, exc)
             return Stored.OMITTED, b"", exc
+        data = self.packer.pack(data)
         if len(data) > self.max_result_bytes:
             log.info("result of key=%s token=%s is %d bytes, stored as omitted",
                      claim.key, claim.token, len(data))
@@ -191,4 +202,4 @@ class ClaimCodec:
             if isinstance(error, BaseException)
             else {"type": "error", "message": str(error)}
         )
-        return self.serializer.dumps(detail)
+        return self.packer.pack(self.serializer.dumps(detail))

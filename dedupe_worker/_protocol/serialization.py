@@ -5,19 +5,29 @@ ever parsed as JSON. Values go through orjson; pydantic models are stored as the
 come back as plain dicts (re-validate them if you need the model). Dataclasses, ``datetime``,
 ``UUID`` and numpy-free builtins are handled by orjson. NaN and infinity are refused like any other
 value JSON cannot hold (orjson would write them as ``null``, and a duplicate would get ``None``).
+
+Large results are stored compressed (:class:`Packer`): zstd where it is installed (the
+``zstandard`` package, or Python 3.14's ``compression.zstd``), else zlib. The stored bytes say
+which: a packed value starts with ``0xC1`` and a letter naming the codec. ``0xC1`` never starts
+JSON, UTF-8 text or msgpack (where it is reserved), so a value written before compression existed
+(plain JSON) reads as it always did. :func:`unpack` gives the serializer's bytes back, whatever
+packed them; nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
+import zlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
 
 from .._errors import ResultNotSerializable
 
-__all__ = ["JsonSerializer", "Serializer"]
+__all__ = ["CODECS", "JsonSerializer", "Packer", "Serializer", "unpack"]
 
 
 class Serializer(Protocol):
@@ -85,3 +95,102 @@ class JsonSerializer:
 
     def loads(self, data: bytes | str) -> Any:
         return orjson.loads(data)
+
+
+#: The first byte of every value :class:`Packer` marks; the next byte names the codec.
+MARK = b"\xc1"
+_ZLIB, _ZSTD, _PLAIN = MARK + b"z", MARK + b"s", MARK + b"="
+
+
+def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]] | None:
+    """zstd's compress and decompress functions, from the stdlib (3.14+) or ``zstandard``; else ``None``."""
+    try:
+        from compression import zstd  # type: ignore[import-not-found,unused-ignore]
+
+        return zstd.compress, zstd.decompress  # type: ignore[no-any-return,unused-ignore]
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    # A (de)compressor object is not thread-safe, and building one per call triples the cost of
+    # a decompression: one of each per thread.
+    local = threading.local()
+
+    def compress(data: bytes) -> bytes:
+        compressor = getattr(local, "compressor", None)
+        if compressor is None:
+            compressor = local.compressor = zstandard.ZstdCompressor(level=3)
+        return compressor.compress(data)  # type: ignore[no-any-return,unused-ignore]
+
+    def decompress(data: bytes) -> bytes:
+        decompressor = getattr(local, "decompressor", None)
+        if decompressor is None:
+            decompressor = local.decompressor = zstandard.ZstdDecompressor()
+        # a one-shot frame carries its content size, which decompress() allocates
+        return decompressor.decompress(data)  # type: ignore[no-any-return,unused-ignore]
+
+    return compress, decompress
+
+
+_ZSTD_FUNCTIONS = _zstd()
+
+#: The codecs this process can write: ``"zstd"`` (when installed) and ``"zlib"``.
+CODECS: tuple[str, ...] = ("zstd", "zlib") if _ZSTD_FUNCTIONS else ("zlib",)
+
+
+class Packer:
+    """Compresses stored values over ``above`` bytes (``None``: never) with ``codec``:
+    ``"auto"`` (zstd when installed, else zlib), ``"zstd"`` or ``"zlib"``.
+
+    A value is kept compressed only when that makes it smaller. Every worker sharing a namespace
+    must be able to read what the others write: one without zstd answers a zstd-packed result
+    as omitted (logged), so install ``dedupe-worker[zstd]`` on all of them or pin ``"zlib"``.
+    """
+
+    def __init__(self, above: int | None = 1024, codec: str = "auto") -> None:
+        if above is not None and above < 0:
+            raise ValueError(f"compress_above must not be negative, not {above!r}")
+        if codec == "auto":
+            codec = CODECS[0]
+        if codec == "zstd" and _ZSTD_FUNCTIONS is None:
+            raise ValueError("compression 'zstd' needs the zstandard package: pip install 'dedupe-worker[zstd]'")
+        if codec not in ("zstd", "zlib"):
+            raise ValueError(f"compression must be 'auto', 'zstd' or 'zlib', not {codec!r}")
+        self.above = above
+        self.codec = codec
+        if codec == "zstd":
+            assert _ZSTD_FUNCTIONS is not None
+            self._mark, self._compress = _ZSTD, _ZSTD_FUNCTIONS[0]
+        else:
+            self._mark, self._compress = _ZLIB, zlib.compress
+
+    def pack(self, data: bytes) -> bytes:
+        """``data`` as stored: compressed and marked when over ``above`` bytes and smaller so;
+        else as it is (marked as plain in the one case it starts with :data:`MARK` itself)."""
+        if self.above is not None and len(data) > self.above:
+            packed = self._mark + self._compress(data)
+            if len(packed) < len(data):
+                return packed
+        if data[:1] == MARK:  # only a custom serializer's output can: keep it unambiguous
+            return _PLAIN + data
+        return data
+
+
+def unpack(data: bytes | str) -> bytes | str:
+    """The serializer's bytes of a stored value: decompressed when :class:`Packer` marked it,
+    else ``data`` itself (a value written before compression existed). Raises ``ValueError`` for
+    a codec this process cannot read."""
+    if type(data) is not bytes or data[:1] != MARK:
+        return data
+    kind = data[:2]
+    if kind == _ZLIB:
+        return zlib.decompress(data[2:])
+    if kind == _ZSTD:
+        if _ZSTD_FUNCTIONS is None:
+            raise ValueError("the value is zstd-compressed; install zstandard: pip install 'dedupe-worker[zstd]'")
+        return _ZSTD_FUNCTIONS[1](data[2:])
+    if kind == _PLAIN:
+        return data[2:]
+    raise ValueError(f"unknown compression mark {kind!r}")

@@ -71,9 +71,12 @@ class AsyncClaimClient(ClaimCodec):
         wait_replicas: int = 0,
         wait_timeout: float = 0.1,
         allow_eviction: bool = False,
+        compress_above: int | None = 1024,
+        compression: str = "auto",
     ) -> None:
         super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer)
+                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,
+                         compress_above=compress_above, compression=compression)
         self.allow_eviction = allow_eviction
         #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
         self.store_checked = allow_eviction

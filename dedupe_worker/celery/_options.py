@@ -32,6 +32,8 @@ SETTINGS = {
     "dedupe_lease": "lease",
     "dedupe_result_ttl": "result_ttl",
     "dedupe_max_result_bytes": "max_result_bytes",
+    "dedupe_compress_above": "compress_above",
+    "dedupe_compression": "compression",
     "dedupe_fail_open": "fail_open",
     "dedupe_wait_replicas": "wait_replicas",
     "dedupe_wait_timeout": "wait_timeout",

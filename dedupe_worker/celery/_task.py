@@ -22,7 +22,9 @@ in_progress         first waits up to ``defer_wait`` on the key: returns the hol
                      the key or its lease ran out; then, as below
 lease_lost,          is re-sent by ``self.retry(countdown=...)`` with a backoff that starts at
 store_unavailable    tens of ms and never outlasts the holder's lease; a deferral does not
-                     count against ``max_retries`` and is repeated until it runs
+                     count against ``max_retries`` and is repeated until it runs (so is a task
+                     that meets an evicting Redis on a worker: the worker checked at start, see
+                     :mod:`.startup`; called eagerly, it raises ``EvictionPolicyError``)
 handler_error        the claim is released; an exception in ``autoretry_for``, or a
                      ``self.retry()`` in the body, is retried by Celery as usual; any other
                      exception is retried after ``retry_delay`` until ``max_attempts``
@@ -47,9 +49,9 @@ from celery._state import _task_stack
 from celery.exceptions import Reject, Retry
 
 from .._deduplicator import Deduplicator
-from .._engine import Decision, Hooks, RetryPolicy, decide, outcome, refused
+from .._engine import Decision, Hooks, Reason, RetryPolicy, decide, outcome, refused
 from .._engine.dispatch import ACKED, Acted, Done, dispatch
-from .._errors import InvalidKey
+from .._errors import EvictionPolicyError, InvalidKey
 from .._protocol.context import current_claim
 from ._options import deduplicator_for, identify
 from ._send import send_once
@@ -125,6 +127,14 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: Results larger than this many bytes are stored as "done, body omitted". :const:`None`:
     #: ``app.conf.dedupe_max_result_bytes``, else ``DEDUPE_MAX_RESULT_BYTES``.
     dedupe_max_result_bytes: int | None = None
+
+    #: Results larger than this many bytes are stored compressed. :const:`None`:
+    #: ``app.conf.dedupe_compress_above``, else ``DEDUPE_COMPRESS_ABOVE`` (1024).
+    dedupe_compress_above: int | None = None
+
+    #: ``"auto"`` (zstd where installed, else zlib), ``"zstd"`` or ``"zlib"``. :const:`None`:
+    #: ``app.conf.dedupe_compression``, else ``DEDUPE_COMPRESSION``.
+    dedupe_compression: str | None = None
 
     #: Run the body without deduplication when Redis is down (logged as an error). :const:`None`:
     #: ``app.conf.dedupe_fail_open``, else ``DEDUPE_FAIL_OPEN`` (off: the task is deferred).
@@ -211,7 +221,17 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         # On a worker, a copy of work in flight waits a little on the key before re-sending itself:
         # it returns the holder's result within a round trip of its completion.
         wait = 0.0 if request.is_eager or request.called_directly else self.defer_wait
-        decision = decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait, integration="celery")
+        try:
+            decision = decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait,
+                              integration="celery")
+        except EvictionPolicyError as exc:
+            if request.is_eager or request.called_directly:
+                raise  # no message to lose: the caller gets the error
+            # The worker checked at start; the policy changed since. Failing would consume the
+            # message (early acks) or spend its attempts: defer it until Redis is fixed.
+            log.error("Redis may evict our records, deferring task=%s id=%s key=%s token=0: %s", self.name,
+                      request.id, key, exc)
+            decision = Decision(Reason.STORE_UNAVAILABLE, error=exc)
         return self._settle(decision, key)
 
     def _body(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -3,7 +3,9 @@
 Usage (the same for ``KafkaBroker`` and ``NatsBroker``)::
 
     dedupe = AsyncDeduplicator.from_url("redis://127.0.0.1:6379/0", namespace="orders")
-    broker = RabbitBroker(url, middlewares=[dedupe_middleware(dedupe)])
+    middleware = dedupe_middleware(dedupe)
+    broker = RabbitBroker(url, middlewares=[middleware])
+    app = FastStream(broker, on_startup=[middleware.check_at_start])  # refuses an evicting Redis
 
     @broker.subscriber("orders")
     async def handle(order: Order) -> dict:
@@ -26,6 +28,7 @@ in_progress          first waits up to ``defer_wait`` on the key (this subscribe
                      or run if the holder released the key or its lease ran out; then, as below
 lease_lost,          is handed back to be delivered again after a backoff that starts at tens of
 store_unavailable    ms and never outlasts the holder's lease (:mod:`._brokers`); never dropped
+                     (so is a message that meets an evicting Redis: see ``check_at_start``)
 handler_error        the claim is released and the exception goes on to FastStream, whose
                      ``ack_policy`` decides (``NACK_ON_ERROR`` redelivers, ``REJECT_ON_ERROR``
                      rejects to the dead-letter exchange)
@@ -61,7 +64,7 @@ from faststream.exceptions import AckMessage, NackMessage, RejectMessage
 
 from .._engine import Action, Decision, Hooks, Reason, RetryPolicy, refused
 from .._engine.dispatch import ACKED, Acted, Done, dispatch_async
-from .._errors import InvalidKey, UndecodableMessage
+from .._errors import EvictionPolicyError, InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
 from ..asyncio import AsyncClaimClient, decide
@@ -107,9 +110,30 @@ class DedupeMiddleware(Hooks, RetryPolicy):
             fingerprint = self.fingerprint(envelope) if self.fingerprint is not None else None
         except (InvalidKey, UndecodableMessage) as exc:
             return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None, broker)
-        decision = await decide(self.dedupe, key, functools.partial(call_next, msg), fingerprint=fingerprint,
-                                wait=self.defer_wait, integration="faststream")
+        try:
+            decision = await decide(self.dedupe, key, functools.partial(call_next, msg), fingerprint=fingerprint,
+                                    wait=self.defer_wait, integration="faststream")
+        except EvictionPolicyError as exc:
+            # Not checked at start (no check_at_start hook, or Redis was down then): handed back,
+            # never failed (a handler error would be rejected or acked away under some ack policies).
+            log.error("Redis may evict our records, deferring key=%s token=0 message_id=%s: %s", key,
+                      getattr(msg, "message_id", None), exc)
+            decision = Decision(Reason.STORE_UNAVAILABLE, error=exc)
         return await self.settle(adapter, msg, envelope, decision, key, broker)
+
+    async def check_at_start(self) -> None:
+        """The start-up check of the store: raises :class:`~dedupe_worker.EvictionPolicyError` when
+        Redis may evict our records (unless the client has ``allow_eviction``), so the app refuses
+        to start before it consumes anything. Register it as the app's start-up hook:
+        ``FastStream(broker, on_startup=[middleware.check_at_start])`` (it runs before the broker
+        connects). Redis unreachable is only logged: the first claim checks again. Without it, the
+        first message that meets an evicting Redis is deferred (handed back), never dropped."""
+        if self.dedupe.store_checked:
+            return
+        try:
+            await self.dedupe.check_store()
+        except StoreUnavailable as exc:
+            log.warning("could not check Redis settings at start: %s", exc)
 
     async def settle(self, adapter: BrokerAdapter, msg: Any, envelope: Envelope, decision: Decision,
                      key: str | None, broker: Any = None) -> Any:

@@ -9,8 +9,8 @@ nothing arrived for ``idle_timeout`` seconds (counted from the moment every part
 first fetch, with a record or an end-of-partition event, so a slow first fetch does not end the
 run early), or at ``limit`` records.
 
-Records are handled in batches. Each record is judged by the
-:class:`~dedupe_worker.replay.Planner`, then:
+Records are handled in batches. Each batch is judged by the
+:class:`~dedupe_worker.replay.Planner` in one Redis round trip, then each record:
 
 - DROP: nothing is produced;
 - REPLAY: the record (key, value, headers; see :func:`replay_headers`) is produced to the
@@ -56,7 +56,11 @@ STARTUP_TIMEOUT = 30.0
 def lookup_envelope(record: Any) -> Envelope:
     """The envelope the consumer saw: the dead-lettered record with the original topic, partition
     and offset (from ``x-dedupe-original-*``) as its position, so position-based keys match."""
-    envelope = from_kafka(record)
+    return _as_consumed(from_kafka(record))
+
+
+def _as_consumed(envelope: Envelope) -> Envelope:
+    """:func:`lookup_envelope` of the record ``envelope`` was made from."""
     original = original_position(envelope)
     if original is not None:
         return dataclasses.replace(envelope, source=original[0], position=original[1])
@@ -164,19 +168,23 @@ class _KafkaReplay:
         self.consumer.pause([self.ck.TopicPartition(self.topic, partition)])
 
     def _handle(self, records: list[Any]) -> None:
+        """Judge the batch (one Redis round trip), produce what it needs, wait for the delivery
+        reports (one flush), commit."""
+        seen = [from_kafka(record) for record in records]
+        entries = self.planner.judge_many([(_as_consumed(s), s.header(REASON) or "") for s in seen])
         pending: list[_Pending] = []
         stopped: set[int] = set()  # partitions with a failure earlier in this batch
-        for record in records:
+        for record, envelope, entry in zip(records, seen, entries, strict=True):
             if record.partition() in stopped:
-                continue
-            reason = from_kafka(record).header(REASON) or ""
-            item = _Pending(record, self.planner.judge(lookup_envelope(record), reason))
+                continue  # judged, but neither acted on nor counted: the next run sees it again
+            item = _Pending(record, entry)
             pending.append(item)
-            if item.entry.step is Step.REPLAY and self._target(record)[0] is None:
+            target = self._target(envelope) if entry.step is Step.REPLAY else (None, {})
+            if entry.step is Step.REPLAY and target[0] is None:
                 item.entry = dataclasses.replace(item.entry, note=NO_DESTINATION)
                 item.ok, item.error = False, NO_DESTINATION
                 stopped.add(record.partition())
-            elif not self.dry_run and not self._start(item):
+            elif not self.dry_run and not self._start(item, target):
                 stopped.add(record.partition())
         if not self.dry_run:
             remaining = self.producer.flush(self.delivery_timeout)
@@ -184,8 +192,9 @@ class _KafkaReplay:
                 log.error("%d deliveries not reported within %ss", remaining, self.delivery_timeout)
         self._settle(pending)
 
-    def _start(self, item: _Pending) -> bool:
-        """Produce what ``item``'s step needs; ``False`` when it failed before producing."""
+    def _start(self, item: _Pending, target: tuple[str | None, dict[str, Any]]) -> bool:
+        """Produce what ``item``'s step needs (``target``: where a REPLAY goes); ``False`` when it
+        failed before producing."""
         record, entry = item.record, item.entry
         if entry.unavailable:
             item.ok, item.error = False, entry.note
@@ -195,14 +204,14 @@ class _KafkaReplay:
             return True
         if entry.step is Step.LEAVE:
             return self._produce(item, self.topic, record.headers() or [], partition=record.partition())
-        target, extra = self._target(record)
-        assert target is not None  # checked by _handle
+        topic, extra = target
+        assert topic is not None  # checked by _handle
         self.pacer.wait()
-        return self._produce(item, target, replay_headers(record.headers() or []), **extra)
+        return self._produce(item, topic, replay_headers(record.headers() or []), **extra)
 
-    def _target(self, record: Any) -> tuple[str | None, dict[str, Any]]:
-        """Where a replayed record goes, and ``partition=`` when it returns to its original topic."""
-        seen = from_kafka(record)
+    def _target(self, seen: Envelope) -> tuple[str | None, dict[str, Any]]:
+        """Where a replayed record (as ``seen``) goes, and ``partition=`` when it returns to its
+        original topic."""
         original_topic = seen.header(ORIGINAL_TOPIC)
         target = self.destination or original_topic
         partition = seen.header(ORIGINAL_PARTITION)

@@ -2,7 +2,9 @@
 
 For every message the replay derives the idempotency key exactly as the consumer does (the same
 key strategy applied to the same :class:`~dedupe_worker.Envelope`) and reads the key's state with
-:meth:`Deduplicator.status`, which changes nothing in Redis. The verdict:
+``inspect.lua`` (what :meth:`Deduplicator.status` runs; it changes nothing in Redis), together with
+the stored outcome's fingerprint: one pipelined round trip for a whole batch of messages
+(:meth:`Planner.judge_many`). The verdict:
 
 ================  ===========  ==========================================================
 key state         step         why
@@ -43,19 +45,20 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .._deduplicator import Deduplicator
 from .._errors import InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import ATTEMPTS, KEY, REPLAYED
 from .._messages.envelope import Envelope
-from .._protocol.calls import KeyState
+from .._protocol.calls import KeyState, key_state
 from .._protocol.claim import State, Stored
 from .._protocol.fingerprint import request_fingerprint
+from .._protocol.held import BUSY
 from .._protocol.layout import KeyLayout
 from ..keys import KeyStrategy, body_fingerprint
 
@@ -140,42 +143,111 @@ class Planner:
         self.fingerprint = fingerprint
 
     def judge(self, envelope: Envelope, reason: str = "") -> Entry:
-        """The plan for one message. Never raises; reads Redis at most twice (the key's state, then
-        the stored fingerprint of an outcome)."""
+        """The plan for one message (:meth:`judge_many` of one). Never raises."""
+        return self.judge_many([(envelope, reason)])[0]
+
+    def judge_many(self, messages: Sequence[tuple[Envelope, str]]) -> list[Entry]:
+        """The plan for each ``(envelope, dead-letter reason)``, in order. Never raises.
+
+        Redis is read at most once for the whole batch: one pipelined round trip carries, for
+        every message that gets as far as a look-up, ``inspect.lua`` (the key's state, read at one
+        instant) and the stored outcome's fingerprint. A call that fails inside the round trip
+        (a wrong type, a script error) leaves only its own message UNAVAILABLE; a round trip that
+        fails as a whole (connection lost, timeout) leaves every looked-up message UNAVAILABLE.
+        UNAVAILABLE messages are never dropped or replayed, so a Redis error costs a later run,
+        never a message."""
+        entries: list[Entry | None] = []
+        lookups: list[tuple[int, str, str]] = []  # (index, key, stem)
+        for envelope, reason in messages:
+            entry, key = self._before_lookup(envelope, reason)
+            if entry is None:
+                assert key is not None
+                try:
+                    lookups.append((len(entries), key, self.dedupe.request(key).stem))
+                except InvalidKey as exc:
+                    entry = Entry(key, Found.NO_KEY, Step.LEAVE, reason, str(exc))
+            entries.append(entry)
+        for (index, key, _), found in zip(lookups, self._read([stem for _, _, stem in lookups]), strict=True):
+            envelope, reason = messages[index]
+            entries[index] = self._verdict(envelope, key, reason, found)
+        return [entry for entry in entries if entry is not None]
+
+    def _before_lookup(self, envelope: Envelope, reason: str) -> tuple[Entry | None, str | None]:
+        """The verdicts that need no Redis (filtered, no key, key mismatch); else ``(None, key)``."""
         try:
             key: str | None = self.key_strategy(envelope)
             problem = ""
         except (InvalidKey, UndecodableMessage) as exc:
             key, problem = None, f"{type(exc).__name__}: {exc}"
         if self.reasons is not None and reason not in self.reasons:
-            return Entry(key, Found.FILTERED, Step.LEAVE, reason, "reason not selected by --filter")
+            return Entry(key, Found.FILTERED, Step.LEAVE, reason, "reason not selected by --filter"), key
         if self.reasons is None and reason in HELD_BACK:
-            return Entry(key, Found.FILTERED, Step.LEAVE, reason, HELD_BACK[reason])
+            return Entry(key, Found.FILTERED, Step.LEAVE, reason, HELD_BACK[reason]), key
         if key is None:
-            return Entry(None, Found.NO_KEY, Step.LEAVE, reason, problem)
+            return Entry(None, Found.NO_KEY, Step.LEAVE, reason, problem), key
         recorded = envelope.header(KEY)
         if recorded is not None and recorded != key:
             log.warning("replay key=%s differs from recorded %s=%s: check the key options",
                         key, KEY, recorded)
-            return Entry(key, Found.KEY_MISMATCH, Step.LEAVE, reason, f"consumer recorded key {recorded!r}")
+            return Entry(key, Found.KEY_MISMATCH, Step.LEAVE, reason, f"consumer recorded key {recorded!r}"), key
+        return None, key
+
+    def _read(self, stems: Sequence[str]) -> list[tuple[KeyState, Any] | StoreUnavailable]:
+        """Each stem's state and stored fingerprint (``HGET f``, ``None`` when absent), in one
+        pipelined round trip; a failed read as a :class:`StoreUnavailable` in its place."""
+        if not stems:
+            return []
+        store = self.dedupe.store
         try:
-            state = self.dedupe.status(key)
-        except InvalidKey as exc:
-            return Entry(key, Found.NO_KEY, Step.LEAVE, reason, str(exc))
-        except StoreUnavailable as exc:
-            log.error("replay key=%s left in place, Redis unavailable: %s", key, exc)
-            return Entry(key, Found.UNAVAILABLE, Step.LEAVE, reason, str(exc))
+            sha = store.scripts.sha["inspect"]
+            commands: list[tuple[Any, ...]] = []
+            for stem in stems:
+                result = KeyLayout.result(stem)
+                commands += [("EVALSHA", sha, 2, KeyLayout.started(stem), result), ("HGET", result, "f")]
+            # Read-only commands, so the held connection's retry on a connection error is safe.
+            held = store.scripts.held
+            replies = held.execute_many(commands) if held is not None else BUSY
+            if replies is BUSY:
+                pipe = store.client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = pipe.execute(raise_on_error=False)
+        except (RedisError, StoreUnavailable) as exc:
+            failed = StoreUnavailable(f"Redis failed reading {len(stems)} keys: {exc}")
+            return [failed] * len(stems)
+        found: list[tuple[KeyState, Any] | StoreUnavailable] = []
+        for i, stem in enumerate(stems):
+            state, stored = replies[2 * i], replies[2 * i + 1]
+            try:
+                if isinstance(state, NoScriptError):  # scripts flushed: the single call loads them
+                    found.append((store.inspect(stem), stored))
+                elif isinstance(state, Exception) or isinstance(stored, Exception):
+                    error = state if isinstance(state, Exception) else stored
+                    found.append(StoreUnavailable(f"Redis failed reading {stem}: {error}"))
+                else:
+                    found.append((key_state(*state), stored))
+            except StoreUnavailable as exc:
+                found.append(exc)
+        return found
+
+    def _verdict(self, envelope: Envelope, key: str, reason: str,
+                 found: tuple[KeyState, Any] | StoreUnavailable) -> Entry:
+        if isinstance(found, StoreUnavailable):
+            log.error("replay key=%s left in place, Redis unavailable: %s", key, found)
+            return Entry(key, Found.UNAVAILABLE, Step.LEAVE, reason, str(found))
+        state, stored = found
         if state.state is State.DONE:
             if state.status is Stored.FAILED:
                 return Entry(key, Found.FAILED, Step.LEAVE, reason, "permanent failure stored", state.token)
-            return self._applied(envelope, key, reason, state)
+            return self._applied(envelope, key, reason, state, stored)
         if state.state is State.IN_PROGRESS:
             return Entry(key, Found.IN_PROGRESS, Step.LEAVE, reason,
                          f"lease held for {state.remaining_ms} ms more", state.token)
         return Entry(key, Found.FREE, Step.REPLAY, reason, "", state.token)
 
-    def _applied(self, envelope: Envelope, key: str, reason: str, state: KeyState) -> Entry:
-        """A stored outcome: DROP only when it is this payload's (same fingerprint)."""
+    def _applied(self, envelope: Envelope, key: str, reason: str, state: KeyState, raw: Any) -> Entry:
+        """A stored outcome: DROP only when it is this payload's (same fingerprint, ``raw`` as
+        read with the state)."""
         if self.fingerprint is None:
             return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome stored", state.token)
         try:
@@ -183,11 +255,6 @@ class Planner:
         except Exception as exc:  # a user's fingerprint function; nothing proves the payload ran
             return Entry(key, Found.UNPROVEN, Step.LEAVE, reason,
                          f"fingerprint of this message failed: {type(exc).__name__}: {exc}", state.token)
-        try:
-            raw = self.dedupe.store.client.hget(KeyLayout.result(self.dedupe.request(key).stem), "f")
-        except RedisError as exc:
-            log.error("replay key=%s token=%s left in place, Redis unavailable: %s", key, state.token, exc)
-            return Entry(key, Found.UNAVAILABLE, Step.LEAVE, reason, str(exc), state.token)
         stored = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
         if stored and stored == ours:
             return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome of this payload stored", state.token)

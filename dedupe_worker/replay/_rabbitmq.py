@@ -2,11 +2,13 @@
 
 How one run goes: the queue's ready-message count is read once at the start and at most that many
 messages are taken with ``basic.get`` (so messages dead-lettered again during the run wait for the
-next run). Each message is judged by the :class:`~dedupe_worker.replay.Planner`, then:
+next run). Messages are taken in batches; each batch is judged by the
+:class:`~dedupe_worker.replay.Planner` in one Redis round trip, then each message:
 
 - DROP: acked (removed from the dead-letter queue);
-- REPLAY: published with ``mandatory`` under publisher confirms; only after the broker confirmed
-  it (and did not return it as unroutable) is the dead-lettered copy acked. A nack, a return or a
+- REPLAY: published with ``mandatory`` under publisher confirms (the copies of a batch are
+  published together and their confirms awaited once); only after the broker confirmed a copy
+  (and did not return it as unroutable) is its dead-lettered message acked. A nack, a return or a
   missing destination leaves it where it is, counted as failed;
 - LEAVE: kept unacknowledged until the end of the run, then rejected with ``requeue``, so it is
   not taken twice in one run and returns to the queue.
@@ -86,12 +88,13 @@ def dead_letter_reason(headers: Mapping[str, Any]) -> str:
 
 def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
                     destination: Destination | None = None, options: ReplayOptions | None = None,
-                    confirm_timeout: float = 30.0) -> Summary:
+                    confirm_timeout: float = 30.0, batch_size: int = 100) -> Summary:
     """Replay the dead-letter ``queue`` over the kombu ``connection``; see the module docstring.
 
-    ``destination`` overrides where messages go (default: the queue each came from). Raises
-    :class:`LookupError` when ``queue`` does not exist. Connection and channel errors propagate;
-    whatever was not acked by then stays in the queue.
+    ``destination`` overrides where messages go (default: the queue each came from). Messages are
+    taken ``batch_size`` at a time: one Redis round trip judges a batch and one confirm round trip
+    covers its republished copies. Raises :class:`LookupError` when ``queue`` does not exist.
+    Connection and channel errors propagate; whatever was not acked by then stays in the queue.
     """
     require("kombu", "rabbitmq")
     from ..rabbitmq._republish import Republisher
@@ -99,6 +102,8 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
     options = options or ReplayOptions()
     summary = Summary.start(options)
     pacer = Pacer(options.rate)
+    # With a rate, a batch lasts about a second, so nothing waits long unacked.
+    batch_size = max(1, min(batch_size, int(options.rate))) if options.rate else max(1, batch_size)
     channel = connection.channel()
     held: list[int] = []
     try:
@@ -109,59 +114,67 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
         publisher = None if options.dry_run else Republisher(channel, getattr(connection, "userid", None),
                                                              confirm_timeout)
         while summary.examined < total:
-            raw = channel.basic_get(queue=queue, no_ack=False)
-            if raw is None:
+            batch = _take(channel, queue, min(batch_size, total - summary.examined))
+            if not batch:
                 break
-            message = channel.message_to_python(raw)
-            headers = message.headers or {}
-            origin = original_destination(headers)
-            target = destination or origin
-            entry = planner.judge(from_kombu(message, origin.routing_key if origin else ""),
-                                  dead_letter_reason(headers))
-            tag = raw.delivery_tag
-            if entry.step is Step.REPLAY and target is None:
-                held.append(tag)
-                log.error("replay key=%s token=%s left in %s: %s", entry.key, entry.token, queue, NO_DESTINATION)
-                summary.record(dataclasses.replace(entry, note=NO_DESTINATION), ok=False)
-            elif publisher is None or entry.step is Step.LEAVE:
-                held.append(tag)
-                if entry.step is Step.LEAVE:
-                    log.info("replay key=%s token=%s left in %s (%s): %s", entry.key, entry.token, queue,
-                             entry.state.value, entry.note)
-                summary.record(entry)
-            elif entry.step is Step.DROP:
-                channel.basic_ack(tag)
-                log.info("replay key=%s token=%s already applied, dropped from %s", entry.key, entry.token,
-                         queue)
-                summary.record(entry)
-            else:
-                assert target is not None
-                pacer.wait()
-                problem = _republish(publisher, message, target)
-                if problem:
-                    held.append(tag)
-                    log.error("replay key=%s token=%s failed, left in %s: %s", entry.key, entry.token, queue,
-                              problem)
-                    summary.record(entry, ok=False)
-                else:
-                    channel.basic_ack(tag)
-                    log.info("replay key=%s token=%s republished to %s", entry.key, entry.token, target)
-                    summary.record(entry)
+            _replay_batch(channel, queue, planner, batch, destination, publisher, pacer, summary, held)
     finally:
         _give_back(channel, held)
     return summary
 
 
-def _republish(publisher: Republisher, message: Any, target: Destination) -> str | None:
-    """Publish a copy of ``message`` back to work; ``None`` once confirmed, else why it failed."""
-    from ..rabbitmq._republish import PublishFailed
+def _take(channel: Any, queue: str, count: int) -> list[tuple[Any, Any]]:
+    """Up to ``count`` messages (``basic.get``), each as ``(raw, kombu message)``."""
+    batch: list[tuple[Any, Any]] = []
+    while len(batch) < count and (raw := channel.basic_get(queue=queue, no_ack=False)) is not None:
+        batch.append((raw, channel.message_to_python(raw)))
+    return batch
 
-    headers = dict(replay_headers((message.headers or {}).items()))
-    try:
-        publisher.publish(message, target.routing_key, headers, exchange=target.exchange)
-    except PublishFailed as exc:
-        return str(exc)
-    return None
+
+def _replay_batch(channel: Any, queue: str, planner: Planner, batch: list[tuple[Any, Any]],
+                  destination: Destination | None, publisher: Republisher | None, pacer: Pacer,
+                  summary: Summary, held: list[int]) -> None:
+    """Judge ``batch``, publish its REPLAY copies and wait for their confirms, then settle every
+    message in order: ack what was dropped or confirmed, hold the rest for the end of the run."""
+    from ..rabbitmq._republish import Copy
+
+    origins = [original_destination(message.headers or {}) for _, message in batch]
+    entries = planner.judge_many([
+        (from_kombu(message, origin.routing_key if origin else ""), dead_letter_reason(message.headers or {}))
+        for (_, message), origin in zip(batch, origins, strict=True)])
+    copies: dict[int, Copy] = {}
+    for i, ((_, message), origin, entry) in enumerate(zip(batch, origins, entries, strict=True)):
+        target = destination or origin
+        if publisher is not None and entry.step is Step.REPLAY and target is not None:
+            pacer.wait()
+            headers = dict(replay_headers((message.headers or {}).items()))
+            copies[i] = Copy(message, target.routing_key, headers, target.exchange)
+    problems = dict(zip(copies, publisher.publish_many(list(copies.values())), strict=True)) \
+        if publisher is not None and copies else {}
+    for i, ((raw, _), origin, entry) in enumerate(zip(batch, origins, entries, strict=True)):
+        tag, target = raw.delivery_tag, destination or origin
+        if entry.step is Step.REPLAY and target is None:
+            held.append(tag)
+            log.error("replay key=%s token=%s left in %s: %s", entry.key, entry.token, queue, NO_DESTINATION)
+            summary.record(dataclasses.replace(entry, note=NO_DESTINATION), ok=False)
+        elif publisher is None or entry.step is Step.LEAVE:
+            held.append(tag)
+            if entry.step is Step.LEAVE:
+                log.info("replay key=%s token=%s left in %s (%s): %s", entry.key, entry.token, queue,
+                         entry.state.value, entry.note)
+            summary.record(entry)
+        elif entry.step is Step.DROP:
+            channel.basic_ack(tag)
+            log.info("replay key=%s token=%s already applied, dropped from %s", entry.key, entry.token, queue)
+            summary.record(entry)
+        elif (problem := problems[i]) is not None:
+            held.append(tag)
+            log.error("replay key=%s token=%s failed, left in %s: %s", entry.key, entry.token, queue, problem)
+            summary.record(entry, ok=False)
+        else:
+            channel.basic_ack(tag)
+            log.info("replay key=%s token=%s republished to %s", entry.key, entry.token, target)
+            summary.record(entry)
 
 
 def _ready_messages(channel: Any, queue: str) -> int:

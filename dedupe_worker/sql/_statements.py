@@ -127,7 +127,7 @@ def recorded(codec: ClaimCodec, claim: Claim, row: Any) -> AlreadyApplied:
         result: Any = OMITTED
     elif status == Stored.COMPLETED.value and data is not None:
         try:
-            result = codec.serializer.loads(data)
+            result = codec.decode(data)
         except Exception:  # written by something else: still proof the work was done
             result = OMITTED
     else:  # completed with a NULL result: the outcome was None

@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS dedupe_outcome (
     token      bigint       NOT NULL,
     -- 'c' completed (a NULL result is None), 'o' completed with the result omitted (too large)
     status     char(1)      NOT NULL,
-    -- the result as the claim client stores it (JSON by default)
+    -- the result as the claim client stores it (JSON by default, compressed when large)
     result     bytea,
     -- epoch milliseconds after which purge() may delete the row (written now + result_ttl)
     expires_at bigint       NOT NULL
