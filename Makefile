@@ -16,7 +16,7 @@ SOAK_INTEGRATIONS ?= celery,rabbitmq,kafka,replay
 VENV_OLDEST  ?= .venv-oldest
 REDIS_FLOOR  := $(shell sed -n 's/.*"redis\[hiredis\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 STAMP_OLDEST  = $(VENV_OLDEST)/.installed-redis-$(REDIS_FLOOR)
-EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,testing,metrics,otel,asyncio,test,dev
+EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,embedded,testing,metrics,otel,asyncio,test,dev
 
 .PHONY: install test test-oldest lint typecheck bench demo soak clean
 

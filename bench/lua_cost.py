@@ -9,7 +9,9 @@ script calls for ``N`` keys (one key per call, or batches of 100 and 500 as ``be
 propagation included when the server has ``appendonly yes`` (``make bench`` starts its private
 server so). The cases: a claim of a new key (without and with a fingerprint), of a key whose
 outcome is stored (duplicate), of a key a live lease holds, of a released key; a completion, a
-renewal, a release. ``--baseline DIR`` runs every case with the scripts in ``DIR`` too (e.g.
+renewal, a release. This release's scripts run twice, writing results in record format 1 (the
+hash every release reads: "this f1") and 2 (the compact string: "this f2"). ``--baseline DIR``
+runs every case with the scripts in ``DIR`` too (e.g.
 ``tests/data/lua_previous``, those of the previous release), alternating round by round on the
 same server, and prints both: timings on a shared machine swing, a side-by-side run does not.
 ``make bench`` runs it on its private redis-server, never on a shared one (the reset would clear
@@ -52,16 +54,19 @@ class _Calls(StoreCalls):
 class Version:
     """One set of the protocol scripts, loaded on the server, run by name."""
 
-    def __init__(self, client: redis.Redis, label: str, texts: dict[str, str]) -> None:
+    def __init__(self, client: redis.Redis, label: str, texts: dict[str, str], record_format: int = 1) -> None:
         self.client, self.label = client, label
+        #: The calls the store sends, writing results in ``record_format``.
+        self.calls = _Calls()
+        self.calls.write_format(record_format)
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
         for text in texts.values():
             client.script_load(text)
 
     @classmethod
-    def from_dir(cls, client: redis.Redis, label: str, folder: Path | None) -> Version:
+    def from_dir(cls, client: redis.Redis, label: str, folder: Path | None, record_format: int = 1) -> Version:
         read = (lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8")) if folder else load_script
-        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES})
+        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format)
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -80,7 +85,7 @@ def _batched(items: list[Any], size: int) -> list[list[Any]]:
 
 def case_calls(v: Version, case: str, stems: list[str], size: int) -> list[Call]:
     """Set ``stems`` up for ``case`` (with ``v``'s scripts) and return the calls to measure."""
-    c = _Calls()
+    c = v.calls
     fp = FINGERPRINT if case == "claim new, fp" else ""
     claims = [c.claim_calls([(s, fp, "") for s in part], LEASE_MS, RETENTION_MS) for part in _batched(stems, size)]
     if case.startswith("claim new"):
@@ -115,7 +120,7 @@ def memory(v: Version, fingerprint: str) -> tuple[float, float]:
     claim is held, and once completed."""
     stem = KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345")
     records = (KeyLayout.started(stem), KeyLayout.result(stem))
-    c = _Calls()
+    c = v.calls
     token = _tokens(v.run(c.claim_calls([(stem, fingerprint, "")], LEASE_MS, RETENTION_MS)))[0]
     held = sum(v.client.memory_usage(k) or 0 for k in records)
     v.run(c.complete_calls([(stem, token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
@@ -124,11 +129,21 @@ def memory(v: Version, fingerprint: str) -> tuple[float, float]:
     return float(held), float(done)
 
 
-def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None]]) -> dict[str, Any]:
+def floor_bytes(client: redis.Redis) -> float:
+    """``MEMORY USAGE`` of a plain ``SET ... PX`` of the probe's result key name and value: the
+    floor for a completed key on this server."""
+    name = KeyLayout.result(KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345"))
+    client.set(name, VALUE, px=RESULT_TTL_MS)
+    used = client.memory_usage(name) or 0
+    client.delete(name)
+    return float(used)
+
+
+def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None, int]]) -> dict[str, Any]:
     """µs of Redis time per key, by ``(version, case, batch size)`` (the median of the rounds: a
     round that shared the CPU with another process is an outlier, not a trend); memory by version."""
     client = redis.Redis.from_url(url)
-    loaded = [Version.from_dir(client, label, folder) for label, folder in versions]
+    loaded = [Version.from_dir(client, label, folder, record_format) for label, folder, record_format in versions]
     runs: dict[tuple[str, str, int], list[float]] = {}
     for _ in range(rounds):
         for size in BATCHES:
@@ -142,6 +157,7 @@ def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path
                         client.unlink(name)
     return {"usec": {key: statistics.median(values) for key, values in runs.items()},
             "memory": {v.label: (memory(v, ""), memory(v, FINGERPRINT)) for v in loaded},
+            "floor": floor_bytes(client),
             "aof": client.config_get("append*")}
 
 
@@ -157,6 +173,7 @@ def report(m: dict[str, Any], labels: Sequence[str], keys: int, rounds: int) -> 
         (held, done), (held_fp, done_fp) = m["memory"][lb]
         lines.append(f"  memory per key ({lb}, MEMORY USAGE of both records): completed {done:.0f} bytes, "
                      f"{done_fp:.0f} with a fingerprint; claimed {held:.0f}, {held_fp:.0f} with a fingerprint")
+    lines.append(f"  floor: a plain SET ... PX of the same key name and value takes {m['floor']:.0f} bytes")
     return "\n".join(lines)
 
 
@@ -167,11 +184,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="a folder of other scripts to run side by side")
     args = parser.parse_args()
-    versions: list[tuple[str, Path | None]] = [("this", None)]
+    versions: list[tuple[str, Path | None, int]] = [("this f1", None, 1), ("this f2", None, 2)]
     if args.baseline:
-        versions.insert(0, ("baseline", args.baseline))
+        versions.insert(0, ("baseline", args.baseline, 1))
     m = measure(args.redis_url, args.keys, args.rounds, versions)
-    print(report(m, [label for label, _ in versions], args.keys, args.rounds))
+    print(report(m, [label for label, _, _ in versions], args.keys, args.rounds))
 
 
 if __name__ == "__main__":

@@ -11,15 +11,51 @@ from ._engine.recorded import Outcomes
 from ._protocol.claim import Claim
 from ._protocol.client import KEY_HARD_LIMIT, ClaimClient
 from ._protocol.context import Holding
+from ._protocol.flows import ClientCore
 from ._settings import DedupeSettings
 
-__all__ = ["KEY_HARD_LIMIT", "Deduplicator", "sql_outcomes"]
+__all__ = ["KEY_HARD_LIMIT", "Deduplicator", "DeduplicatorCore", "sql_outcomes"]
 
 T = TypeVar("T")
-D = TypeVar("D", bound="Deduplicator")
+D = TypeVar("D", bound="DeduplicatorCore")
 
 
-class Deduplicator(ClaimClient):
+class DeduplicatorCore(ClientCore):
+    """What both deduplicators add to their protocol client, written once: ``outcomes`` read from
+    the settings, :meth:`hold` and :meth:`answer`."""
+
+    outcomes: Outcomes | None
+
+    def _attach(self, outcomes: Outcomes | None) -> None:
+        #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
+        self.outcomes = outcomes
+        if outcomes is not None:
+            outcomes.attach(self)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        s = settings or DedupeSettings()
+        if "outcomes" not in options and s.sql_dsn:
+            options["outcomes"] = sql_outcomes(s)
+        return super().from_settings(s, **options)
+
+    def hold(self, claim: Claim) -> Holding:
+        """While inside (``with``; in a coroutine on asyncio): the lease is renewed and
+        ``current_claim()`` is ``claim``."""
+        return Holding(self.renewer, claim)
+
+    @staticmethod
+    def answer(claim: Claim) -> Any:
+        """The stored value of a DUPLICATE; raises for IN_PROGRESS, CONFLICT and stored failures."""
+        decision = _decision.settle(claim)
+        if decision is None:
+            raise ValueError(f"claim on {claim.key!r} was acquired; there is nothing stored to answer")
+        return _decision.outcome(decision)
+
+
+class Deduplicator(DeduplicatorCore, ClaimClient):
     """Makes at-least-once delivery apply once, with Redis as the store of claims and outcomes.
 
     The protocol calls (``begin``, ``complete``, ``fail``, ``release``, ``renew``, ``status`` and
@@ -45,20 +81,8 @@ class Deduplicator(ClaimClient):
     """
 
     def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
-        super().__init__(redis_client, **options)
-        #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
-        self.outcomes = outcomes
-        if outcomes is not None:
-            outcomes.attach(self)
-
-    @classmethod
-    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
-        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
-        s = settings or DedupeSettings()
-        if "outcomes" not in options and s.sql_dsn:
-            options["outcomes"] = sql_outcomes(s)
-        return super().from_settings(s, **options)
+        ClaimClient.__init__(self, redis_client, **options)
+        self._attach(outcomes)
 
     def run(self, key: str | bytes, fn: Callable[..., T], /, *args: Any, fingerprint: Any = None,
             wait: float = 0.0, **kwargs: Any) -> T:
@@ -84,18 +108,6 @@ class Deduplicator(ClaimClient):
         """
         handler = (lambda: fn(*args, **kwargs)) if args or kwargs else fn
         return _decision.outcome(_engine.execute(self, claim, handler))  # type: ignore[no-any-return]
-
-    def hold(self, claim: Claim) -> Holding:
-        """While inside: the lease is renewed and ``current_claim()`` is ``claim``."""
-        return Holding(self.renewer, claim)
-
-    @staticmethod
-    def answer(claim: Claim) -> Any:
-        """The stored value of a DUPLICATE; raises for IN_PROGRESS, CONFLICT and stored failures."""
-        decision = _decision.settle(claim)
-        if decision is None:
-            raise ValueError(f"claim on {claim.key!r} was acquired; there is nothing stored to answer")
-        return _decision.outcome(decision)
 
     def settle_failure(self, claim: Claim, exc: BaseException) -> None:
         """After work for ``claim`` raised ``exc``: store a permanent failure or release the

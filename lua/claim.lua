@@ -1,12 +1,15 @@
 -- claim.lua: try to take the claim on one or more message keys (state: free -> claimed).
 --
 -- KEYS[2i-1] - the started key of message i (hash: next, owner, deadline, fp, orig, w)
--- KEYS[2i]   - the result key of message i  (hash: s, v, t, f, orig)
+-- KEYS[2i]   - the result key of message i  (complete.lua's compact string, or the hash of
+--              earlier releases: s, v, t, f, orig)
 -- ARGV[1]    - lease in milliseconds
 -- ARGV[2]    - retention in milliseconds: how long the started key (and with it the token
 --              counter) outlives the lease
 -- ARGV[2i+1] - payload fingerprint of message i ('' means "do not check")
 -- ARGV[2i+2] - the original key of message i when the Redis key holds its hash, else ''
+-- ARGV[2n+3] - optional, after the last message: '2' when this worker writes record format 2 (a
+--              stored result is then read as a string first, else as a hash first)
 --
 -- Returns four values per message, in order:
 --   {1, token, reclaimed, false}        ACQUIRED: we own the claim under a new fencing token;
@@ -33,10 +36,11 @@
 --
 -- Records are shared with workers running other releases of these scripts (rolling upgrades;
 -- tests/test_lua_compat.py): a field that is missing means what its empty value meant, so empty
--- ones are not written (fp and orig here, f and orig in the result), and a free lease is one
--- whose owner is 0 or missing, whatever its deadline. The cost is Redis' own time per key, so
--- the common case is cheapest: a key with no record at all (an empty HMGET of the result, one
--- EXISTS) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one HMGET.
+-- ones are not written (fp and orig here), and a free lease is one whose owner is 0 or missing,
+-- whatever its deadline. A result is read in both formats complete.lua writes. The cost is Redis'
+-- own time per key, so the common case is cheapest: a key with no record at all (one EXISTS of
+-- both keys) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one EXISTS
+-- and one read (HMGET or GET: the format this worker writes first).
 local lease_ms = tonumber(ARGV[1])
 -- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
 -- Shared values are made once as strings (at the first claim taken): Redis formats every number
@@ -47,6 +51,37 @@ local function clock()
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   now_us_s = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
+
+-- The stored outcome in either format: status, token, value, fingerprint ('' for none); nil when
+-- no outcome is stored. The compact string (complete.lua): a status letter, the token as 8 bytes
+-- big-endian, the value; after an upper-case letter the value is preceded by the fingerprint and
+-- the original key, each after its 2-byte length. The hash (s, v, t, f, orig) of record format 1
+-- makes GET answer WRONGTYPE, and a string makes HMGET do so: each is then read the other way.
+local strings_first = #ARGV == #KEYS + 3 and ARGV[#ARGV] == '2'
+local function outcome(result)
+  if not strings_first then  -- the format this worker writes is read first: no error to pay for
+    local h = redis.pcall('HMGET', result, 's', 'v', 't', 'f')
+    if type(h) == 'table' and not h.err then
+      if not h[1] then return nil end
+      return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+    end
+  end
+  local raw = redis.pcall('GET', result)
+  if not raw then return nil end
+  if type(raw) == 'table' then
+    local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
+    if not h[1] then return nil end
+    return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+  end
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
+  local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
+  local status = string.sub(raw, 1, 1)
+  local lower = string.lower(status)
+  if status == lower then return status, token, string.sub(raw, 10), '' end
+  local fl = string.byte(raw, 10) * 256 + string.byte(raw, 11)
+  local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
+  return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
 
 -- The claim's fields, one HSET. An empty fingerprint or original key is not written (a missing
@@ -72,44 +107,40 @@ local out, n = {}, 0
 for i = 1, #KEYS / 2 do
   local started, result = KEYS[2 * i - 1], KEYS[2 * i]
   local fp, orig = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  local done  -- the stored fingerprint is read only when there is one to compare it with
-  if fp == '' then
-    done = redis.call('HMGET', result, 's', 'v', 't')
-  else
-    done = redis.call('HMGET', result, 's', 'v', 't', 'f')
-  end
-  if done[1] then
-    if fp ~= '' and done[4] and done[4] ~= '' and done[4] ~= fp then
-      out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
-    else
-      out[n + 1] = 2; out[n + 2] = tonumber(done[3]) or 0; n = n + 2
-      out[n + 1] = done[1]; out[n + 2] = done[2] or ''; n = n + 2
-    end
-  elseif redis.call('EXISTS', started) == 0 then
+  if redis.call('EXISTS', started, result) == 0 then
     if not now_ms then clock() end
     -- Never claimed (or its records expired): the token is the clock, max(0 + 1, now_us).
     take(started, now_us_s, fp, orig)
     out[n + 1] = 1; out[n + 2] = now_us; out[n + 3] = false; out[n + 4] = false; n = n + 4
   else
-    if not now_ms then clock() end
-    local st = redis.call('HMGET', started, 'next', 'owner', 'deadline', 'fp')
-    local owner = tonumber(st[2]) or 0
-    local until_ms = tonumber(st[3]) or 0
-    if owner > 0 and until_ms > now_ms then
-      if fp ~= '' and st[4] and st[4] ~= '' and st[4] ~= fp then
+    local status, stored_token, value, stored_fp = outcome(result)
+    if status then
+      if fp ~= '' and stored_fp ~= '' and stored_fp ~= fp then
         out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
       else
-        out[n + 1] = 3; out[n + 2] = owner; n = n + 2
-        out[n + 1] = until_ms - now_ms; out[n + 2] = false; n = n + 2
+        out[n + 1] = 2; out[n + 2] = stored_token; out[n + 3] = status; out[n + 4] = value; n = n + 4
       end
     else
-      local next_token = (tonumber(st[1]) or 0) + 1
-      local token, token_s = now_us, now_us_s
-      if next_token > now_us then token, token_s = next_token, string.format('%.0f', next_token) end
-      -- the fingerprint of the claim this one takes over is not ours
-      if fp == '' and st[4] and st[4] ~= '' then redis.call('HDEL', started, 'fp') end
-      take(started, token_s, fp, orig)
-      out[n + 1] = 1; out[n + 2] = token; out[n + 3] = 1; out[n + 4] = false; n = n + 4
+      if not now_ms then clock() end
+      local st = redis.call('HMGET', started, 'next', 'owner', 'deadline', 'fp')
+      local owner = tonumber(st[2]) or 0
+      local until_ms = tonumber(st[3]) or 0
+      if owner > 0 and until_ms > now_ms then
+        if fp ~= '' and st[4] and st[4] ~= '' and st[4] ~= fp then
+          out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
+        else
+          out[n + 1] = 3; out[n + 2] = owner; n = n + 2
+          out[n + 1] = until_ms - now_ms; out[n + 2] = false; n = n + 2
+        end
+      else
+        local next_token = (tonumber(st[1]) or 0) + 1
+        local token, token_s = now_us, now_us_s
+        if next_token > now_us then token, token_s = next_token, string.format('%.0f', next_token) end
+        -- the fingerprint of the claim this one takes over is not ours
+        if fp == '' and st[4] and st[4] ~= '' then redis.call('HDEL', started, 'fp') end
+        take(started, token_s, fp, orig)
+        out[n + 1] = 1; out[n + 2] = token; out[n + 3] = 1; out[n + 4] = false; n = n + 4
+      end
     end
   end
 end

@@ -10,7 +10,11 @@
 -- ARGV[3i-1] - the fencing token of message i's claim
 -- ARGV[3i]   - status of message i: 'c' completed, 'o' completed with the body omitted,
 --              'f' failed permanently
--- ARGV[3i+1] - the serialised result (or error) of message i
+-- ARGV[3i+1] - the serialised result (or error) of message i; in record format 2 the whole
+--              compact record instead (the status letter, the token as 8 bytes, the value: built
+--              by the caller, so the common case is stored as it came)
+-- ARGV[3n+2] - optional, after the last message: '2' writes results in the compact format
+--              (record format 2), anything else or nothing the hash (record format 1)
 --
 -- Returns one value per message: 1 when the outcome was stored, 0 (LEASE_LOST) when the
 -- token no longer owns the claim. A lost claim writes nothing, so a late worker can never
@@ -18,36 +22,68 @@
 -- result exists every claim answers DUPLICATE, and the result keeps the final token.
 -- When watch.lua counted waiters, one notice per waiter is pushed to the notice list (which
 -- expires after NOTICE_TTL_MS); with no waiter nothing more is written.
--- The result holds s, v and t; f (the claim's fingerprint) and orig only when the claim had
--- them: a missing field reads as '' (claim.lua, and scripts of earlier releases, read it so).
 -- A retry of a completion that already succeeded (its reply was lost in a failover or a
 -- connection reset) answers 1 again: the stored result carries the same token.
+--
+-- The two formats of a result (every reader of this release reads both; a reader of an earlier
+-- release meets WRONGTYPE on format 2 and fails the call, never taking the key as new):
+--   format 1, a hash: s (status), v (value), t (token); f (the claim's fingerprint) and orig
+--             only when the claim had them (a missing field reads as '')
+--   format 2, a string written with one SET ... PX: the status letter, the token as 8 bytes
+--             big-endian, the value. When the claim had a fingerprint or an original key the
+--             letter is upper case and the value is preceded by the fingerprint and the
+--             original key, each after its length in 2 bytes big-endian.
 local NOTICE_TTL_MS = 10000
 local result_ttl_ms = ARGV[1]  -- passed on as the string it is: Redis formats number arguments
+local compact = #ARGV == #KEYS + 2 and ARGV[#ARGV] == '2'
+
+local function length(s)
+  return string.char(math.floor(#s / 256), #s % 256)
+end
+
+-- The token a stored result carries, in either format ('' when none is stored).
+local function stored_token(result)
+  local raw = redis.pcall('GET', result)
+  if not raw then return '' end
+  if type(raw) == 'table' then return redis.call('HGET', result, 't') or '' end
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
+  return string.format('%.0f', ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8)
+end
+
 local out, n = {}, 0
 for i = 1, #KEYS / 3 do
   local started, result, notice = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local token = ARGV[3 * i - 1]
   local st = redis.call('HMGET', started, 'owner', 'fp', 'orig', 'w')
   if st[1] and st[1] == token then
-    local fp, orig = st[2], st[3]
+    local status, value, fp, orig = ARGV[3 * i], ARGV[3 * i + 1], st[2], st[3]
     if fp == '' then fp = nil end
-    if not fp and not orig then
-      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token)
-    elseif not orig then
-      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token, 'f', fp)
-    elseif not fp then
-      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token, 'orig', orig)
+    if compact then
+      if not fp and not orig then
+        redis.call('SET', result, value, 'PX', result_ttl_ms)
+      else  -- the claim's fingerprint and original key go between the token and the value
+        fp, orig = fp or '', orig or ''
+        redis.call('SET', result, string.upper(status) .. string.sub(value, 2, 9) .. length(fp) .. fp
+                   .. length(orig) .. orig .. string.sub(value, 10), 'PX', result_ttl_ms)
+      end
     else
-      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token, 'f', fp, 'orig', orig)
+      if not fp and not orig then
+        redis.call('HSET', result, 's', status, 'v', value, 't', token)
+      elseif not orig then
+        redis.call('HSET', result, 's', status, 'v', value, 't', token, 'f', fp)
+      elseif not fp then
+        redis.call('HSET', result, 's', status, 'v', value, 't', token, 'orig', orig)
+      else
+        redis.call('HSET', result, 's', status, 'v', value, 't', token, 'f', fp, 'orig', orig)
+      end
+      redis.call('PEXPIRE', result, result_ttl_ms)
     end
-    redis.call('PEXPIRE', result, result_ttl_ms)
     redis.call('DEL', started)
     local waiters = tonumber(st[4]) or 0
     for _ = 1, waiters do redis.call('RPUSH', notice, token) end
     if waiters > 0 then redis.call('PEXPIRE', notice, NOTICE_TTL_MS) end
     out[n + 1] = 1; n = n + 1
-  elseif not st[1] and redis.call('HGET', result, 't') == token then
+  elseif not st[1] and stored_token(result) == token then
     out[n + 1] = 1; n = n + 1
   else
     out[n + 1] = 0; n = n + 1

@@ -2,14 +2,39 @@
 --
 -- KEYS[1] - the started key
 -- KEYS[2] - the result key
+-- ARGV[1]  - optional: 'f' to also return the stored outcome's fingerprint (the replay's check)
 --
 -- Returns {state, token, remaining_ms_or_status, value}:
 --   {2, token, status, value}        a stored outcome (status 'c', 'o' or 'f')
+--   {2, token, status, value, fp}    the same with ARGV[1] 'f' (fp '' when the claim had none)
 --   {3, owner_token, remaining_ms, false} a live lease is held
 --   {0, last_token, 0, false}        free: never claimed, released, or its lease ran out
--- Read in one script so the two keys are seen at one instant.
-local done = redis.call('HMGET', KEYS[2], 's', 'v', 't')
-if done[1] then return {2, tonumber(done[3]) or 0, done[1], done[2] or ''} end
+-- Read in one script so the two keys are seen at one instant. The result is read in both
+-- formats complete.lua writes.
+-- The stored outcome in either format (see complete.lua): status, token, value, fingerprint
+-- ('' for none); nil when no outcome is stored. A hash of earlier releases makes GET answer WRONGTYPE.
+local function outcome(result)
+  local raw = redis.pcall('GET', result)
+  if not raw then return nil end
+  if type(raw) == 'table' then
+    local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
+    if not h[1] then return nil end
+    return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+  end
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
+  local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
+  local status = string.sub(raw, 1, 1)
+  local lower = string.lower(status)
+  if status == lower then return status, token, string.sub(raw, 10), '' end
+  local fl = string.byte(raw, 10) * 256 + string.byte(raw, 11)
+  local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
+  return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
+end
+local status, token, value, fp = outcome(KEYS[2])
+if status then
+  if ARGV[1] == 'f' then return {2, token, status, value, fp} end
+  return {2, token, status, value}
+end
 local st = redis.call('HMGET', KEYS[1], 'next', 'owner', 'deadline')
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -2,7 +2,7 @@
 -- every other answer changes nothing).
 --
 -- KEYS[1] - the started key (claim.lua's: owner, deadline, fp)
--- KEYS[2] - the result key  (complete.lua's: s, v, t, f)
+-- KEYS[2] - the result key  (complete.lua's, in either of its formats)
 -- KEYS[3] - the send mark   (hash: id, until, fp)
 -- ARGV[1] - the task id of this send (recorded in the mark when it publishes)
 -- ARGV[2] - send TTL in milliseconds: how long the mark answers "queued" (countdown included)
@@ -28,10 +28,29 @@
 -- fields claim.lua reads, so records of every release are understood. The fingerprint is
 -- written only when non-empty (a missing field reads as '').
 local fp = ARGV[4]
-local done = redis.call('HMGET', KEYS[2], 's', 'v', 't', 'f')
-if done[1] then
-  if fp ~= '' and done[4] and done[4] ~= '' and done[4] ~= fp then return {4, 0, false, false, false} end
-  return {2, tonumber(done[3]) or 0, done[1], done[2] or '', redis.call('HGET', KEYS[3], 'id') or ''}
+-- The stored outcome in either format (see complete.lua): status, token, value, fingerprint
+-- ('' for none); nil when no outcome is stored. A hash of earlier releases makes GET answer WRONGTYPE.
+local function outcome(result)
+  local raw = redis.pcall('GET', result)
+  if not raw then return nil end
+  if type(raw) == 'table' then
+    local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
+    if not h[1] then return nil end
+    return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+  end
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
+  local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
+  local status = string.sub(raw, 1, 1)
+  local lower = string.lower(status)
+  if status == lower then return status, token, string.sub(raw, 10), '' end
+  local fl = string.byte(raw, 10) * 256 + string.byte(raw, 11)
+  local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
+  return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
+end
+local status, token, value, stored_fp = outcome(KEYS[2])
+if status then
+  if fp ~= '' and stored_fp ~= '' and stored_fp ~= fp then return {4, 0, false, false, false} end
+  return {2, token, status, value, redis.call('HGET', KEYS[3], 'id') or ''}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

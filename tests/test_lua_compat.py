@@ -1,13 +1,20 @@
 """Rolling upgrades: workers running the previous release's scripts and workers running ours share
 one Redis, so each must read the other's records as its own.
 
-``tests/data/lua_previous/`` holds the scripts as the previous release shipped them. Every
-scenario below (one message key through claims, completions, releases, renewals, expiries,
+``tests/data/lua_previous/`` holds the scripts as the previous release shipped them and
+``tests/data/lua_older/`` those of the release before. Results change format in two phases: this
+release reads both formats and writes record format 1 (the hash every release reads) unless
+switched to format 2 (the compact string, ``DEDUPE_RECORD_FORMAT=2``), which only this release
+and later ones read. So the pairs that share a namespace during an upgrade are: previous and ours
+(phase one), older and ours (a skipped release), and ours writing format 1 with ours writing
+format 2 (phase two: the switch rolled out worker by worker, or rolled back).
+
+Every scenario below (one message key through claims, completions, releases, renewals, expiries,
 watches, inspections and forgets) runs once with the previous scripts only, which gives the
-reference, and then with the versions mixed: ours only, alternating step by step, and switched
-over at every step in both directions (previous then ours, ours then previous). Every mix must
-answer exactly as the reference (tokens compared by their order of appearance, remaining lease
-times by being positive), and every token acquired must be larger than each one seen before.
+reference, and then, for each pair, with the versions mixed: the newer only, alternating step by
+step, and switched over at every step in both directions. Every mix must answer exactly as the
+reference (tokens compared by their order of appearance, remaining lease times by being
+positive), and every token acquired must be larger than each one seen before.
 """
 
 from __future__ import annotations
@@ -26,9 +33,13 @@ import redis
 from dedupe_worker import Stored
 from dedupe_worker._protocol.calls import StoreCalls
 from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.record import StoredResult, parse_result, read_result
 from dedupe_worker._protocol.scripts import SCRIPT_NAMES, load_script
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
+OLDER = Path(__file__).parent / "data" / "lua_older"
+#: The versions that share a namespace during an upgrade, each pair ``(earlier, later)``.
+PAIRS = [("previous", "ours"), ("older", "ours"), ("ours", "ours2")]
 LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 5000, 60_000, 60_000
 VALUE = b'{"status":"charged","amount":1250}'
 
@@ -38,30 +49,41 @@ class _Calls(StoreCalls):
 
 
 class Scripts:
-    """One version of the protocol scripts, called with the arguments the store sends."""
+    """One version of the protocol scripts, called with the arguments the store sends (writing
+    results in ``record_format`` where the scripts know of formats)."""
 
-    def __init__(self, client: redis.Redis, texts: dict[str, str]) -> None:
+    def __init__(self, client: redis.Redis, texts: dict[str, str], record_format: int = 1) -> None:
         self.client = client
+        self.calls = _Calls()
+        self.calls.write_format(record_format)
+        self.texts = texts
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
         for text in texts.values():
             client.script_load(text)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return self.client.evalsha(self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        try:
+            return self.client.evalsha(self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        except redis.exceptions.NoScriptError:  # another test flushed the scripts (it ran nothing)
+            self.client.script_load(self.texts[name])
+            return self.client.evalsha(self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
 
     def run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> Any:
         [(name, keys, args)] = calls
         return self.call(name, keys, args)
 
     def claim(self, items: Sequence[tuple[str, str, str]], lease_ms: int = LEASE_MS) -> list[Any]:
-        return _Calls.claim_replies(self.run(_Calls().claim_calls(items, lease_ms, RETENTION_MS)))
+        return _Calls.claim_replies(self.run(self.calls.claim_calls(items, lease_ms, RETENTION_MS)))
 
 
 @pytest.fixture
 def versions(redis_client: redis.Redis) -> dict[str, Scripts]:
+    ours = {n: load_script(n) for n in SCRIPT_NAMES}
     return {
         "previous": Scripts(redis_client, {n: (PREVIOUS / f"{n}.lua").read_text() for n in SCRIPT_NAMES}),
-        "ours": Scripts(redis_client, {n: load_script(n) for n in SCRIPT_NAMES}),
+        "older": Scripts(redis_client, {n: (OLDER / f"{n}.lua").read_text() for n in SCRIPT_NAMES}),
+        "ours": Scripts(redis_client, ours),
+        "ours2": Scripts(redis_client, ours, record_format=2),
     }
 
 
@@ -95,7 +117,7 @@ class Run:
         self.step += 1
         stem = self.stem
         started, result, notice = KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)
-        c = _Calls()
+        c = v.calls
         if op == "claim":
             fp, lease_ms = args[0], (args[1] if len(args) > 1 else LEASE_MS)
             (reply,) = v.claim([(stem, fp, "")], lease_ms)
@@ -130,8 +152,8 @@ class Run:
         return [self.token(t) for t in self.client.lrange(KeyLayout.notice(self.stem), 0, -1)]
 
     def originals(self) -> tuple[Any, Any]:
-        return (self.client.hget(KeyLayout.started(self.stem), "orig"),
-                self.client.hget(KeyLayout.result(self.stem), "orig"))
+        stored = read_result(self.client, KeyLayout.result(self.stem))
+        return (self.client.hget(KeyLayout.started(self.stem), "orig"), stored.original or None if stored else None)
 
 
 #: Each scenario: steps ``(op, *args)``; a token argument is its order of appearance (1 = first).
@@ -174,15 +196,15 @@ SCENARIOS: dict[str, list[tuple[Any, ...]]] = {
 NOT_SCRIPTED = ("sleep", "notices", "ahead")
 
 
-def _plans(steps: int) -> Iterator[tuple[str, ...]]:
-    """Every way one version can follow the other: all ours, alternating (both ways round), and a
-    switch-over after each step, in both directions."""
-    yield ("ours",) * steps
-    yield tuple("previous" if i % 2 else "ours" for i in range(steps))
-    yield tuple("ours" if i % 2 else "previous" for i in range(steps))
+def _plans(steps: int, earlier: str = "previous", later: str = "ours") -> Iterator[tuple[str, ...]]:
+    """Every way one version can follow the other: all the later one, alternating (both ways
+    round), and a switch-over after each step, in both directions."""
+    yield (later,) * steps
+    yield tuple(earlier if i % 2 else later for i in range(steps))
+    yield tuple(later if i % 2 else earlier for i in range(steps))
     for cut in range(1, steps):
-        yield ("previous",) * cut + ("ours",) * (steps - cut)
-        yield ("ours",) * cut + ("previous",) * (steps - cut)
+        yield (earlier,) * cut + (later,) * (steps - cut)
+        yield (later,) * cut + (earlier,) * (steps - cut)
 
 
 def _play(client: redis.Redis, versions: dict[str, Scripts], steps: list[tuple[Any, ...]],
@@ -194,13 +216,14 @@ def _play(client: redis.Redis, versions: dict[str, Scripts], steps: list[tuple[A
     return answers
 
 
+@pytest.mark.parametrize("pair", PAIRS, ids="-".join)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_mixed_versions_answer_as_the_previous_release(
-        name: str, redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
+        name: str, pair: tuple[str, str], redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
     steps = SCENARIOS[name]
     scripted = sum(op not in NOT_SCRIPTED for op, *_ in steps)
     reference = _play(redis_client, versions, steps, ("previous",) * scripted)
-    for plan in _plans(scripted):
+    for plan in _plans(scripted, *pair):
         assert _play(redis_client, versions, steps, plan) == reference, plan
 
 
@@ -218,8 +241,8 @@ def test_the_reference_runs_are_what_the_protocol_promises(
         ("DUPLICATE", 1, "c", VALUE, False)]
 
 
-@pytest.mark.parametrize("writer", ["previous", "ours"])
-@pytest.mark.parametrize("reader", ["previous", "ours"])
+@pytest.mark.parametrize(("writer", "reader"), [
+    (w, r) for earlier, later in PAIRS for w in (earlier, later) for r in (earlier, later)])
 def test_a_batch_of_every_kind_of_key_reads_alike(
         writer: str, reader: str, redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
     """One claim call over keys in every state (stored, conflicting, held, released, expired, new)
@@ -229,7 +252,7 @@ def test_a_batch_of_every_kind_of_key_reads_alike(
         w, r = versions[writer], versions[reader]
         layout = KeyLayout(f"t-{uuid.uuid4().hex[:12]}")
         stems = {kind: layout.stem(kind) for kind in ("done", "done-fp", "held", "released", "expired", "new")}
-        c = _Calls()
+        c = w.calls
         tokens = [reply.token for reply in w.claim([(stems[k], "fp-a", "") for k in ("done", "done-fp", "held",
                                                                                         "released")])]
         (expired,) = w.claim([(stems["expired"], "fp-a", "")], lease_ms=20)
@@ -256,13 +279,17 @@ def test_a_batch_of_every_kind_of_key_reads_alike(
         ("ACQUIRED", None, None, False)]
 
 
-def test_original_keys_are_kept_by_either_version(redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
-    for claimer in versions.values():
-        for completer in versions.values():
+@pytest.mark.parametrize("pair", PAIRS, ids="-".join)
+def test_original_keys_are_kept_by_either_version(
+        pair: tuple[str, str], redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
+    for claimer in pair:
+        for completer in pair:
             run = Run(redis_client, versions, ())
-            (reply,) = claimer.claim([(run.stem, "fp-a", "the original key")])
+            (reply,) = versions[claimer].claim([(run.stem, "fp-a", "the original key")])
             assert run.originals() == (b"the original key", None)
-            completer.run(_Calls().complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
+            calls = versions[completer].calls
+            versions[completer].run(calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)],
+                                                         RESULT_TTL_MS))
             assert run.originals() == (None, b"the original key")
 
 
@@ -277,12 +304,68 @@ def test_our_records_leave_out_empty_fields(redis_client: redis.Redis, versions:
     assert redis_client.hgetall(started) == {b"next": token, b"owner": token, b"deadline": redis_client.hget(
         started, "deadline")}
     assert 55_000 < redis_client.pttl(started) <= 60_000
-    ours.run(_Calls().complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
+    ours.run(ours.calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
     assert redis_client.hgetall(result) == {b"s": b"c", b"v": VALUE, b"t": token}
     assert 55_000 < redis_client.pttl(result) <= 60_000
     # a fingerprint is kept in both records
     run = Run(redis_client, versions, ())
     (reply,) = ours.claim([(run.stem, "fp-a", "")])
     assert redis_client.hget(KeyLayout.started(run.stem), "fp") == b"fp-a"
-    ours.run(_Calls().complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
+    ours.run(ours.calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
     assert redis_client.hget(KeyLayout.result(run.stem), "f") == b"fp-a"
+
+
+def test_format_2_is_one_string_at_the_floor_of_memory(
+        redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
+    """Record format 2: the status letter, the token in 8 bytes, the value, one ``SET ... PX``; it
+    takes no more memory than a plain ``SET`` of the same key name and value."""
+    ours2 = versions["ours2"]
+    run = Run(redis_client, versions, ())
+    result = KeyLayout.result(run.stem)
+    (reply,) = ours2.claim([(run.stem, "", "")])
+    assert ours2.run(ours2.calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)],
+                                                RESULT_TTL_MS)) == [1]
+    raw = redis_client.get(result)
+    assert raw == b"c" + reply.token.to_bytes(8, "big") + VALUE
+    assert parse_result(raw) == StoredResult(b"c", reply.token, VALUE)
+    assert 55_000 < redis_client.pttl(result) <= 60_000
+    assert not redis_client.exists(KeyLayout.started(run.stem))
+    used = redis_client.memory_usage(result)
+    redis_client.set(result, VALUE, px=RESULT_TTL_MS)
+    assert used <= redis_client.memory_usage(result)
+    # with a fingerprint and an original key, both are kept before the value
+    run = Run(redis_client, versions, ())
+    (reply,) = ours2.claim([(run.stem, "fp-a", "the original key")])
+    ours2.run(ours2.calls.complete_calls([(run.stem, reply.token, Stored.FAILED, b"{}")], RESULT_TTL_MS))
+    assert read_result(redis_client, KeyLayout.result(run.stem)) == StoredResult(
+        b"f", reply.token, b"{}", b"fp-a", b"the original key")
+    assert ours2.claim([(run.stem, "fp-b", "")])[0].outcome.name == "CONFLICT"
+    duplicate = ours2.claim([(run.stem, "fp-a", "")])[0]
+    assert (duplicate.outcome.name, duplicate.token, duplicate.status, duplicate.value) == (
+        "DUPLICATE", reply.token, Stored.FAILED, b"{}")
+
+
+def test_format_1_reads_back_in_python_alike(redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
+    run = Run(redis_client, versions, ())
+    ours = versions["ours"]
+    (reply,) = ours.claim([(run.stem, "fp-a", "the original key")])
+    ours.run(ours.calls.complete_calls([(run.stem, reply.token, Stored.OMITTED, b"")], RESULT_TTL_MS))
+    assert redis_client.type(KeyLayout.result(run.stem)) == b"hash"
+    assert read_result(redis_client, KeyLayout.result(run.stem)) == StoredResult(
+        b"o", reply.token, b"", b"fp-a", b"the original key")
+    assert read_result(redis_client, KeyLayout.result(run.stem + "-none")) is None
+
+
+@pytest.mark.parametrize("earlier", ["previous", "older"])
+def test_an_earlier_release_refuses_a_format_2_result_rather_than_run_it_again(
+        earlier: str, redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
+    """Why the switch to format 2 waits until no worker of an earlier release is left: such a
+    worker cannot read the result. It fails the call (its message is not run), and never takes
+    the key for a new one."""
+    run = Run(redis_client, versions, ())
+    ours2 = versions["ours2"]
+    (reply,) = ours2.claim([(run.stem, "", "")])
+    ours2.run(ours2.calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        versions[earlier].claim([(run.stem, "", "")])
+    assert parse_result(redis_client.get(KeyLayout.result(run.stem))).token == reply.token

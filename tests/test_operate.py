@@ -18,8 +18,9 @@ from dedupe_worker.cli import main
 from . import services
 
 
-@pytest.fixture
-def seeded(dedupe: Deduplicator) -> Deduplicator:
+@pytest.fixture(params=[1, 2], ids=["format1", "format2"])
+def seeded(dedupe: Deduplicator, request: pytest.FixtureRequest) -> Deduplicator:
+    dedupe.store.write_format(request.param)  # inspect, stats and forget read results in both formats
     dedupe.run("done", lambda: {"charged": 100})
     dedupe.begin("held")
     failed = dedupe.begin("failed")

@@ -149,7 +149,7 @@ def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_m
         dedupe: Deduplicator, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     apply_before(dedupe, "applied", b'{"id": 1}')
     apply_before(dedupe, "other", b'{"id": 9}')
-    redis_client.set(KeyLayout.result(dedupe.request("broken").stem), "not a hash")  # WRONGTYPE
+    redis_client.sadd(KeyLayout.result(dedupe.request("broken").stem), "x")  # WRONGTYPE in either format
     planner = Planner(dedupe, header_key())
     sent: list[int] = []  # commands per round trip, on the held connection or a pipeline
     real_pipeline = redis_client.pipeline
@@ -171,7 +171,7 @@ def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_m
                                   for k in ("applied", "broken", "other", "new")]
                                  + [(envelope(None), "handler_error")])
 
-    assert sent == [8]  # one round trip: inspect + stored fingerprint for each of the four keys
+    assert sent == [4]  # one round trip: inspect (with the stored fingerprint) for each of the four keys
     assert [(e.key, e.state, e.step) for e in entries] == [
         ("applied", "applied", Step.DROP), ("broken", "unavailable", Step.LEAVE),
         ("other", "conflict", Step.LEAVE), ("new", "free", Step.REPLAY), (None, "no_key", Step.LEAVE)]

@@ -24,8 +24,9 @@ SURFACE: dict[str, list[str]] = {
         "decide", "decide_many", "idempotent",
     ],
     "dedupe_worker.asyncio": [
-        "AsyncClaimClient", "AsyncDeduplicator", "AsyncHandler", "AsyncKeyWaiter", "AsyncLeaseRenewer",
-        "AsyncRedisStore", "async_redis_from_url", "current_claim", "decide", "execute", "idempotent", "run",
+        "AsyncClaimClient", "AsyncDeduplicator", "AsyncHandler", "AsyncItem", "AsyncKeyWaiter", "AsyncLeaseRenewer",
+        "AsyncRedisStore", "async_redis_from_url", "current_claim", "decide", "decide_many", "execute", "idempotent",
+        "run",
     ],
     "dedupe_worker.keys": [
         "KAFKA_DEFAULT", "RABBITMQ_DEFAULT", "KeyStrategy", "body_fingerprint", "canonical_json", "content_hash",

@@ -27,6 +27,12 @@ out. Every other handler's outcome is in Redis, so its redelivery answers DUPLIC
 held only for the chunk being run, so a crash strands at most that chunk for a lease, and other
 consumers are never deferred by claims of messages nobody has started.
 
+One engine for sync and asyncio: every step here is a flow (:mod:`dedupe_worker._protocol.flows`)
+that yields its round trips and handler calls; :func:`decide_many` drives it with blocking calls
+and ``dedupe_worker.asyncio.decide_many`` on an event loop (``async def`` handlers awaited; the
+claims of a chunk are handed on once its round trip is read, as asyncio has no held connection
+to stream replies on).
+
 Copies: a later copy of a key in the batch is claimed once its first copy is decided, in the
 next round trip, so it gets the store's answer (DUPLICATE from the outcome just stored, or the
 other worker's IN_PROGRESS or CONFLICT); a copy of one whose handler failed or whose outcome could
@@ -42,16 +48,18 @@ from typing import Any, cast
 
 from .._errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
 from .._protocol.claim import Claim, Outcome, Stored
-from .._protocol.client import ClaimClient, Request
+from .._protocol.client import ClaimClient
+from .._protocol.codec import Request
 from .._protocol.context import _current as current
+from .._protocol.flows import ClientCore, Flow, Handler, Stream
 from .._protocol.scripts import StreamCut
 from ..observe._base import current as observer
 from . import recorded
 from .decision import Decision, Reason, in_progress, poison, settle
 from .pacing import FLUSH_AFTER, Pacing
-from .single import attributes, failure_reason, unavailable
+from .single import attributes, failure_reason, unavailable_flow
 
-__all__ = ["FLUSH_AFTER", "Item", "Pacing", "decide_many"]
+__all__ = ["FLUSH_AFTER", "Item", "Pacing", "batch_flow", "decide_many"]
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +85,13 @@ _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAIL
 #: to release the claim. (A tuple: one is made per message.)
 _Done = tuple[int, Claim, Decision, "tuple[Stored, bytes] | None"]
 
-_ACQUIRED, _FOUND = Outcome.ACQUIRED, Outcome.DUPLICATE
+_ACQUIRED = Outcome.ACQUIRED
 _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
 class _Batch:
-    def __init__(self, dedupe: ClaimClient, items: Sequence[Item], pacing: Pacing,
-                 run_batch: Callable[[list[int]], Sequence[Any]] | None, integration: str = "run") -> None:
+    def __init__(self, dedupe: ClientCore, items: Sequence[Item], pacing: Pacing,
+                 run_batch: Callable[[list[int]], Any] | None, integration: str = "run") -> None:
         self.dedupe = dedupe
         self.integration = integration
         self.items = items
@@ -105,7 +113,7 @@ class _Batch:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def decide(self) -> list[Decision]:
+    def decide(self) -> Flow[list[Decision]]:
         first: dict[str, int] = {}  # stem -> index of its first copy
         request, requests, decisions, queue = self.dedupe.request, self.requests, self.decisions, self.queue
         for i, (key, fingerprint, _) in enumerate(self.items):
@@ -127,9 +135,9 @@ class _Batch:
             chunk.reverse()
             chunk += self.ready
             self.ready = []
-            flowing = self.flush(chunk)
+            flowing = yield from self.flush(chunk)
             if self.interrupt is not None:
-                self.stop()
+                yield from self.stop()
             if not flowing:
                 break
         for waiting in self.copies.values():  # copies behind a first copy that was never decided
@@ -147,7 +155,7 @@ class _Batch:
         assert request is not None
         return request.key
 
-    def claimed(self, start: int, claims: list[Claim]) -> None:
+    def claimed(self, start: int, claims: list[Claim]) -> Flow[None]:
         """Claims for ``self.chunk[start:]`` came in: settle those not ACQUIRED and run the others'
         handlers, unless the chunk was stopped (``flush_after`` reached, or interrupted): then
         they are given back (released with the next round trip, and queued again)."""
@@ -157,10 +165,7 @@ class _Batch:
             if claim.outcome is _ACQUIRED:
                 acquired.append((i, claim))
                 continue
-            if claim.outcome is _FOUND and not claim.failed:  # settle()'s DUPLICATE, inline
-                decision: Decision | None = Decision(_DUPLICATE, claim, claim.result)
-            else:
-                decision = settle(claim)
+            decision = settle(claim)
             assert decision is not None
             if copies:
                 self.decided(i, decision)
@@ -172,18 +177,18 @@ class _Batch:
         # each lease is renewed from its claim until its outcome is stored or its claim released
         self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
         if recorded.outcomes_of(self.dedupe) is not None:
-            acquired = self.found_before(acquired)
+            acquired = yield from self.found_before(acquired)
         if self.stopped:
             self.give_back(acquired)
         else:
-            self.run(acquired)
+            yield from self.run(acquired)
 
-    def found_before(self, acquired: list[tuple[int, Claim]]) -> list[tuple[int, Claim]]:
+    def found_before(self, acquired: list[tuple[int, Claim]]) -> Flow[list[tuple[int, Claim]]]:
         """The claims whose handlers must run: a re-claimed key whose earlier run committed its
         outcome in the database (engine/recorded.py) is DUPLICATE, stored with the next round trip."""
         run = []
         for i, claim in acquired:
-            found = recorded.lookup(self.dedupe, claim) if claim.reclaimed else None
+            found = (yield from recorded.lookup_flow(self.dedupe, claim)) if claim.reclaimed else None
             if found is None:
                 run.append((i, claim))
             else:
@@ -197,32 +202,34 @@ class _Batch:
         if self.interrupt is None:
             self.given_back.extend(i for i, _ in acquired)
 
-    def run(self, acquired: list[tuple[int, Claim]]) -> None:
+    def run(self, acquired: list[tuple[int, Claim]]) -> Flow[None]:
         """Run the handlers of claimed messages. Once those that finished reach ``flush_after``, the
         chunk stops: the claims not started yet are given back, so their outcomes are stored before
         another handler starts and nobody holds idle claims. A ``BaseException`` (``KeyboardInterrupt``,
         ``SystemExit``) stops it too, and is raised once what finished is stored (:meth:`stop`)."""
         try:
             if self.run_batch is not None:
-                self.call_batch(acquired)
+                yield from self.call_batch(acquired)
             else:
-                self.call_each(acquired)
+                yield from self.call_each(acquired)
+        except GeneratorExit:
+            raise
         except BaseException as exc:
             self.interrupt, self.stopped = exc, True
             finished = {d[0] for d in self.done}
             self.releases.extend(claim for i, claim in acquired
                                  if i not in finished and self.decisions[i] is None)
 
-    def stop(self) -> None:
+    def stop(self) -> Flow[None]:
         """After an interrupt: store what finished, free what did not, and raise it."""
         try:
-            self.flush([])
+            yield from self.flush([])
         except Exception as exc:
             log.warning("could not store or release claims while stopping: %s", exc)
         assert self.interrupt is not None
         raise self.interrupt
 
-    def call_each(self, acquired: list[tuple[int, Claim]]) -> None:
+    def call_each(self, acquired: list[tuple[int, Claim]]) -> Flow[None]:
         """The handlers one after the other, until those that finished reach ``flush_after``."""
         observed = observer.enabled
         items, pacing = self.items, self.pacing
@@ -234,9 +241,9 @@ class _Batch:
             try:
                 if observed:
                     with observer.span("dedupe.handler", attributes(claim, self.integration)):
-                        value = items[i][2]()
+                        value = yield Handler(items[i][2])
                 else:
-                    value = items[i][2]()
+                    value = yield Handler(items[i][2])
             except Exception as exc:
                 self.failed(i, claim, exc)
             else:
@@ -254,11 +261,12 @@ class _Batch:
                     self.give_back(acquired[n + 1:])
                 return
 
-    def call_batch(self, acquired: list[tuple[int, Claim]]) -> None:
+    def call_batch(self, acquired: list[tuple[int, Claim]]) -> Flow[None]:
         """One call of the batch handler for every acquired claim; its error is every one's error."""
         assert self.run_batch is not None
         try:
-            values = list(self.run_batch([i for i, _ in acquired]))
+            run_batch, indices = self.run_batch, [i for i, _ in acquired]
+            values = list((yield Handler(lambda: run_batch(indices))))
             if len(values) != len(acquired):
                 raise ValueError(f"batch handler returned {len(values)} values for {len(acquired)} items")
         except Exception as exc:
@@ -290,7 +298,7 @@ class _Batch:
 
     # -- round trips ----------------------------------------------------------------------------
 
-    def flush(self, chunk: list[int]) -> bool:
+    def flush(self, chunk: list[int]) -> Flow[bool]:
         """One round trip: store (or release) what is done, release what was given back, then claim
         ``chunk``, whose handlers run as its claims come in (:meth:`claimed`): the claims are asked
         for in sub-chunks of :data:`STREAM_STEP`, all in the same write, so the handlers of one run
@@ -309,15 +317,15 @@ class _Batch:
         step = STREAM_STEP if streams else max(1, len(chunk))
         try:
             if observer.enabled:  # the same Redis calls as below, timed and in a span
-                stored, released = self.observed_flush(outcomes, freed, requests, step)
+                stored, released = yield from self.observed_flush(outcomes, freed, requests, step)
             else:
-                stored, released = self.dedupe.settle_and_stream(outcomes, freed, requests, self.claimed, step)
+                stored, released = yield Stream(outcomes, freed, requests, self.claimed, step)
             self.settled(done, releases, stored, freed, released)
         except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
             self.outage = exc
             self.settled(done, releases, exc.stored, freed, exc.released)
             ready, self.ready = self.ready, []
-            self.unavailable([*chunk[exc.claimed:], *self.requeue(), *ready])
+            yield from self.unavailable([*chunk[exc.claimed:], *self.requeue(), *ready])
             self.queue.clear()
             return True  # what ran is stored (or found STORE_UNAVAILABLE) by the next round trip
         except StoreUnavailable as exc:
@@ -325,7 +333,7 @@ class _Batch:
             for i, claim, _, _ in done:
                 self.decided(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
             self.outage = exc
-            self.unavailable([*chunk, *reversed(self.queue)])
+            yield from self.unavailable([*chunk, *reversed(self.queue)])
             return False
         self.requeue()
         if outcomes and log.isEnabledFor(logging.DEBUG):
@@ -333,25 +341,25 @@ class _Batch:
         return True
 
     def observed_flush(self, outcomes: list[tuple[Claim, Stored, bytes]], freed: list[Claim],
-                       requests: list[Request], step: int) -> tuple[list[bool], list[bool]]:
+                       requests: list[Request], step: int) -> Flow[tuple[list[bool], list[bool]]]:
         """:meth:`flush`'s round trip with observers on: the same ``settle_and_stream`` call, in a
         ``dedupe.flush`` span (the handlers run while its replies stream in are its children) and
         timed without the time spent in those handlers."""
         op = "complete_and_claim" if outcomes and requests else ("claim" if requests else "complete")
         inside = 0.0
 
-        def claimed(start: int, claims: list[Claim]) -> None:
+        def claimed(start: int, claims: list[Claim]) -> Flow[None]:
             nonlocal inside
             began = time.perf_counter()
             try:
-                self.claimed(start, claims)
+                yield from self.claimed(start, claims)
             finally:
                 inside += time.perf_counter() - began
 
         with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
                                             "dedupe.stored": len(outcomes), "dedupe.claimed": len(requests)}):
             began = time.perf_counter()
-            settled = self.dedupe.settle_and_stream(outcomes, freed, requests, claimed, step)
+            settled: tuple[list[bool], list[bool]] = yield Stream(outcomes, freed, requests, claimed, step)
             observer.round_trip(op, time.perf_counter() - began - inside)
         return settled
 
@@ -394,11 +402,11 @@ class _Batch:
             for copy in waiting:
                 self.decisions[copy] = in_progress(self.key(copy), decision.retry_after)
 
-    def unavailable(self, unclaimed: list[int]) -> None:
+    def unavailable(self, unclaimed: list[int]) -> Flow[None]:
         """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
         assert self.outage is not None
-        handlers = [recorded.unclaimed(self.dedupe, self.key(i), self.items[i][2]) for i in unclaimed]
-        for i, decision in zip(unclaimed, unavailable(self.dedupe, self.outage, handlers), strict=True):
+        runs = [(self.key(i), self.items[i][2]) for i in unclaimed]
+        for i, decision in zip(unclaimed, (yield from unavailable_flow(self.dedupe, self.outage, runs)), strict=True):
             self.decided(i, decision)
         # the copies still waiting, and (fail_open) those of the first copies just run, which would
         # be claimed next: deferred, so one batch never runs a key twice
@@ -407,6 +415,18 @@ class _Batch:
             if self.decisions[copy] is None:
                 self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
         self.copies.clear()
+
+
+def batch_flow(dedupe: ClientCore, items: Sequence[Item], run_batch: Callable[[list[int]], Any] | None = None,
+               flush_after: float | None = None, pacing: Pacing | None = None,
+               integration: str = "run") -> Flow[list[Decision]]:
+    """The flow of :func:`decide_many` (and of ``dedupe_worker.asyncio.decide_many``, which awaits
+    the handlers): the batch engine, written once for both drivers."""
+    if pacing is None:
+        pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
+    elif flush_after is not None:
+        pacing.flush_after = flush_after
+    return _Batch(dedupe, items, pacing, run_batch, integration).decide()
 
 
 def decide_many(
@@ -435,8 +455,4 @@ def decide_many(
     one of them gets that error (HANDLER_ERROR, claims released; or PERMANENT_FAILURE, stored).
     ``current_claim()`` is not set inside it.
     """
-    if pacing is None:
-        pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
-    elif flush_after is not None:
-        pacing.flush_after = flush_after
-    return _Batch(dedupe, items, pacing, run_batch, integration).decide()
+    return dedupe.drive(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration))

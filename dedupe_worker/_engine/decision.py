@@ -78,7 +78,7 @@ _ACTION = {
 HANDLER_RAN = frozenset({Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT})
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Decision:
     """The verdict on one message. ``value`` is the handler's (or the stored) result; ``error`` is
     what :func:`outcome` raises, set on every verdict but APPLIED and DUPLICATE; ``retry_after``
@@ -89,12 +89,6 @@ class Decision:
     value: Any = None
     error: BaseException | None = None
     retry_after: float = 0.0
-
-    def __init__(self, reason: Reason, claim: Claim | None = None, value: Any = None,
-                 error: BaseException | None = None, retry_after: float = 0.0) -> None:
-        # One per message: filling __dict__ at once, as Claim does, instead of the frozen
-        # dataclass __init__'s one object.__setattr__ per field (the fields are those above).
-        self.__dict__.update(reason=reason, claim=claim, value=value, error=error, retry_after=retry_after)
 
     @property
     def action(self) -> Action:

@@ -2,18 +2,20 @@
 
 The engine calls these hooks and nothing else of that feature:
 
-- :func:`applied_before`: a handler raised
+- :func:`applied_before_flow`: a handler raised
   :class:`~dedupe_worker.AlreadyApplied` (its ``atomic()`` block found an earlier run's committed
   row). The verdict is DUPLICATE with the committed result, which is stored in Redis under the
   claim, so the next delivery is answered there in one round trip.
-- :func:`found_before`: before running the handler of a key claimed
+- :func:`found_before_flow`: before running the handler of a key claimed
   again after an earlier claim (``Claim.reclaimed``: a crash, an outage, a lost lease), look the
   key's row up (one query) and answer DUPLICATE from it without running the handler. First
   claims pay nothing.
-- :func:`unclaimed`: under ``fail_open`` with Redis down, the handler
+- :func:`unclaimed_flow`: under ``fail_open`` with Redis down, the handler
   runs with a claim of token 0 bound, so ``atomic()`` still lets one copy of a key commit.
 
-Their asyncio forms are :mod:`dedupe_worker.asyncio._recorded`'s.
+Each is a flow (:mod:`dedupe_worker._protocol.flows`), so the sync and asyncio engines run the
+same code: a committed-row lookup is ``outcomes.lookup`` on one and ``outcomes.lookup_async`` on
+the other.
 
 Crash story: the committed row is the truth. If the process dies after the row committed and
 before Redis stored the outcome, the next delivery finds the row (here, or in ``atomic()``).
@@ -27,14 +29,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import AlreadyApplied, LeaseLost, ResultNotSerializable, StoreUnavailable
 from .._protocol.claim import Claim, Outcome
-from .._protocol.context import bind_claim
+from .._protocol.context import bind, unbind
+from .._protocol.flows import ClientCore, Either, Flow, Handler
 from .decision import Decision, Reason
 
 if TYPE_CHECKING:
     from .._protocol.client import ClaimClient
     from .._protocol.codec import ClaimCodec
 
-__all__ = ["Outcomes", "applied_before", "found_before", "lookup", "outcomes_of", "unbound_claim", "unclaimed"]
+__all__ = ["Outcomes", "applied_before_flow", "found_before_flow", "lookup", "lookup_flow", "outcomes_of",
+           "unbound_claim", "unclaimed_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -68,32 +72,39 @@ def not_stored(claim: Claim, exc: Exception) -> None:
     log.warning("could not store the committed result of key=%s token=%s in Redis: %s", claim.key, claim.token, exc)
 
 
-def applied_before(dedupe: ClaimClient, claim: Claim, found: AlreadyApplied) -> Decision:
+def applied_before_flow(dedupe: ClientCore, claim: Claim, found: AlreadyApplied) -> Flow[Decision]:
     """DUPLICATE with ``found.result``, stored in Redis as ``claim``'s outcome (one round trip)."""
     try:
-        dedupe.complete(claim, found.result)
+        yield from dedupe.complete_flow(claim, found.result, None)
     except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
         not_stored(claim, exc)
     return duplicate(claim, found)
 
 
-def lookup(dedupe: ClaimClient, claim: Claim) -> AlreadyApplied | None:
+def lookup_flow(dedupe: ClientCore, claim: Claim) -> Flow[AlreadyApplied | None]:
     """For a re-claimed key with ``outcomes`` set: its committed outcome, else ``None`` (run the
     handler). A failing lookup runs the handler: ``atomic()`` still refuses a second commit."""
     outcomes = outcomes_of(dedupe)
     if outcomes is None or not claim.reclaimed:
         return None
     try:
-        return outcomes.lookup(claim)
+        found: AlreadyApplied | None = yield Either(lambda: outcomes.lookup(claim),
+                                                    lambda: outcomes.lookup_async(claim))
     except Exception as exc:
         log.warning("outcome lookup failed key=%s token=%s, running the handler: %s", claim.key, claim.token, exc)
         return None
+    return found
 
 
-def found_before(dedupe: ClaimClient, claim: Claim) -> Decision | None:
+def found_before_flow(dedupe: ClientCore, claim: Claim) -> Flow[Decision | None]:
     """DUPLICATE from the committed row of a re-claimed key (stored in Redis), else ``None``."""
-    found = lookup(dedupe, claim)
-    return None if found is None else applied_before(dedupe, claim, found)
+    found = yield from lookup_flow(dedupe, claim)
+    return None if found is None else (yield from applied_before_flow(dedupe, claim, found))
+
+
+def lookup(dedupe: ClaimClient, claim: Claim) -> AlreadyApplied | None:
+    """:func:`lookup_flow` on the sync client (the batch engine's)."""
+    return dedupe.drive(lookup_flow(dedupe, claim))
 
 
 def unbound_claim(dedupe: ClaimCodec, key: str | bytes) -> Claim:
@@ -101,16 +112,15 @@ def unbound_claim(dedupe: ClaimCodec, key: str | bytes) -> Claim:
     return Claim(request.key, Outcome.ACQUIRED, 0, stem=request.stem)
 
 
-def unclaimed(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any]) -> Callable[[], Any]:
-    """``handler`` as ``fail_open`` runs it without a claim: with ``outcomes`` set, under a bound
-    claim of token 0, so ``atomic()`` works and one copy commits (the others' ``AlreadyApplied``
-    is answered DUPLICATE with the committed result by the engine's outage path)."""
+def unclaimed_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any]) -> Flow[Any]:
+    """``handler`` as ``fail_open`` runs it without a claim (its value, or its exception): with
+    ``outcomes`` set, under a bound claim of token 0, so ``atomic()`` works and one copy commits
+    (the others' ``AlreadyApplied`` is answered DUPLICATE with the committed result by the
+    engine's outage path)."""
     if outcomes_of(dedupe) is None:
-        return handler
-    claim = unbound_claim(dedupe, key)
-
-    def run() -> Any:
-        with bind_claim(claim):
-            return handler()
-
-    return run
+        return (yield Handler(handler))
+    reset = bind(unbound_claim(dedupe, key))
+    try:
+        return (yield Handler(handler))
+    finally:
+        unbind(reset)

@@ -1,8 +1,15 @@
-"""The engine for one message: claim, run, store, verdict.
+"""The engine for one message: claim, run, store, verdict; written once for sync and asyncio.
 
 :func:`decide` is what ``run()``, ``@idempotent``, Celery's ``IdempotentTask`` and an unbatched
 consumer call; :func:`~dedupe_worker.decide_many` is its batch form and shares the
 helpers below (how a handler failure is classified and settled, what a Redis outage means).
+
+Each step is a flow (:mod:`dedupe_worker._protocol.flows`): :func:`decide_flow`,
+:func:`execute_flow`, :func:`settle_failure_flow`, :func:`unavailable_flow` yield the protocol's
+round trips and the handler call, and never do I/O themselves. :func:`decide`, :func:`execute` and
+:func:`settle_failure` here drive them with blocking calls; :mod:`dedupe_worker.asyncio`'s
+functions of the same names drive the same flows on an event loop, awaiting ``async def``
+handlers. A verdict is therefore decided by the same lines on both.
 
 Crash story, one message: the outcome is stored in the round trip right after the handler
 returns, while its lease is still renewed. A crash inside the handler, or between its return and
@@ -22,12 +29,13 @@ from .._errors import AlreadyApplied, InvalidKey, LeaseLost, ResultNotSerializab
 from .._protocol.claim import Claim
 from .._protocol.client import ClaimClient
 from .._protocol.context import bind, unbind
+from .._protocol.flows import ClientCore, Flow, Handler
 from ..observe._base import current as observer
 from .decision import Decision, Reason, outcome, poison, settle
-from .recorded import applied_before, found_before, unclaimed
+from .recorded import applied_before_flow, found_before_flow, unclaimed_flow
 
-__all__ = ["ClientOptions", "decide", "execute", "failure_reason", "not_stored", "outage", "refused", "run",
-           "settle_failure", "unavailable"]
+__all__ = ["ClientOptions", "decide", "decide_flow", "execute", "execute_flow", "failure_reason", "not_stored",
+           "outage", "refused", "run", "settle_failure", "settle_failure_flow", "unavailable", "unavailable_flow"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,38 +58,52 @@ def failure_reason(dedupe: ClientOptions, exc: BaseException) -> Reason:
     return Reason.PERMANENT_FAILURE if isinstance(exc, dedupe.permanent_errors) else Reason.HANDLER_ERROR
 
 
-def settle_failure(dedupe: ClaimClient, claim: Claim, exc: BaseException) -> None:
+def settle_failure_flow(dedupe: ClientCore, claim: Claim, exc: BaseException) -> Flow[None]:
     """After a handler raised ``exc``: store a permanent failure or release the claim, in one round
     trip. Never raises: if Redis is down the lease simply runs out."""
     try:
         if failure_reason(dedupe, exc) is Reason.PERMANENT_FAILURE:
-            dedupe.fail(claim, exc)
-        elif not dedupe.release(claim):
+            yield from dedupe.fail_flow(claim, exc)
+        elif not (yield from dedupe.release_flow((claim,)))[0]:
             log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
     except Exception as inner:  # Redis down, or fenced off: the lease runs out by itself
         log.warning("could not settle key=%s token=%s after %r: %s", claim.key, claim.token, exc, inner)
 
 
-def unavailable(dedupe: ClaimClient, exc: StoreUnavailable, handlers: Sequence[Callable[[], Any]]) -> list[Decision]:
-    """The decisions when the claims for ``handlers`` could not be made (logged once for all).
+def settle_failure(dedupe: ClaimClient, claim: Claim, exc: BaseException) -> None:
+    """:func:`settle_failure_flow`, driven with blocking calls."""
+    dedupe.drive(settle_failure_flow(dedupe, claim, exc))
+
+
+def unavailable_flow(dedupe: ClientCore, exc: StoreUnavailable,
+                     runs: Sequence[tuple[str | bytes, Callable[[], Any]]]) -> Flow[list[Decision]]:
+    """The decisions when the claims for ``runs`` (``(key, handler)``) could not be made (logged
+    once for all).
 
     Fail closed: STORE_UNAVAILABLE, nothing run. With ``fail_open`` the handlers run without
-    deduplication and their verdicts are APPLIED or HANDLER_ERROR.
+    deduplication (:func:`~dedupe_worker._engine.recorded.unclaimed_flow`) and their verdicts are
+    APPLIED or HANDLER_ERROR.
     """
-    if not handlers:
+    if not runs:
         return []
-    deferred = outage(dedupe, exc, len(handlers))
+    deferred = outage(dedupe, exc, len(runs))
     if deferred is not None:
         return deferred
     decisions = []
-    for handler in handlers:
+    for key, handler in runs:
         try:
-            decisions.append(Decision(Reason.APPLIED, value=handler()))
+            decisions.append(Decision(Reason.APPLIED, value=(yield from unclaimed_flow(dedupe, key, handler))))
         except AlreadyApplied as found:
             decisions.append(Decision(Reason.DUPLICATE, value=found.result))
         except Exception as err:
             decisions.append(Decision(Reason.HANDLER_ERROR, error=err))
     return decisions
+
+
+def unavailable(dedupe: ClaimClient, exc: StoreUnavailable,
+                runs: Sequence[tuple[str | bytes, Callable[[], Any]]]) -> list[Decision]:
+    """:func:`unavailable_flow`, driven with blocking calls."""
+    return dedupe.drive(unavailable_flow(dedupe, exc, runs))
 
 
 def outage(dedupe: ClientOptions, exc: StoreUnavailable, count: int) -> list[Decision] | None:
@@ -106,16 +128,16 @@ def not_stored(dedupe: ClientOptions, claim: Claim,
     return Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
 
 
-def stored(dedupe: ClaimClient, claim: Claim, value: Any, integration: str = "run") -> Decision:
+def stored_flow(dedupe: ClientCore, claim: Claim, value: Any, integration: str) -> Flow[Decision]:
     """Store ``value`` as ``claim``'s outcome (one round trip) and return the verdict."""
     try:
         if observer.enabled:
             with observer.span("dedupe.complete", attributes(claim, integration)):
                 began = time.perf_counter()
-                dedupe.complete(claim, value)
+                yield from dedupe.complete_flow(claim, value, None)
                 observer.round_trip("complete", time.perf_counter() - began)
         else:
-            dedupe.complete(claim, value)
+            yield from dedupe.complete_flow(claim, value, None)
     except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
         return not_stored(dedupe, claim, exc)
     return Decision(Reason.APPLIED, claim, value)
@@ -127,52 +149,53 @@ def attributes(claim: Claim, integration: str | None = None) -> dict[str, Any]:
             "dedupe.integration": integration}
 
 
-def run_handler(handler: Callable[[], Any], claim: Claim, integration: str) -> Any:
-    """``handler()``, timed and in a ``dedupe.handler`` span when observers are enabled."""
+def handled_flow(handler: Callable[[], Any], claim: Claim, integration: str) -> Flow[Any]:
+    """The handler's value, timed and in a ``dedupe.handler`` span when observers are enabled."""
     if not observer.enabled:
-        return handler()
+        return (yield Handler(handler))
     with observer.span("dedupe.handler", attributes(claim, integration)):
         began = time.perf_counter()
         try:
-            return handler()
+            return (yield Handler(handler))
         finally:
             observer.handled(integration, time.perf_counter() - began)
 
 
-def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any], integration: str = "run") -> Decision:
+def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
+                 integration: str = "run") -> Flow[Decision]:
     """Run ``handler`` for an ACQUIRED claim, lease renewed and ``current_claim()`` set, and store
     its outcome. The handler's exceptions become the verdict's ``error``; a ``BaseException``
-    (``KeyboardInterrupt``, ``SystemExit``) releases the claim and propagates."""
-    # What ``with Holding(dedupe.renewer, claim)`` does, spelled out: this runs once per message,
-    # and the context manager's three calls cost more than the lease tracking itself.
+    (``KeyboardInterrupt``, ``SystemExit``, asyncio's ``CancelledError``) releases the claim and
+    propagates."""
     renewer, stem, token = dedupe.renewer, claim.stem, claim.token
     renewer.track(stem, token)
     reset = bind(claim)
     try:
         if claim.reclaimed:  # a re-run: an earlier run may have committed its outcome (engine/recorded.py)
-            found = found_before(dedupe, claim)
+            found = yield from found_before_flow(dedupe, claim)
             if found is not None:
                 return found
         try:
-            value = run_handler(handler, claim, integration) if observer.enabled else handler()
+            value = yield from handled_flow(handler, claim, integration)
         except AlreadyApplied as exc:
-            return applied_before(dedupe, claim, exc)
+            return (yield from applied_before_flow(dedupe, claim, exc))
+        except GeneratorExit:
+            raise
         except Exception as exc:
-            settle_failure(dedupe, claim, exc)
+            yield from settle_failure_flow(dedupe, claim, exc)
             return Decision(failure_reason(dedupe, exc), claim, error=exc)
         except BaseException as exc:
-            settle_failure(dedupe, claim, exc)
+            yield from settle_failure_flow(dedupe, claim, exc)
             raise
-        if observer.enabled:
-            return stored(dedupe, claim, value, integration)
-        try:  # stored(), without the observers
-            dedupe.complete(claim, value)
-        except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
-            return not_stored(dedupe, claim, exc)
-        return Decision(Reason.APPLIED, claim, value)
+        return (yield from stored_flow(dedupe, claim, value, integration))
     finally:
         unbind(reset)
         renewer.untrack(stem, token)
+
+
+def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any], integration: str = "run") -> Decision:
+    """:func:`execute_flow`, driven with blocking calls."""
+    return dedupe.drive(execute_flow(dedupe, claim, handler, integration))
 
 
 def refused(error: BaseException, integration: str) -> Decision:
@@ -184,6 +207,39 @@ def refused(error: BaseException, integration: str) -> Decision:
     return decision
 
 
+def begin_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any,
+               wait: float) -> Flow[Claim | Decision]:
+    """The claim, or the verdict when there is none: a bad key, or Redis down."""
+    try:
+        return (yield from dedupe.begin_flow(key, fingerprint, wait))
+    except InvalidKey as exc:
+        return poison(exc)
+    except StoreUnavailable as exc:
+        return (yield from unavailable_flow(dedupe, exc, ((key, handler),)))[0]
+
+
+def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any = None,
+                wait: float = 0.0, integration: str = "run") -> Flow[Decision]:
+    """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict."""
+    if not observer.enabled:
+        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait)
+        if type(begun) is Decision:
+            return begun
+        return settle(begun) or (yield from execute_flow(dedupe, begun, handler, integration))  # type: ignore[arg-type]
+    with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
+        began = time.perf_counter()
+        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait)
+        if isinstance(begun, Claim):
+            observer.round_trip("claim", time.perf_counter() - began)
+            span.update(attributes(begun, integration))
+    if isinstance(begun, Decision):
+        decision = begun
+    else:
+        decision = settle(begun) or (yield from execute_flow(dedupe, begun, handler, integration))
+    observer.decided(integration, decision.reason.value)
+    return decision
+
+
 def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *, fingerprint: Any = None,
            wait: float = 0.0, integration: str = "run") -> Decision:
     """Claim ``key``, run ``handler`` if acquired, store its outcome, and return the verdict.
@@ -192,34 +248,7 @@ def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *,
     ``wait``: when another worker holds the key, wait up to this many seconds for it (see
     :meth:`~dedupe_worker._protocol.ClaimClient.begin`) before answering IN_PROGRESS.
     ``integration`` names the caller in metrics and traces."""
-    if not observer.enabled:
-        try:  # _begin(), inline: one frame less per message
-            claim = dedupe.begin(key, fingerprint=fingerprint, wait=wait)
-        except InvalidKey as exc:
-            return poison(exc)
-        except StoreUnavailable as exc:
-            return unavailable(dedupe, exc, [unclaimed(dedupe, key, handler)])[0]
-        return settle(claim) or execute(dedupe, claim, handler, integration)
-    with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
-        began = time.perf_counter()
-        begun = _begin(dedupe, key, handler, fingerprint, wait)
-        if isinstance(begun, Claim):
-            observer.round_trip("claim", time.perf_counter() - began)
-            span.update(attributes(begun, integration))
-    decision = begun if isinstance(begun, Decision) else settle(begun) or execute(dedupe, begun, handler, integration)
-    observer.decided(integration, decision.reason.value)
-    return decision
-
-
-def _begin(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], fingerprint: Any,
-           wait: float) -> Claim | Decision:
-    """The claim, or the verdict when there is none: a bad key, or Redis down."""
-    try:
-        return dedupe.begin(key, fingerprint=fingerprint, wait=wait)
-    except InvalidKey as exc:
-        return poison(exc)
-    except StoreUnavailable as exc:
-        return unavailable(dedupe, exc, [unclaimed(dedupe, key, handler)])[0]
+    return dedupe.drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration))
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,

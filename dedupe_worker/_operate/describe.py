@@ -8,6 +8,7 @@ from typing import Any
 from .._protocol.claim import State, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.layout import KeyLayout
+from .._protocol.record import read_result
 from .._protocol.serialization import unpack
 
 __all__ = ["KeyReport", "describe"]
@@ -50,8 +51,9 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     pipe.pttl(KeyLayout.started(request.stem))
     pipe.pttl(KeyLayout.result(request.stem))
     pipe.hget(KeyLayout.started(request.stem), "orig")
-    pipe.hget(KeyLayout.result(request.stem), "orig")
-    started_ttl, result_ttl, orig_started, orig_result = pipe.execute()
+    started_ttl, result_ttl, orig_started = pipe.execute()
+    stored = read_result(dedupe.store.client, KeyLayout.result(request.stem)) if state.state is State.DONE else None
+    orig_result = stored.original if stored is not None else b""
     name = state.state.value
     if state.state is State.DONE and state.status is Stored.FAILED:
         name = "failed"

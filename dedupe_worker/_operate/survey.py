@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .._protocol.record import queue_size_read, size_from_replies
+
 __all__ = ["Survey", "survey"]
 
 
@@ -58,16 +60,23 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
             continue
         looked += 1
         pipe = client.pipeline(transaction=False)
-        pipe.hmget(name, "s", "owner", "deadline")
-        pipe.hstrlen(name, "v")
+        is_result = name.endswith(":result")
+        if is_result:
+            queue_size_read(pipe, name)
+        else:
+            pipe.hget(name, "owner")
         pipe.pttl(name)
         pipe.memory_usage(name)
-        (status, owner, _), size, ttl, memory = pipe.execute()
-        if name.endswith(":result"):
+        *reads, ttl, memory = pipe.execute(raise_on_error=False)
+        if is_result:
+            status, size = size_from_replies(*reads)
             found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
-            found.result_bytes.append(int(size))
+            found.result_bytes.append(size)
         elif name.endswith(":started"):
-            found.states["in_progress" if owner not in (None, b"0") else "free"] += 1
+            owner = reads[0]
+            if isinstance(owner, Exception):
+                raise owner
+            found.states["in_progress" if owner not in (None, b"0", "0") else "free"] += 1
         found.ttls_ms.append(int(ttl))
         found.memory.append(int(memory or 0))
     if progress is not None and found.keys >= 1000:

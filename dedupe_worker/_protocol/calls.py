@@ -7,6 +7,7 @@ round trip is made differs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -15,7 +16,12 @@ from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call
 
-__all__ = ["ClaimReply", "KeyState", "StoreCalls", "acquired_in", "block_limit", "key_state"]
+__all__ = ["RECORD_FORMATS", "WITH_FINGERPRINT", "ClaimReply", "KeyState", "StoreCalls", "acquired_in", "block_limit",
+           "key_state", "key_state_and_fingerprint", "record_format_from_env"]
+
+#: The formats ``complete.lua`` can write a result in: 1 the hash every release reads, 2 the
+#: compact string (one ``SET ... PX``) that only this release and later ones read.
+RECORD_FORMATS = (1, 2)
 
 
 _OUTCOMES = {int(o.value): o for o in Outcome}
@@ -24,6 +30,21 @@ _OUTCOMES = {int(o.value): o for o in Outcome}
 _STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode(): s for s in Stored}}
 #: The letter ``complete.lua`` takes for each ``Stored`` (``.value`` is an enum property look-up).
 _LETTER = {s: s.value for s in Stored}
+_PREFIX = {s: s.value.encode() for s in Stored}
+
+
+def record_format_from_env() -> int:
+    """The result format to write: ``DEDUPE_RECORD_FORMAT`` (``1`` or ``2``), else 1.
+
+    The switch of a two-phase upgrade: this release reads both formats and writes format 1 unless
+    told otherwise; once every worker and producer sharing the namespace runs this release (or a
+    later one), set ``DEDUPE_RECORD_FORMAT=2`` (the next release makes it the default). A worker
+    of an earlier release that meets a format-2 result fails the call with ``WRONGTYPE`` (its
+    message is not run), never taking the key as new."""
+    raw = os.environ.get("DEDUPE_RECORD_FORMAT", "1").strip() or "1"
+    if raw not in ("1", "2"):
+        raise ValueError(f"DEDUPE_RECORD_FORMAT must be 1 or 2, not {raw!r}")
+    return int(raw)
 
 
 def _text(value: Any) -> str:
@@ -73,6 +94,17 @@ def key_state(code: Any, token: Any, a: Any, b: Any) -> KeyState:
     return KeyState(State.FREE, int(token))
 
 
+#: ``inspect.lua``'s ARGV for a reply that also carries the stored outcome's fingerprint.
+WITH_FINGERPRINT = ("f",)
+
+
+def key_state_and_fingerprint(reply: Sequence[Any]) -> tuple[KeyState, Any]:
+    """``inspect.lua``'s reply to :data:`WITH_FINGERPRINT`: the :class:`KeyState` and the stored
+    outcome's fingerprint (``b""``/``""`` when the claim had none, ``None`` when no outcome is
+    stored), read by the script from a result of either record format."""
+    return key_state(*reply[:4]), (reply[4] if len(reply) > 4 else None)
+
+
 def acquired_in(calls: Sequence[Call], replies: Sequence[Any]) -> list[tuple[str, int]]:
     """``(stem, token)`` of every claim that ``calls`` (answered by ``replies``) acquired."""
     taken = []
@@ -109,6 +141,22 @@ class StoreCalls:
     #: ``(replicas, timeout_ms)``: claims and completions wait for that many replicas
     #: (``WAIT``, in the same pipeline); ``None``: they do not.
     durability: tuple[int, int] | None = None
+    #: The trailing argument of every ``complete.lua`` call: ``("2",)`` writes results in the
+    #: compact format 2, ``()`` in format 1 (see :func:`record_format_from_env`).
+    format_args: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.write_format(record_format_from_env())
+
+    def write_format(self, record_format: int) -> None:
+        """Write results in ``record_format`` (1 or 2) from now on; reading takes both always."""
+        if record_format not in RECORD_FORMATS:
+            raise ValueError(f"record_format must be 1 or 2, not {record_format!r}")
+        self.format_args = ("2",) if record_format == 2 else ()
+
+    @property
+    def record_format(self) -> int:
+        return 2 if self.format_args else 1
 
     def require_replicas(self, replicas: int, timeout: float) -> None:
         """Make every claim and completion wait for ``replicas`` replicas (0: do not wait)."""
@@ -129,14 +177,36 @@ class StoreCalls:
 
     def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
-        return self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
-                           (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
+        if len(items) == 1:  # one message (decide, run): the same call, built without the batch's loops
+            stem, fingerprint, original = items[0]
+            return [("claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+                     (lease_ms, retention_ms, fingerprint, original, *self.format_args))]
+        calls = self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
+                            (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
+        if self.format_args:  # claim.lua reads the format this worker writes first
+            return [(name, keys, [*args, *self.format_args]) for name, keys, args in calls]
+        return calls
 
     def complete_calls(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[Call]:
         """``items`` are ``(stem, token, status, value)``."""
-        return self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
-                                        for s, _, _, _ in items],
-                           (result_ttl_ms,), [(token, _LETTER[status], value) for _, token, status, value in items])
+        if len(items) == 1:  # one message: as claim_calls
+            stem, token, status, value = items[0]
+            return [("complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+                     (result_ttl_ms, token, _LETTER[status], self.record(token, status, value), *self.format_args))]
+        calls = self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
+                                         for s, _, _, _ in items],
+                            (result_ttl_ms,), [(token, _LETTER[status], self.record(token, status, value))
+                                               for _, token, status, value in items])
+        if self.format_args:
+            return [(name, keys, [*args, *self.format_args]) for name, keys, args in calls]
+        return calls
+
+    def record(self, token: int, status: Stored, value: bytes) -> bytes:
+        """What ``complete.lua`` gets as the value: ``value`` itself (record format 1), or the
+        compact record (format 2): the status letter, the token as 8 bytes big-endian, ``value``."""
+        if not self.format_args:
+            return value
+        return _PREFIX[status] + token.to_bytes(8, "big") + value
 
     def release_calls(self, items: Sequence[tuple[str, int]], retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, token)``."""

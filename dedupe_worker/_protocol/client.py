@@ -1,5 +1,9 @@
 """The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
 
+Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
+runs the same flows. The deliberate twins are the driver loop, the key watcher, the renewer thread
+and the connection set-up, plus streamed claims on a held connection (sync only).
+
 :class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
 It never runs a handler and never decides what a message's fate is: that is the engine's
 (:mod:`dedupe_worker._engine`), and :class:`~dedupe_worker.Deduplicator` is this client with the
@@ -8,26 +12,26 @@ engine's ``run()`` on top.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
 
-from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
-from .._settings import DedupeSettings
+from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
+from .calls import KeyState
 from .claim import Claim, Outcome, Stored
-from .codec import KEY_HARD_LIMIT, ClaimCodec, Request
+from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
+from .flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait, _log_claims, leases_of
 from .renewer import LeaseRenewer
-from .retry import FinishRetry
-from .scripts import Call, CallFailed, NotDurable, StreamCut
+from .scripts import StreamCut
 from .serialization import Serializer
-from .store import KeyState, RedisStore
+from .store import RedisStore
 from .watcher import KeyWatcher
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
@@ -37,7 +41,7 @@ C = TypeVar("C", bound="ClaimClient")
 T = TypeVar("T")
 
 
-class ClaimClient(ClaimCodec):
+class ClaimClient(ClientCore):
     """The claim protocol's client, with Redis as the store of claims and outcomes.
 
     What is guaranteed: while a key's records live (``result_ttl`` after completion), at most one
@@ -73,6 +77,9 @@ class ClaimClient(ClaimCodec):
         others write: where some lack zstd, pin ``"zlib"``.
     """
 
+    store: RedisStore
+    renewer: LeaseRenewer
+
     def __init__(
         self,
         redis_client: redis.Redis | RedisCluster,
@@ -93,35 +100,17 @@ class ClaimClient(ClaimCodec):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,
+        super().__init__(functools.partial(RedisStore, redis_client), LeaseRenewer, namespace=namespace, lease=lease,
+                         result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
+                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
+                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
+                         wait_timeout=wait_timeout, allow_eviction=allow_eviction,
                          compress_above=compress_above, compression=compression)
-        self.allow_eviction = allow_eviction
-        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
-        self.store_checked = allow_eviction
-        self.store = RedisStore(redis_client, self.layout)
-        self.store.require_replicas(wait_replicas, wait_timeout)
-        self.permanent_errors = permanent_errors
-        self.fail_open = fail_open
-        self.renewer = LeaseRenewer(
-            self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3
-        )
-        #: How completions and releases are retried on transient store errors (:mod:`.retry`).
-        self.finish_retry = FinishRetry(lease, self.renewer.interval)
         self._watcher: KeyWatcher | None = None
 
     # -- construction ---------------------------------------------------------------------------
 
-    @classmethod
-    def from_url(cls: type[C], url: str, **options: Any) -> C:
-        """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster."""
-        return cls(redis_from_url(url), **options)
-
-    @classmethod
-    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
-        s = settings or DedupeSettings()
-        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+    _connect = staticmethod(redis_from_url)
 
     @property
     def watcher(self) -> KeyWatcher:
@@ -131,13 +120,25 @@ class ClaimClient(ClaimCodec):
         return self._watcher
 
     def close(self) -> None:
-        """Stop the lease renewer (and the key watcher, if one was started) and give the held
-        connection back to the client's pool (a later call takes one again)."""
+        """Stop the lease renewer (and the key watcher, if one was started), give the held
+        connection back to the client's pool (a later call takes one again), and close the Redis
+        client if :meth:`from_url` built it. Claims still held are no longer renewed."""
         self.renewer.close()
         if self._watcher is not None:
             self._watcher.close()
         if self.store.scripts.held is not None:
             self.store.scripts.held.close()
+        if self.owns_redis:
+            self.store.client.close()
+            pool = getattr(self.store.client, "connection_pool", None)
+            if pool is not None:  # a pool from_url built itself: its sockets go too
+                pool.disconnect()
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def check_store(self) -> None:
         """Check, once, that Redis will not evict our records (:mod:`.eviction`): raises
@@ -149,31 +150,54 @@ class ClaimClient(ClaimCodec):
             check_store(self.store.client)
         self.store_checked = True
 
-    # -- finishing writes, retried --------------------------------------------------------------
+    # -- the driver -----------------------------------------------------------------------------
 
-    def _finish_again(self, error: StoreUnavailable, send: Callable[[], T]) -> T:
-        """After a finishing write (complete, fail, release) failed with ``error``: send it again
-        while :attr:`finish_retry` says the error is transient and the lease lasts (the renewer
-        keeps extending it meanwhile); raise the last error once it says stop. Claims are never
-        sent through here. Safe to repeat: ``complete.lua`` answers 1 again for an outcome it
-        stored under the same token, and every write is fenced by the token."""
-        if isinstance(error, (NotDurable, StreamCut)):
-            raise error  # it ran (not durable), or claims were handed on: not ours to repeat
-        attempts = self.finish_retry.attempts(time.monotonic())
+    def drive(self, flow: Flow[T]) -> T:
+        """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
+        it yields with blocking calls: a round trip on the store, ``time.sleep``, a wait on the
+        key watcher's notice, the handler called. An effect's exception is thrown into the flow."""
+        value: Any = None
+        error: BaseException | None = None
         while True:
-            delay = attempts.after(error, time.monotonic(), self.renewer.renewed_at)
-            if delay is None:
-                if attempts.failures > 1:
-                    log.warning("giving up a finishing write after %d attempts: %s", attempts.failures, error)
-                raise error
-            log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
-            time.sleep(delay)
             try:
-                return send()
-            except StoreUnavailable as exc:
-                if isinstance(exc, (NotDurable, StreamCut)):
-                    raise
-                error = exc
+                effect = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            except BaseException:
+                error = None  # no cycle: this frame -> the error -> its traceback -> this frame
+                raise
+            error = None
+            try:
+                if type(effect) is Send:
+                    value = self.store.scripts.call_all(effect.calls, effect.wait)
+                elif type(effect) is Handler:
+                    value = effect.fn()
+                elif type(effect) is Stream:
+                    each = effect.each  # used only within this round trip
+                    value = self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
+                                                   lambda start, claims: self.drive(each(start, claims)),  # noqa: B023
+                                                   effect.step)
+                elif type(effect) is Either:
+                    value = effect.sync()
+                elif type(effect) is Sleep:
+                    time.sleep(effect.seconds)
+                    value = None
+                elif type(effect) is Wait:
+                    self._wait(*effect)
+                    value = None
+                else:
+                    self.check_store()
+                    value = None
+            except BaseException as exc:
+                value, error = None, exc
+
+    def _wait(self, stem: str, timeout: float) -> None:
+        """The :class:`~dedupe_worker._protocol.flows.Wait` effect: ``watch.lua`` counts us as a
+        waiter while the holder's lease is live, and we block (BLPOP) on the notice its
+        ``complete.lua`` or ``release.lua`` pushes, at most until its lease would end."""
+        holder_left = self.store.watch(stem)
+        if holder_left > 0:
+            self.store.wait_notice(stem, min(timeout, holder_left + 0.005))
 
     # -- transitions ----------------------------------------------------------------------------
 
@@ -188,15 +212,7 @@ class ClaimClient(ClaimCodec):
         stores its outcome, ACQUIRED once it releases the key or its lease runs out. Raises
         :class:`InvalidKey` and :class:`StoreUnavailable`.
         """
-        request = self.request(key, fingerprint)
-        if not self.store_checked:
-            self.check_store()
-        reply = self.store.claim_one(request.stem, request.fingerprint, request.original,
-                                     self._lease_ms, self._retention_ms)
-        claim = self._claim(request, reply)
-        if wait > 0 and claim.outcome is Outcome.IN_PROGRESS:
-            return self.wait_for(request, claim, time.monotonic() + wait)
-        return claim
+        return self.drive(self.begin_flow(key, fingerprint, wait))
 
     def begin_many(
         self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None, wait: float = 0.0
@@ -205,16 +221,11 @@ class ClaimClient(ClaimCodec):
 
         A key that appears twice in one batch is ACQUIRED once; its later copies answer
         IN_PROGRESS (held by our own token) until the first is completed or released. With
-        ``wait``, keys held by others are waited on as in :meth:`begin`, all within ``wait``
-        seconds in total.
+        ``wait``, keys held by others are waited on as in :meth:`begin`, one after the other, all
+        within ``wait`` seconds in total.
         """
-        fps = fingerprints if fingerprints is not None else [None] * len(keys)
-        if len(fps) != len(keys):
-            raise ValueError("fingerprints must match keys one to one")
-        requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
-        claims = self.claim_requests(requests)
+        requests, claims, ours = self.drive(self.begin_many_flow(keys, fingerprints, wait))
         if wait > 0:
-            ours = {(c.stem, c.token) for c in claims if c.acquired}  # a repeated key held by us: no wait
             deadline = time.monotonic() + wait
             claims = [self.wait_for(r, c, deadline)
                       if c.outcome is Outcome.IN_PROGRESS and (c.stem, c.token) not in ours else c
@@ -231,21 +242,11 @@ class ClaimClient(ClaimCodec):
         IN_PROGRESS and wait on. A waiter never holds the claim; the wait never outlasts
         ``deadline``; every record it touches keeps a TTL.
         """
-        while claim.outcome is Outcome.IN_PROGRESS:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            holder_left = self.store.watch(request.stem)
-            if holder_left > 0:
-                self.store.wait_notice(request.stem, min(left, holder_left + 0.005))
-            reply = self.store.claim_one(request.stem, request.fingerprint, request.original,
-                                         self._lease_ms, self._retention_ms)
-            claim = self._claim(request, reply)
-        return claim
+        return self.drive(self.wait_flow(request, claim, deadline))
 
     def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
         """:meth:`begin_many` for requests already checked by :meth:`request`."""
-        return self.settle_and_claim((), (), requests)[2]
+        return self.drive(self.claims_flow(requests))
 
     def settle_and_claim(
         self,
@@ -267,17 +268,7 @@ class ClaimClient(ClaimCodec):
         ``released`` and ``claimed=0`` (the claims are not retried). Otherwise raises
         :class:`StoreUnavailable`; the outcomes may then have been stored or not.
         """
-        completes, frees = self._settle_calls(outcomes, releases)
-        if completes or frees:
-            self.renewer.settle(self._leases(outcomes, releases))
-        try:
-            stored, released, replies = self.store.run(completes, frees, self._claim_calls(requests))
-        except StoreUnavailable as exc:
-            stored, released = self._settle_failed(exc, outcomes, releases, completes, frees, requests)
-            replies = []
-        claims = self._claims(requests, replies)
-        self._log_claims(claims)
-        return (*self._settled(outcomes, stored, released), claims)
+        return self.drive(self.settle_and_claim_flow(outcomes, releases, requests))
 
     def settle_and_stream(
         self,
@@ -306,89 +297,33 @@ class ClaimClient(ClaimCodec):
                 each(start, claims[start:start + step])
             return stored, released
         parts = [requests[start:start + step] for start in range(0, len(requests), step)]
-        completes, frees = self._settle_calls(outcomes, releases)
+        completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:
-            self.renewer.settle(self._leases(outcomes, releases))
+            self.renewer.settle(leases_of(outcomes, releases))
+        if not self.store_checked:
+            self.check_store()
         head = [*completes, *frees]
-        calls = [*head, *(call for part in parts for call in self._claim_calls(part))]
+        calls = [*head, *(call for part in parts for call in store.claim_calls(
+            [(r[1], r[2], r[3]) for r in part], self._lease_ms, self._retention_ms))]
         answered = 0
 
         def deliver(reply: Any) -> None:
             nonlocal answered
             part = parts[answered]
             claims = self._claims(part, reply)
-            self._log_claims(claims)
+            _log_claims(claims)
             answered += 1
             each((answered - 1) * step, claims)
 
         try:
             replies = store.scripts.call_streamed(calls, len(head), deliver)
         except StreamCut as exc:
-            exc.stored, exc.released = self._settled(outcomes, *self._head(outcomes, releases, exc.head))
+            exc.stored, exc.released = self.settled(outcomes, *_head(outcomes, releases, exc.head))
             exc.claimed = min(len(requests), answered * step)
             raise
         except StoreUnavailable as exc:  # before any claim was handed on
-            return self._settle_failed(exc, outcomes, releases, completes, frees, requests)
-        return self._settled(outcomes, *self._head(outcomes, releases, replies))
-
-    @staticmethod
-    def _leases(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:
-        return [*((c.stem, c.token) for c, _, _ in outcomes), *((c.stem, c.token) for c in releases)]
-
-    def _settle_failed(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
-                       releases: Sequence[Claim], completes: list[Call], frees: list[Call],
-                       requests: Sequence[Request]) -> tuple[list[bool], list[bool]]:
-        """A round trip that stores ``outcomes``, releases ``releases`` and claims ``requests``
-        failed with ``error``. The outcomes and releases are settled anyway: read from the
-        replies when their calls answered (a claim after them failed, e.g. refused at
-        ``maxmemory``), else sent again, alone, while the error is transient and the leases last.
-        Then, with ``requests``, :class:`StreamCut` (nothing claimed, ``stored`` and ``released``
-        filled in): the claims are not retried. Raises ``error`` when nothing was to be settled."""
-        if not completes and not frees:
-            raise error
-        settle_calls = len(completes) + len(frees)
-        if isinstance(error, CallFailed) and not any(isinstance(r, Exception) for r in error.replies[:settle_calls]):
-            replies = iter(error.replies[:settle_calls])
-            stored = [v for _ in completes for v in next(replies)]
-            released = [v for _ in frees for v in next(replies)]
-        else:
-            stored, released = self._finish_again(error, lambda: tuple(self.store.run(completes, frees)))
-        settled = self._settled(outcomes, stored, released)
-        if not requests:
-            return settled
-        cut = StreamCut(f"outcomes settled, claims not answered: {error}", [], 0)
-        cut.stored, cut.released = settled
-        raise cut from error
-
-    def _settle_calls(self, outcomes: Sequence[tuple[Claim, Stored, bytes]],
-                      releases: Sequence[Claim]) -> tuple[list[Call], list[Call]]:
-        """The script calls that store ``outcomes`` and release ``releases``."""
-        store = self.store
-        return (store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
-                                     self._result_ttl_ms),
-                store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms))
-
-    def _claim_calls(self, requests: Sequence[Request]) -> list[Call]:
-        """The script calls that claim ``requests``."""
-        if not self.store_checked:
-            self.check_store()
-        return self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms, self._retention_ms)
-
-    @staticmethod
-    def _head(outcomes: Sequence[Any], releases: Sequence[Claim], replies: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The complete and release replies of a streamed round trip (one call each, standalone)."""
-        return (replies[0] if outcomes else []), (replies[1 if outcomes else 0] if releases else [])
-
-    def _settled(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], stored: Sequence[Any],
-                 released: Sequence[Any]) -> tuple[list[bool], list[bool]]:
-        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
-                [bool(ok) for ok in released])
-
-    @staticmethod
-    def _log_claims(claims: list[Claim]) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            for claim in claims:
-                log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
+            return self.drive(self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests))
+        return self.settled(outcomes, *_head(outcomes, releases, replies))
 
     def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key.
@@ -396,72 +331,41 @@ class ClaimClient(ClaimCodec):
         ``ttl``: seconds this outcome is kept, instead of ``result_ttl``. Raises
         :class:`LeaseLost` (nothing written) when fenced off, and
         :class:`ResultNotSerializable` after storing "completed, body omitted" for a value JSON
-        cannot hold.
+        cannot hold. A transient store error is retried while the lease lasts (:mod:`.retry`).
         """
-        status, data, problem = self.encode(claim, value)
-        stem, token = claim.stem, claim.token
-        if self.renewer.is_lost(stem, token):
-            raise LeaseLost(claim.key, token)
-        self.renewer.settle(((stem, token),))
-        ttl_ms = self.result_ttl_ms(ttl)
-        try:
-            stored = self.store.complete_one(stem, token, status, data, ttl_ms)
-        except StoreUnavailable as exc:
-            stored = self._finish_again(exc, lambda: self.store.complete_one(stem, token, status, data, ttl_ms))
-        if not self.owns(claim, stored):
-            raise LeaseLost(claim.key, token)
-        if problem is not None:
-            raise problem
+        self.drive(self.complete_flow(claim, value, ttl))
 
     def complete_many(self, items: Sequence[tuple[Claim, Any]]) -> list[bool]:
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
 
         Values that cannot be serialised are stored as omitted (and logged), as in :meth:`complete`.
         """
-        return [not isinstance(problem, LeaseLost) for problem in self.complete_each(items)]
+        return self.drive(self.complete_many_flow(items))
 
     def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable | None]:
         """:meth:`complete_many`, telling per item what :meth:`complete` would have raised: ``None``
         when stored, :class:`LeaseLost` when nothing was written, :class:`ResultNotSerializable`
         when the outcome was stored as omitted."""
-        encoded = [self.encode(claim, value) for claim, value in items]
-        stored, _, _ = self.settle_and_claim(
-            [(claim, status, data) for (claim, _), (status, data, _) in zip(items, encoded, strict=True)], (), ())
-        return [problem if ok else LeaseLost(claim.key, claim.token)
-                for (claim, _), ok, (_, _, problem) in zip(items, stored, encoded, strict=True)]
+        return self.drive(self.complete_each_flow(items))
 
     def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome: later deliveries answer DUPLICATE with
         ``failed=True`` instead of running again. Raises :class:`LeaseLost` when fenced off."""
-        data = self.encode_failure(error)
-        items = [(claim.stem, claim.token, Stored.FAILED, data)]
-        self.renewer.settle([(claim.stem, claim.token)])
-        try:
-            stored = self.store.complete(items, self._result_ttl_ms)
-        except StoreUnavailable as exc:
-            stored = self._finish_again(exc, lambda: self.store.complete(items, self._result_ttl_ms))
-        if not self.owns(claim, stored[0]):
-            raise LeaseLost(claim.key, claim.token)
-        log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
+        self.drive(self.fail_flow(claim, error))
 
     def release(self, claim: Claim) -> bool:
         """Give the claim up after a retryable failure so the next delivery may claim again.
         ``False`` when the token no longer owned it (nothing changed)."""
-        return self.release_many([claim])[0]
+        return self.drive(self.release_flow((claim,)))[0]
 
     def release_many(self, claims: Sequence[Claim]) -> list[bool]:
         """:meth:`release` for a batch, in one round trip (sent again on a transient store error
         while the leases last, as completions are)."""
-        items = [(c.stem, c.token) for c in claims]
-        self.renewer.settle(items)
-        try:
-            return self.store.release(items, self._retention_ms)
-        except StoreUnavailable as exc:
-            return self._finish_again(exc, lambda: self.store.release(items, self._retention_ms))
+        return self.drive(self.release_flow(claims))
 
     def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""
-        return self.store.renew([(claim.stem, claim.token)], self._lease_ms, self._retention_ms)[0]
+        return self.drive(self.renew_flow(claim))
 
     def forget(self, key: str | bytes, *, token: int | None = None, force: bool = False) -> bool:
         """Remove ``key``'s records (one ``forget.lua`` call), so its next delivery is new work.
@@ -470,20 +374,13 @@ class ClaimClient(ClaimCodec):
         (the live lease's owner, the token that stored the outcome, or the last one handed out);
         without it, a live lease is freed only with ``force``. True when records were removed,
         False when there were none or the check refused (nothing changed)."""
-        code, _ = self.store.forget(self.request(key).stem, token, force)
-        return code == 1
+        return self.drive(self.forget_flow(key, token, force))
 
     def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them (for replay and inspection)."""
-        return self.store.inspect(self.request(key).stem)
+        return self.drive(self.status_flow(key))
 
-    @contextmanager
-    def keep_leases(self, claims: Sequence[Claim]) -> Iterator[None]:
-        """While inside, the shared renewer keeps the leases of ``claims`` from running out."""
-        for claim in claims:
-            self.renewer.track(claim.stem, claim.token)
-        try:
-            yield
-        finally:
-            for claim in claims:
-                self.renewer.untrack(claim.stem, claim.token)
+
+def _head(outcomes: Sequence[Any], releases: Sequence[Claim], replies: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The complete and release replies of a streamed round trip (one call each, standalone)."""
+    return (replies[0] if outcomes else []), (replies[1 if outcomes else 0] if releases else [])

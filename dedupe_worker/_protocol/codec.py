@@ -131,7 +131,9 @@ class ClaimCodec:
     def _claims(self, requests: Sequence[Request], flat: Sequence[Any]) -> list[Claim]:
         """The claims of ``requests`` from ``claim.lua``'s flat reply (four values per key): what
         :meth:`_claim` makes of each, with the common answers (ACQUIRED; DUPLICATE of a stored
-        JSON ``null``) built without the general decoding."""
+        JSON ``null``) built without the general decoding. Kept for its figure: 615 ns against
+        1551 ns per ACQUIRED key, 465 against 1618 per DUPLICATE (timeit, pinned, shared machine),
+        about 1 us of the batch path's ~13 us per message (bench.core): 7-9%."""
         if len(flat) != 4 * len(requests):
             raise ValueError(f"{len(flat)} reply values for {len(requests)} claims")
         json = type(self.serializer) is JsonSerializer

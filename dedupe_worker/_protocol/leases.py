@@ -15,9 +15,14 @@ says whether the claim was still ours, and that reply is the verdict
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 
-__all__ = ["Lease", "LeaseBook"]
+from ..observe._base import current as observer
+
+__all__ = ["Lease", "LeaseBook", "lost_in_round", "round_failed", "round_of"]
+
+log = logging.getLogger(__name__)
 
 #: A claim's identity: ``(stem, fencing token)``.
 Lease = tuple[str, int]
@@ -70,3 +75,29 @@ class LeaseBook:
         self.live.clear()
         self.lost.clear()
         self.settling.clear()
+
+
+def round_of(items: list[Lease]) -> bool:
+    """Whether a renewal round over ``items`` (the book's :meth:`~LeaseBook.due`) is to be sent;
+    counts them for the observers either way."""
+    observer.leases(len(items))
+    return bool(items)
+
+
+def round_failed(items: list[Lease], exc: BaseException) -> None:
+    """A renewal round failed (Redis down): nothing is marked lost, the next round tries again."""
+    log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
+    observer.renewal_failed(len(items))
+
+
+def lost_in_round(items: list[Lease], renewed: list[bool], refused: Callable[[Lease], bool]) -> list[Lease]:
+    """The leases of a round that Redis refused and the book marks lost (``refused``: the book's
+    :meth:`~LeaseBook.refused`, under the caller's lock if it has one), each logged."""
+    lost = []
+    for lease, ok in zip(items, renewed, strict=True):
+        if ok or not refused(lease):
+            continue  # renewed; or completed or released (or being so) while we were renewing
+        log.warning("lease lost: key=%s token=%s", *lease)
+        observer.lease_lost()
+        lost.append(lease)
+    return lost

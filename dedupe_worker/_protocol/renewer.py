@@ -1,5 +1,8 @@
 """One background thread that keeps every live claim's lease from running out.
 
+A deliberate twin of :mod:`dedupe_worker.asyncio._renewer` (a thread here, a task per event loop
+there): what a round does and when a refusal is a loss is shared (:mod:`.leases`).
+
 The renewer wakes every ``interval`` seconds (a third of the lease by default) and extends all
 tracked leases in one batched ``renew.lua`` round trip, so a thousand in-flight messages cost one
 thread and one round trip per interval, not a thread each. A claim that renewal finds no longer
@@ -23,8 +26,7 @@ import weakref
 from collections.abc import Callable, Iterable
 
 from .._errors import StoreUnavailable
-from ..observe._base import current as observer
-from .leases import Lease, LeaseBook
+from .leases import Lease, LeaseBook, lost_in_round, round_failed, round_of
 from .store import RedisStore
 
 __all__ = ["LeaseRenewer"]
@@ -104,31 +106,30 @@ class LeaseRenewer:
         with self._lock:
             return (stem, token) in self._lost
 
+    def last_renewal(self) -> float:
+        """``time.monotonic()`` when the last successful renewal round began (``-inf``: none yet)."""
+        return self.renewed_at
+
     def renew_now(self) -> None:
         """Renew every tracked lease once, in one round trip."""
         with self._lock:
             items = self._book.due()
-        observer.leases(len(items))
-        if not items:
+        if not round_of(items):
             return
         began = time.monotonic()
         try:
             renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
         except StoreUnavailable as exc:
-            log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
-            observer.renewal_failed(len(items))
+            round_failed(items, exc)
             return
         self.renewed_at = began
-        for (stem, token), ok in zip(items, renewed, strict=True):
-            if ok:
-                continue
-            with self._lock:
-                if not self._book.refused((stem, token)):
-                    continue  # completed or released (or being so) while we were renewing
-            log.warning("lease lost: key=%s token=%s", stem, token)
-            observer.lease_lost()
+        for stem, token in lost_in_round(items, renewed, self._refused):
             if self.on_lost is not None:
                 self.on_lost(stem, token)
+
+    def _refused(self, lease: Lease) -> bool:
+        with self._lock:
+            return self._book.refused(lease)
 
     def close(self) -> None:
         self._closed = True

@@ -1,5 +1,7 @@
 """One thread that waits on many held keys at once and calls back when each is decided.
 
+A deliberate twin of :mod:`dedupe_worker.asyncio._waiter` (a thread here, a task per loop there).
+
 A consumer that meets a key in progress elsewhere can hand the key to a :class:`KeyWatcher`
 instead of sleeping on it: ``watch.lua`` counts a waiter on the key, and the thread blocks (one
 ``BLPOP`` over the notice lists of every watched key, plus a private wake-up list) until the

@@ -11,8 +11,10 @@ The same Lua scripts, options, exceptions and verdicts as the synchronous
 :class:`~dedupe_worker.Deduplicator` (the key checks, reply decoding, result encoding and the
 engine's decision logic are shared code, not copies), so sync and async workers can share one
 namespace. :func:`decide` is what an asyncio integration calls: it returns the same
-:class:`~dedupe_worker.Decision` as :func:`dedupe_worker.decide`. One renewer task per event loop
-renews every held lease in one round trip per interval. ``current_claim()`` is
+:class:`~dedupe_worker.Decision` as :func:`dedupe_worker.decide`, and :func:`decide_many` is the
+batch engine with ``async def`` handlers. Both run the very flows the synchronous engine runs
+(:mod:`dedupe_worker._protocol.flows`), awaited. One renewer task per event loop renews every held
+lease in one round trip per interval. ``current_claim()`` is
 :func:`dedupe_worker.current_claim`, set inside the handler's coroutine.
 
 This package sits beside ``deduplicator.py``: it uses the protocol, the messages and the engine,
@@ -26,7 +28,7 @@ from .._protocol.context import current_claim
 from ._client import AsyncClaimClient
 from ._connection import async_redis_from_url
 from ._deduplicator import AsyncDeduplicator
-from ._engine import AsyncHandler, decide, execute, run
+from ._engine import AsyncHandler, AsyncItem, decide, decide_many, execute, run
 from ._renewer import AsyncLeaseRenewer
 from ._store import AsyncRedisStore
 from ._waiter import AsyncKeyWaiter
@@ -35,12 +37,14 @@ __all__ = [
     "AsyncClaimClient",
     "AsyncDeduplicator",
     "AsyncHandler",
+    "AsyncItem",
     "AsyncKeyWaiter",
     "AsyncLeaseRenewer",
     "AsyncRedisStore",
     "async_redis_from_url",
     "current_claim",
     "decide",
+    "decide_many",
     "execute",
     "idempotent",
     "run",

@@ -1,5 +1,9 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
+Its logic is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, run by
+:meth:`AsyncClaimClient.drive_async`. The deliberate twins of the sync client are the driver loop
+(awaits where the sync one blocks), the waiter, the renewer task and the connection set-up.
+
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
 encoding (both subclass :class:`~dedupe_worker._protocol.codec.ClaimCodec`), so a key claimed by
@@ -10,21 +14,19 @@ one is seen by the other exactly as by itself. No verdicts here: that is the eng
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import LeaseLost, StoreUnavailable
+from .._errors import ClaimError, ResultNotSerializable
 from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
-from .._protocol.codec import ClaimCodec, Request
+from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.retry import FinishRetry
-from .._protocol.scripts import NotDurable
+from .._protocol.flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait
 from .._protocol.serialization import Serializer
-from .._settings import DedupeSettings
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
 from ._scripts import AsyncRedis
@@ -38,7 +40,7 @@ C = TypeVar("C", bound="AsyncClaimClient")
 T = TypeVar("T")
 
 
-class AsyncClaimClient(ClaimCodec):
+class AsyncClaimClient(ClientCore):
     """The claim protocol's client on ``redis.asyncio``; options as
     :class:`~dedupe_worker.ClaimClient`'s, and the same guarantees: while a key's records
     live, at most one outcome is stored for it, and a claimant whose lease ran out can never
@@ -53,6 +55,9 @@ class AsyncClaimClient(ClaimCodec):
     :param allow_eviction: as for the sync client: off, the first claim raises
         :class:`~dedupe_worker.EvictionPolicyError` on a Redis that may evict our records.
     """
+
+    store: AsyncRedisStore
+    renewer: AsyncLeaseRenewer
 
     def __init__(
         self,
@@ -74,43 +79,34 @@ class AsyncClaimClient(ClaimCodec):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,
+        super().__init__(functools.partial(AsyncRedisStore, redis_client), AsyncLeaseRenewer, namespace=namespace,
+                         lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
+                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
+                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
+                         wait_timeout=wait_timeout, allow_eviction=allow_eviction,
                          compress_above=compress_above, compression=compression)
-        self.allow_eviction = allow_eviction
-        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
-        self.store_checked = allow_eviction
-        self.store = AsyncRedisStore(redis_client, self.layout)
-        self.store.require_replicas(wait_replicas, wait_timeout)
-        self.permanent_errors = permanent_errors
-        self.fail_open = fail_open
-        self.renewer = AsyncLeaseRenewer(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
-        #: How completions and releases are retried on transient store errors (shared policy).
-        self.finish_retry = FinishRetry(lease, self.renewer.interval)
+        #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
-        self._owns_client = False
 
-    @classmethod
-    def from_url(cls: type[C], url: str, **options: Any) -> C:
-        """Build from a Redis URL (see :func:`async_redis_from_url`); :meth:`aclose` closes the
-        client built here."""
-        client = cls(async_redis_from_url(url), **options)
-        client._owns_client = True
-        return client
+    _connect = staticmethod(async_redis_from_url)
 
-    @classmethod
-    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
-        s = settings or DedupeSettings()
-        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+    @property
+    def watcher(self) -> AsyncKeyWaiter:
+        """What waits on held keys for this client: the :class:`AsyncKeyWaiter` (one task per
+        loop), the asyncio counterpart of :class:`~dedupe_worker.ClaimClient`'s key watcher."""
+        return self.waiter
 
-    async def aclose(self) -> None:
-        """Cancel the lease renewer and key waiter tasks; close the Redis client if :meth:`from_url` built it.
-        Claims still held are no longer renewed: their leases run out."""
+    async def close(self) -> None:
+        """Cancel the lease renewer and key waiter tasks, and close the Redis client if
+        :meth:`from_url` built it. Claims still held are no longer renewed: their leases run out."""
         await self.renewer.aclose()
         await self.waiter.aclose()
-        if self._owns_client:
+        if self.owns_redis:
             await self.store.client.aclose()
+
+    async def aclose(self) -> None:
+        """:meth:`close` (the name asyncio libraries use)."""
+        await self.close()
 
     async def __aenter__(self: C) -> C:
         return self
@@ -118,33 +114,44 @@ class AsyncClaimClient(ClaimCodec):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _finishing(self, leases: list[tuple[str, int]], send: Callable[[], Awaitable[T]]) -> T:
-        """``await send()``, a finishing write (complete, fail, release) of ``leases``: sent again
-        on a transient store error while the leases last, as
-        :meth:`ClaimClient._finish_again <dedupe_worker._protocol.ClaimClient._finish_again>` does
-        (the same :class:`~dedupe_worker._protocol.retry.FinishRetry` policy, awaited sleeps)."""
-        self.renewer.settle(leases)
-        try:
-            return await send()
-        except NotDurable:
-            raise
-        except StoreUnavailable as exc:
-            error = exc
-        attempts = self.finish_retry.attempts(time.monotonic())
+    async def drive_async(self, flow: Flow[T]) -> T:
+        """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, awaiting each effect it
+        yields: a round trip on the store, ``asyncio.sleep``, a wait on the loop's
+        :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into the
+        flow (``CancelledError`` included, so a cancelled handler's claim is settled)."""
+        value: Any = None
+        error: BaseException | None = None
         while True:
-            delay = attempts.after(error, time.monotonic(), self.renewer.renewed_at())
-            if delay is None:
-                if attempts.failures > 1:
-                    log.warning("giving up a finishing write after %d attempts: %s", attempts.failures, error)
-                raise error
-            log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
-            await asyncio.sleep(delay)
             try:
-                return await send()
-            except NotDurable:
+                effect = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            except BaseException:
+                error = None  # no cycle: this frame -> the error -> its traceback -> this frame
                 raise
-            except StoreUnavailable as exc:
-                error = exc
+            error = None
+            try:
+                if type(effect) is Send:
+                    value = await self.store.scripts.call_all(effect.calls, effect.wait)
+                elif type(effect) is Handler:
+                    value = await effect.fn()
+                elif type(effect) is Stream:
+                    each = effect.each  # used only within this round trip
+                    value = await self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
+                                                   lambda start, claims: self.drive_async(each(start, claims)),  # noqa: B023
+                                                   effect.step)
+                elif type(effect) is Either:
+                    value = await effect.asynchronous()
+                elif type(effect) is Sleep:
+                    await asyncio.sleep(effect.seconds)
+                    value = None
+                elif type(effect) is Wait:
+                    value = await self.waiter.wait(*effect)
+                else:
+                    await self.check_store()
+                    value = None
+            except BaseException as exc:
+                value, error = None, exc
 
     async def check_store(self) -> None:
         """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
@@ -152,34 +159,21 @@ class AsyncClaimClient(ClaimCodec):
             await check_store_async(self.store.client)
         self.store_checked = True
 
-    # -- transitions ----------------------------------------------------------------------------
+    # -- transitions: the flows of :mod:`dedupe_worker._protocol.flows`, awaited -----------------
 
     async def begin(self, key: str | bytes, *, fingerprint: Any = None, wait: float = 0.0) -> Claim:
         """Try to claim ``key``: one round trip, one :class:`Claim`; as
-        :meth:`ClaimClient.begin <dedupe_worker._protocol.ClaimClient.begin>`, ``wait`` included.
+        :meth:`ClaimClient.begin <dedupe_worker.ClaimClient.begin>`, ``wait`` included.
         Raises :class:`InvalidKey` and :class:`StoreUnavailable`."""
-        request = self.request(key, fingerprint)
-        if not self.store_checked:
-            await self.check_store()
-        reply = await self.store.claim_one(request.stem, request.fingerprint, request.original,
-                                           self._lease_ms, self._retention_ms)
-        claim = self._claim(request, reply)
-        if wait > 0 and claim.outcome is Outcome.IN_PROGRESS:
-            return await self.wait_for(request, claim, time.monotonic() + wait)
-        return claim
+        return await self.drive_async(self.begin_flow(key, fingerprint, wait))
 
     async def begin_many(self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None,
                          wait: float = 0.0) -> list[Claim]:
         """Claim a batch of keys in one round trip, answers in the order of ``keys``; a key twice
         in the batch is ACQUIRED once. With ``wait``, held keys are waited on concurrently, all
         within ``wait`` seconds."""
-        fps = fingerprints if fingerprints is not None else [None] * len(keys)
-        if len(fps) != len(keys):
-            raise ValueError("fingerprints must match keys one to one")
-        requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
-        claims = await self.claim_requests(requests)
+        requests, claims, ours = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait))
         if wait > 0:
-            ours = {(c.stem, c.token) for c in claims if c.acquired}  # a repeated key held by us: no wait
             deadline = time.monotonic() + wait
 
             async def settled(request: Request, claim: Claim) -> Claim:
@@ -196,94 +190,67 @@ class AsyncClaimClient(ClaimCodec):
         loop's :class:`AsyncKeyWaiter` task wakes us on (one task and one blocked connection for
         every coroutine that waits), or the holder's lease ends; then we claim again. A waiter
         never holds the claim and the wait never outlasts ``deadline``."""
-        while claim.outcome is Outcome.IN_PROGRESS:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            await self.waiter.wait(request.stem, left)
-            reply = await self.store.claim_one(request.stem, request.fingerprint, request.original,
-                                               self._lease_ms, self._retention_ms)
-            claim = self._claim(request, reply)
-        return claim
+        return await self.drive_async(self.wait_flow(request, claim, deadline))
 
     async def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
         """:meth:`begin_many` for requests already checked by :meth:`request`."""
-        if not self.store_checked:
-            await self.check_store()
-        replies = (await self.store.run(self.store.claim_calls(
-            [(r.stem, r.fingerprint, r.original) for r in requests], self._lease_ms, self._retention_ms)))[0]
-        claims = [self._claim(r, reply) for r, reply in zip(requests, self.store.claim_replies(replies), strict=True)]
-        if log.isEnabledFor(logging.DEBUG):
-            for claim in claims:
-                log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
-        return claims
+        return await self.drive_async(self.claims_flow(requests))
+
+    async def settle_and_claim(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                               requests: Sequence[Request]) -> tuple[list[bool], list[bool], list[Claim]]:
+        """In one round trip: store ``outcomes``, release ``releases``, claim ``requests``; as
+        :meth:`ClaimClient.settle_and_claim <dedupe_worker.ClaimClient.settle_and_claim>`."""
+        return await self.drive_async(self.settle_and_claim_flow(outcomes, releases, requests))
+
+    async def settle_and_stream(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                                requests: Sequence[Request], each: Callable[[int, list[Claim]], Awaitable[None]],
+                                step: int) -> tuple[list[bool], list[bool]]:
+        """:meth:`settle_and_claim`, the claims handed to ``await each(start, claims)`` ``step`` at
+        a time once the round trip is read (asyncio has no held connection to stream replies on);
+        as :meth:`ClaimClient.settle_and_stream <dedupe_worker.ClaimClient.settle_and_stream>`."""
+        stored, released, claims = await self.settle_and_claim(outcomes, releases, requests)
+        for start in range(0, len(claims), step):
+            await each(start, claims[start:start + step])
+        return stored, released
 
     async def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key, kept
         ``ttl`` seconds (default ``result_ttl``). Raises :class:`LeaseLost` (nothing written) and
         :class:`ResultNotSerializable` (stored as omitted)."""
-        status, data, problem = self.encode(claim, value)
-        if self.renewer.is_lost(claim.stem, claim.token):
-            raise LeaseLost(claim.key, claim.token)
-        items = [(claim.stem, claim.token, status, data)]
-        ttl_ms = self.result_ttl_ms(ttl)
-        stored = await self._finishing([(claim.stem, claim.token)], lambda: self.store.complete(items, ttl_ms))
-        if not self.owns(claim, stored[0]):
-            raise LeaseLost(claim.key, claim.token)
-        if problem is not None:
-            raise problem
+        await self.drive_async(self.complete_flow(claim, value, ttl))
 
     async def complete_many(self, items: Sequence[tuple[Claim, Any]]) -> list[bool]:
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
         Values that cannot be serialised are stored as omitted (and logged)."""
-        encoded = [self.encode(claim, value) for claim, value in items]
-        records = [(claim.stem, claim.token, status, data)
-                   for (claim, _), (status, data, _) in zip(items, encoded, strict=True)]
-        stored = await self._finishing([(claim.stem, claim.token) for claim, _ in items],
-                                       lambda: self.store.complete(records, self._result_ttl_ms))
-        return [self.owns(claim, ok) for (claim, _), ok in zip(items, stored, strict=True)]
+        return await self.drive_async(self.complete_many_flow(items))
+
+    async def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable
+                                                                              | None]:
+        """:meth:`complete_many`, telling per item what :meth:`complete` would have raised."""
+        return await self.drive_async(self.complete_each_flow(items))
 
     async def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome; raises :class:`LeaseLost` when fenced off."""
-        data = self.encode_failure(error)
-        items = [(claim.stem, claim.token, Stored.FAILED, data)]
-        stored = await self._finishing([(claim.stem, claim.token)],
-                                       lambda: self.store.complete(items, self._result_ttl_ms))
-        if not self.owns(claim, stored[0]):
-            raise LeaseLost(claim.key, claim.token)
-        log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
+        await self.drive_async(self.fail_flow(claim, error))
 
     async def release(self, claim: Claim) -> bool:
         """Give the claim up so the next delivery may claim again; ``False`` when the token no
         longer owned it (nothing changed)."""
-        return (await self.release_many([claim]))[0]
+        return (await self.drive_async(self.release_flow((claim,))))[0]
 
     async def release_many(self, claims: Sequence[Claim]) -> list[bool]:
         """:meth:`release` for a batch, in one round trip."""
-        items = [(c.stem, c.token) for c in claims]
-        return await self._finishing(items, lambda: self.store.release(items, self._retention_ms))
+        return await self.drive_async(self.release_flow(claims))
 
     async def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""
-        return (await self.store.renew([(claim.stem, claim.token)], self._lease_ms, self._retention_ms))[0]
+        return await self.drive_async(self.renew_flow(claim))
 
     async def forget(self, key: str | bytes, *, token: int | None = None, force: bool = False) -> bool:
         """Remove ``key``'s records, ownership-checked as
-        :meth:`ClaimClient.forget <dedupe_worker._protocol.ClaimClient.forget>`."""
-        code, _ = await self.store.forget(self.request(key).stem, token, force)
-        return code == 1
+        :meth:`ClaimClient.forget <dedupe_worker.ClaimClient.forget>`."""
+        return await self.drive_async(self.forget_flow(key, token, force))
 
     async def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them."""
-        return await self.store.inspect(self.request(key).stem)
-
-    @asynccontextmanager
-    async def keep_leases(self, claims: Sequence[Claim]) -> AsyncIterator[None]:
-        """While inside, the loop's renewer task keeps the leases of ``claims`` from running out."""
-        for claim in claims:
-            self.renewer.track(claim.stem, claim.token)
-        try:
-            yield
-        finally:
-            for claim in claims:
-                self.renewer.untrack(claim.stem, claim.token)
+        return await self.drive_async(self.status_flow(key))

@@ -5,22 +5,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .._deduplicator import Deduplicator, sql_outcomes
+from .._deduplicator import DeduplicatorCore
 from .._engine.decision import outcome
 from .._engine.recorded import Outcomes
 from .._protocol.claim import Claim
-from .._protocol.context import Holding
-from .._settings import DedupeSettings
 from . import _engine as engine
 from ._client import AsyncClaimClient
 
 __all__ = ["AsyncDeduplicator"]
 
 T = TypeVar("T")
-D = TypeVar("D", bound="AsyncDeduplicator")
 
 
-class AsyncDeduplicator(AsyncClaimClient):
+class AsyncDeduplicator(DeduplicatorCore, AsyncClaimClient):
     """Makes at-least-once delivery apply once for asyncio consumers, with Redis as the store.
 
     The asyncio twin of :class:`~dedupe_worker.Deduplicator`: the same options, Lua scripts,
@@ -40,20 +37,8 @@ class AsyncDeduplicator(AsyncClaimClient):
     """
 
     def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
-        super().__init__(redis_client, **options)
-        #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
-        self.outcomes = outcomes
-        if outcomes is not None:
-            outcomes.attach(self)
-
-    @classmethod
-    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
-        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
-        s = settings or DedupeSettings()
-        if "outcomes" not in options and s.sql_dsn:
-            options["outcomes"] = sql_outcomes(s)
-        return super().from_settings(s, **options)
+        AsyncClaimClient.__init__(self, redis_client, **options)
+        self._attach(outcomes)
 
     async def run(self, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any, fingerprint: Any = None,
                   wait: float = 0.0, **kwargs: Any) -> T:
@@ -72,14 +57,6 @@ class AsyncDeduplicator(AsyncClaimClient):
         """Await ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`."""
         decision = await engine.execute(self, claim, lambda: fn(*args, **kwargs))
         return outcome(decision)  # type: ignore[no-any-return]
-
-    def hold(self, claim: Claim) -> Holding:
-        """While inside (``with``, in a coroutine): the lease is renewed and ``current_claim()``
-        is ``claim``."""
-        return Holding(self.renewer, claim)
-
-    #: The stored value of a DUPLICATE; raises for IN_PROGRESS, CONFLICT and stored failures.
-    answer = staticmethod(Deduplicator.answer)
 
     async def settle_failure(self, claim: Claim, exc: BaseException) -> None:
         """After work for ``claim`` raised ``exc``: store a permanent failure or release the

@@ -1,5 +1,8 @@
 """One task per event loop that keeps every live claim's lease from running out.
 
+A deliberate twin of :mod:`dedupe_worker._protocol.renewer` (a thread there, a task per loop
+here): what a round does and when a refusal is a loss is shared (:mod:`~dedupe_worker._protocol.leases`).
+
 The asyncio form of :class:`~dedupe_worker._protocol.renewer.LeaseRenewer`: claims are tracked per
 running loop, and each loop gets one renewer task that wakes every ``interval`` seconds and
 extends all of that loop's tracked leases in one batched ``renew.lua`` round trip. A thousand
@@ -27,8 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .._errors import StoreUnavailable
-from .._protocol.leases import Lease, LeaseBook
-from ..observe._base import current as observer
+from .._protocol.leases import Lease, LeaseBook, lost_in_round, round_failed, round_of
 from ._store import AsyncRedisStore
 
 __all__ = ["AsyncLeaseRenewer"]
@@ -79,6 +81,16 @@ class AsyncLeaseRenewer:
         """Stop renewing this claim (once every holder that tracked it has untracked it)."""
         self._leases().book.untrack((stem, token))
 
+    def track_many(self, leases: Iterable[Lease]) -> None:
+        """:meth:`track` for each ``(stem, token)`` (the batch engine's)."""
+        for stem, token in leases:
+            self.track(stem, token)
+
+    def untrack_many(self, leases: Iterable[Lease]) -> None:
+        """:meth:`untrack` for each ``(stem, token)``."""
+        for stem, token in leases:
+            self.untrack(stem, token)
+
     def is_lost(self, stem: str, token: int) -> bool:
         """Whether renewal found the claim taken by another token (this loop's claims)."""
         leases = self._loops.get(asyncio.get_running_loop())
@@ -92,7 +104,7 @@ class AsyncLeaseRenewer:
         if leases is not None:
             leases.book.settle(claims)
 
-    def renewed_at(self) -> float:
+    def last_renewal(self) -> float:
         """``time.monotonic()`` at the start of the running loop's last answered renewal round."""
         leases = self._loops.get(asyncio.get_running_loop())
         return leases.renewed_at if leases is not None else float("-inf")
@@ -106,22 +118,16 @@ class AsyncLeaseRenewer:
         """Renew every lease tracked in the running loop once, in one round trip."""
         leases = self._leases()
         items = leases.book.due()
-        observer.leases(len(items))
-        if not items:
+        if not round_of(items):
             return
         began = time.monotonic()
         try:
             renewed = await self.store.renew(items, self.lease_ms, self.retention_ms)
         except StoreUnavailable as exc:
-            log.warning("lease renewal of %d claims failed, will retry: %s", len(items), exc)
-            observer.renewal_failed(len(items))
+            round_failed(items, exc)
             return
         leases.renewed_at = began
-        for (stem, token), ok in zip(items, renewed, strict=True):
-            if ok or not leases.book.refused((stem, token)):
-                continue
-            log.warning("lease lost: key=%s token=%s", stem, token)
-            observer.lease_lost()
+        lost_in_round(items, renewed, leases.book.refused)
 
     async def _renew_while_held(self, leases: _LoopLeases) -> None:
         loop = asyncio.get_running_loop()

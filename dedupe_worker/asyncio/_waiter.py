@@ -1,5 +1,8 @@
 """One task per event loop that waits on every held key its coroutines wait for.
 
+A deliberate twin of :mod:`dedupe_worker._protocol.watcher` (the waiting itself differs: one
+blocked connection per loop here, BLPOP per wait or one watcher thread there).
+
 ``begin(key, wait=...)`` on a key held elsewhere waits for the holder's completion or release.
 The synchronous client blocks one connection per waiter (``BLPOP`` on the key's notice list);
 here the waits of one event loop share one task and one connection: the first coroutine to wait on

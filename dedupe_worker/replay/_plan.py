@@ -32,7 +32,8 @@ unavailable       LEAVE        Redis could not be asked; counted as failed
 So a message is dropped only when its own payload is proven to have run: the fingerprint is
 computed from the dead-lettered message exactly as the consumer computed it (by default
 :func:`~dedupe_worker.keys.body_fingerprint`, the hash of the body bytes) and compared
-with the ``f`` field the consumer's claim stored with the outcome. With ``fingerprint=None`` (a
+with the fingerprint the consumer's claim stored with the outcome (``inspect.lua`` reads it from
+a result of either record format). With ``fingerprint=None`` (a
 consumer run without conflict detection) a stored outcome counts as applied for any payload, as
 that consumer itself would answer it.
 
@@ -55,7 +56,7 @@ from .._deduplicator import Deduplicator
 from .._errors import InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import ATTEMPTS, KEY, REPLAYED
 from .._messages.envelope import Envelope
-from .._protocol.calls import KeyState, key_state
+from .._protocol.calls import WITH_FINGERPRINT, KeyState, key_state_and_fingerprint
 from .._protocol.claim import State, Stored
 from .._protocol.fingerprint import request_fingerprint
 from .._protocol.held import BUSY
@@ -193,17 +194,16 @@ class Planner:
         return None, key
 
     def _read(self, stems: Sequence[str]) -> list[tuple[KeyState, Any] | StoreUnavailable]:
-        """Each stem's state and stored fingerprint (``HGET f``, ``None`` when absent), in one
-        pipelined round trip; a failed read as a :class:`StoreUnavailable` in its place."""
+        """Each stem's state and stored fingerprint (``None`` when no outcome is stored), in one
+        pipelined round trip of ``inspect.lua`` per stem (which reads the fingerprint from a result
+        of either record format); a failed read as a :class:`StoreUnavailable` in its place."""
         if not stems:
             return []
         store = self.dedupe.store
         try:
             sha = store.scripts.sha["inspect"]
-            commands: list[tuple[Any, ...]] = []
-            for stem in stems:
-                result = KeyLayout.result(stem)
-                commands += [("EVALSHA", sha, 2, KeyLayout.started(stem), result), ("HGET", result, "f")]
+            commands = [("EVALSHA", sha, 2, KeyLayout.started(stem), KeyLayout.result(stem), *WITH_FINGERPRINT)
+                        for stem in stems]
             # Read-only commands, so the held connection's retry on a connection error is safe.
             held = store.scripts.held
             replies = held.execute_many(commands) if held is not None else BUSY
@@ -216,18 +216,19 @@ class Planner:
             failed = StoreUnavailable(f"Redis failed reading {len(stems)} keys: {exc}")
             return [failed] * len(stems)
         found: list[tuple[KeyState, Any] | StoreUnavailable] = []
-        for i, stem in enumerate(stems):
-            state, stored = replies[2 * i], replies[2 * i + 1]
+        for stem, reply in zip(stems, replies, strict=True):
             try:
-                if isinstance(state, NoScriptError):  # scripts flushed: the single call loads them
-                    found.append((store.inspect(stem), stored))
-                elif isinstance(state, Exception) or isinstance(stored, Exception):
-                    error = state if isinstance(state, Exception) else stored
-                    found.append(StoreUnavailable(f"Redis failed reading {stem}: {error}"))
+                if isinstance(reply, NoScriptError):  # scripts flushed: the single call loads them
+                    reply = store.scripts.call(
+                        "inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), WITH_FINGERPRINT)
+                if isinstance(reply, Exception):
+                    found.append(StoreUnavailable(f"Redis failed reading {stem}: {reply}"))
                 else:
-                    found.append((key_state(*state), stored))
+                    found.append(key_state_and_fingerprint(reply))
             except StoreUnavailable as exc:
                 found.append(exc)
+            except (KeyError, ValueError, TypeError) as exc:  # not a record this release wrote
+                found.append(StoreUnavailable(f"unreadable record at {stem}: {exc!r}"))
         return found
 
     def _verdict(self, envelope: Envelope, key: str, reason: str,

@@ -1,6 +1,6 @@
 -- claim.lua: try to take the claim on one or more message keys (state: free -> claimed).
 --
--- KEYS[2i-1] - the started key of message i (hash: next, owner, deadline, fp, orig)
+-- KEYS[2i-1] - the started key of message i (hash: next, owner, deadline, fp, orig, w)
 -- KEYS[2i]   - the result key of message i  (hash: s, v, t, f, orig)
 -- ARGV[1]    - lease in milliseconds
 -- ARGV[2]    - retention in milliseconds: how long the started key (and with it the token
@@ -9,7 +9,10 @@
 -- ARGV[2i+2] - the original key of message i when the Redis key holds its hash, else ''
 --
 -- Returns four values per message, in order:
---   {1, token, false, false}            ACQUIRED: we own the claim under a new fencing token
+--   {1, token, reclaimed, false}        ACQUIRED: we own the claim under a new fencing token;
+--                                       reclaimed is 1 when the key was claimed before (its
+--                                       token counter existed: a crash, an outage, a lost lease
+--                                       or a release), false on a first claim
 --   {2, token, status, value}           DUPLICATE: an outcome is stored (status 'c' completed,
 --                                       'o' completed with the body omitted, 'f' failed)
 --   {3, owner_token, remaining_ms, false} IN_PROGRESS: a live lease is held by another token
@@ -27,17 +30,54 @@
 -- milliseconds). Why not an epoch bumped on failover: nothing in a script can tell that a
 -- failover happened, and a lost write can take the epoch with it. Microseconds since 1970
 -- stay below 2^53 until the year 2255, so JSON, Lua numbers and SQL bigint hold them exactly.
+--
+-- Records are shared with workers running other releases of these scripts (rolling upgrades;
+-- tests/test_lua_compat.py): a field that is missing means what its empty value meant, so empty
+-- ones are not written (fp and orig here, f and orig in the result), and a free lease is one
+-- whose owner is 0 or missing, whatever its deadline. The cost is Redis' own time per key, so
+-- the common case is cheapest: a key with no record at all (an empty HMGET of the result, one
+-- EXISTS) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one HMGET.
 local lease_ms = tonumber(ARGV[1])
-local retention_ms = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local ttl_ms = math.max(lease_ms, retention_ms)
+-- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
+-- Shared values are made once as strings (at the first claim taken): Redis formats every number
+-- argument of every call.
+local now_ms, now_us, now_us_s, deadline, expire_at
+local function clock()
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now_us_s = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
+
+-- The claim's fields, one HSET. An empty fingerprint or original key is not written (a missing
+-- field reads as ''), so a first claim without them writes three fields.
+local function take(started, token, fp, orig)
+  if not deadline then
+    deadline = string.format('%d', now_ms + lease_ms)
+    expire_at = string.format('%d', now_ms + math.max(lease_ms, tonumber(ARGV[2])))
+  end
+  if fp == '' and orig == '' then
+    redis.call('HSET', started, 'next', token, 'owner', token, 'deadline', deadline)
+  elseif orig == '' then
+    redis.call('HSET', started, 'next', token, 'owner', token, 'deadline', deadline, 'fp', fp)
+  elseif fp == '' then
+    redis.call('HSET', started, 'next', token, 'owner', token, 'deadline', deadline, 'orig', orig)
+  else
+    redis.call('HSET', started, 'next', token, 'owner', token, 'deadline', deadline, 'fp', fp, 'orig', orig)
+  end
+  redis.call('PEXPIREAT', started, expire_at)
+end
+
 local out, n = {}, 0
 for i = 1, #KEYS / 2 do
   local started, result = KEYS[2 * i - 1], KEYS[2 * i]
   local fp, orig = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  local done = redis.call('HMGET', result, 's', 'v', 't', 'f')
+  local done  -- the stored fingerprint is read only when there is one to compare it with
+  if fp == '' then
+    done = redis.call('HMGET', result, 's', 'v', 't')
+  else
+    done = redis.call('HMGET', result, 's', 'v', 't', 'f')
+  end
   if done[1] then
     if fp ~= '' and done[4] and done[4] ~= '' and done[4] ~= fp then
       out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
@@ -45,24 +85,31 @@ for i = 1, #KEYS / 2 do
       out[n + 1] = 2; out[n + 2] = tonumber(done[3]) or 0; n = n + 2
       out[n + 1] = done[1]; out[n + 2] = done[2] or ''; n = n + 2
     end
+  elseif redis.call('EXISTS', started) == 0 then
+    if not now_ms then clock() end
+    -- Never claimed (or its records expired): the token is the clock, max(0 + 1, now_us).
+    take(started, now_us_s, fp, orig)
+    out[n + 1] = 1; out[n + 2] = now_us; out[n + 3] = false; out[n + 4] = false; n = n + 4
   else
+    if not now_ms then clock() end
     local st = redis.call('HMGET', started, 'next', 'owner', 'deadline', 'fp')
     local owner = tonumber(st[2]) or 0
-    local deadline = tonumber(st[3]) or 0
-    if owner > 0 and deadline > now_ms then
+    local until_ms = tonumber(st[3]) or 0
+    if owner > 0 and until_ms > now_ms then
       if fp ~= '' and st[4] and st[4] ~= '' and st[4] ~= fp then
         out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
       else
         out[n + 1] = 3; out[n + 2] = owner; n = n + 2
-        out[n + 1] = deadline - now_ms; out[n + 2] = false; n = n + 2
+        out[n + 1] = until_ms - now_ms; out[n + 2] = false; n = n + 2
       end
     else
-      local token = math.max((tonumber(st[1]) or 0) + 1, now_us)
-      redis.call('HSET', started, 'next', token, 'owner', token,
-                 'deadline', now_ms + lease_ms, 'fp', fp)
-      if orig ~= '' then redis.call('HSET', started, 'orig', orig) end
-      redis.call('PEXPIRE', started, ttl_ms)
-      out[n + 1] = 1; out[n + 2] = token; out[n + 3] = false; out[n + 4] = false; n = n + 4
+      local next_token = (tonumber(st[1]) or 0) + 1
+      local token, token_s = now_us, now_us_s
+      if next_token > now_us then token, token_s = next_token, string.format('%.0f', next_token) end
+      -- the fingerprint of the claim this one takes over is not ours
+      if fp == '' and st[4] and st[4] ~= '' then redis.call('HDEL', started, 'fp') end
+      take(started, token_s, fp, orig)
+      out[n + 1] = 1; out[n + 2] = token; out[n + 3] = 1; out[n + 4] = false; n = n + 4
     end
   end
 end

@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- complete.lua: record the outcome of claims we still own (state: claimed -> done).
+-- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
+-- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
 -- KEYS[3i-2] - the started key of message i
 -- KEYS[3i-1] - the result key of message i
@@ -15,19 +18,29 @@
 -- result exists every claim answers DUPLICATE, and the result keeps the final token.
 -- When watch.lua counted waiters, one notice per waiter is pushed to the notice list (which
 -- expires after NOTICE_TTL_MS); with no waiter nothing more is written.
+-- The result holds s, v and t; f (the claim's fingerprint) and orig only when the claim had
+-- them: a missing field reads as '' (claim.lua, and scripts of earlier releases, read it so).
 -- A retry of a completion that already succeeded (its reply was lost in a failover or a
 -- connection reset) answers 1 again: the stored result carries the same token.
 local NOTICE_TTL_MS = 10000
-local result_ttl_ms = tonumber(ARGV[1])
+local result_ttl_ms = ARGV[1]  -- passed on as the string it is: Redis formats number arguments
 local out, n = {}, 0
 for i = 1, #KEYS / 3 do
   local started, result, notice = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local token = ARGV[3 * i - 1]
   local st = redis.call('HMGET', started, 'owner', 'fp', 'orig', 'w')
   if st[1] and st[1] == token then
-    redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token,
-               'f', st[2] or '')
-    if st[3] then redis.call('HSET', result, 'orig', st[3]) end
+    local fp, orig = st[2], st[3]
+    if fp == '' then fp = nil end
+    if not fp and not orig then
+      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token)
+    elseif not orig then
+      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token, 'f', fp)
+    elseif not fp then
+      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token, 'orig', orig)
+    else
+      redis.call('HSET', result, 's', ARGV[3 * i], 'v', ARGV[3 * i + 1], 't', token, 'f', fp, 'orig', orig)
+    end
     redis.call('PEXPIRE', result, result_ttl_ms)
     redis.call('DEL', started)
     local waiters = tonumber(st[4]) or 0

@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- forget.lua: remove a key's records after an incident (state: any -> never seen).
+-- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
+-- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
 -- KEYS[1] - the started key
 -- KEYS[2] - the result key

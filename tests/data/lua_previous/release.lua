@@ -1,4 +1,7 @@
+#!lua flags=allow-oom
 -- release.lua: give up claims we still own after a retryable failure (state: claimed -> free).
+-- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
+-- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
 -- KEYS[2i-1] - the started key of message i
 -- KEYS[2i]   - the notice list of message i (see watch.lua)
@@ -9,21 +12,25 @@
 -- claim (nothing is changed: the successor's lease stays). The token counter is kept, so
 -- the next claimant gets a larger token than ours. Waiters counted by watch.lua get one
 -- notice each (they claim again at once); with no waiter nothing more is written.
+-- Only the owner is reset to 0: every reader takes a lease as live only when its owner is
+-- non-zero, so the deadline and fingerprint of a released claim are never read (the next
+-- claim writes its own).
 local NOTICE_TTL_MS = 10000
-local retention_ms = tonumber(ARGV[1])
+local retention_ms = ARGV[1]  -- passed on as the string it is: Redis formats number arguments
 local out, n = {}, 0
 for i = 1, #KEYS / 2 do
   local started, notice = KEYS[2 * i - 1], KEYS[2 * i]
   local st = redis.call('HMGET', started, 'owner', 'w')
   if st[1] and st[1] == ARGV[i + 1] then
-    redis.call('HSET', started, 'owner', 0, 'deadline', 0, 'fp', '')
-    redis.call('PEXPIRE', started, retention_ms)
     local waiters = tonumber(st[2]) or 0
     if waiters > 0 then
+      redis.call('HSET', started, 'owner', '0', 'w', '0')
       for _ = 1, waiters do redis.call('RPUSH', notice, ARGV[i + 1]) end
       redis.call('PEXPIRE', notice, NOTICE_TTL_MS)
-      redis.call('HSET', started, 'w', 0)
+    else
+      redis.call('HSET', started, 'owner', '0')
     end
+    redis.call('PEXPIRE', started, retention_ms)
     out[n + 1] = 1; n = n + 1
   else
     out[n + 1] = 0; n = n + 1

@@ -1,0 +1,467 @@
+"""The claim protocol's multi-step operations, written once and without I/O.
+
+Each operation of the client (claim, with or without a wait; complete, with the finishing retry;
+fail; release; settle a batch's outcomes and claim the next chunk) is a generator *flow* here, as
+httpx writes its auth flows: it yields an *effect* (a round trip, a pause, a wait for a notice, a
+handler to call) and receives its result, or has its exception thrown in. It never touches a
+socket, a clock it sleeps on, or an event loop. Two drivers run the same flows:
+
+- :meth:`dedupe_worker.ClaimClient.drive` performs effects with blocking calls;
+- :meth:`dedupe_worker.asyncio.AsyncClaimClient.drive` awaits them.
+
+So the sync and asyncio clients cannot drift: a verdict, a retry or a wait is decided in one
+place. What differs between them is only how an effect is performed (the script runner, the
+lease renewer thread or task, the key watcher or waiter, the connection set-up), and those are
+the deliberate twins.
+
+Effects (the result the driver sends back):
+
+- :class:`Send` ``(calls, wait)``: the script calls in one pipelined round trip
+  (``scripts.call_all``), one reply per call; raises :class:`~dedupe_worker.StoreUnavailable`.
+- :class:`Sleep` ``(seconds)``: pause; ``None``.
+- :class:`Wait` ``(stem, timeout)``: wait, counted as a waiter, until the key's holder completes
+  or releases it or ``timeout`` passes; ``None``.
+- :class:`CheckStore`: check, once, the store's eviction policy (``check_store``); ``None``.
+- :class:`Either` ``(sync, asynchronous)``: ``sync()``, or ``await asynchronous()`` on asyncio.
+- :class:`Stream` ``(outcomes, releases, requests, each, step)``: ``settle_and_stream``, the flow
+  ``each`` run for the claims as they come in (the batch engine's round trip).
+- :class:`Handler` ``(fn)``: the handler's value (``fn()``, or ``await fn()`` on asyncio); its
+  exception is thrown into the flow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._settings import DedupeSettings
+from .calls import KeyState, StoreCalls, acquired_in, key_state
+from .claim import Claim, Outcome, Stored
+from .codec import ClaimCodec, Request
+from .layout import KeyLayout
+from .retry import FinishRetry
+from .scripts import Call, CallFailed, NotDurable, StreamCut
+from .serialization import Serializer
+
+__all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
+           "Sleep", "Stream", "Wait"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+C = TypeVar("C", bound="ClientCore")
+
+
+class Send(NamedTuple):
+    """One round trip of script calls (with ``WAIT replicas timeout_ms`` when ``wait`` is set);
+    answered with one reply per call, or :class:`~dedupe_worker.StoreUnavailable` (``NotDurable``
+    when too few replicas acknowledged)."""
+
+    calls: list[Call]
+    wait: tuple[int, int] | None
+
+
+class Sleep(NamedTuple):
+    """Pause ``seconds`` (a finishing write's backoff)."""
+
+    seconds: float
+
+
+class Wait(NamedTuple):
+    """Wait on a held key until its holder finishes it, at most ``timeout`` seconds."""
+
+    stem: str
+    timeout: float
+
+
+class CheckStore(NamedTuple):
+    """Check the store's eviction policy once."""
+
+
+class Handler(NamedTuple):
+    """Call (or await) a handler; answered with its value, or its exception thrown in."""
+
+    fn: Callable[[], Any]
+
+
+class Stream(NamedTuple):
+    """Store ``outcomes``, release ``releases`` and claim ``requests`` in one round trip, running
+    the flow ``each(start, claims)`` for every ``step`` claims (``settle_and_stream``: on the sync
+    client, while Redis still claims the later ones); answered with ``(stored, released)``."""
+
+    outcomes: Sequence[tuple[Claim, Stored, bytes]]
+    releases: Sequence[Claim]
+    requests: Sequence[Request]
+    each: Callable[[int, list[Claim]], Flow[None]]
+    step: int
+
+
+class Either(NamedTuple):
+    """A call with a sync and an asyncio form: ``sync()`` on the sync driver, ``await
+    asynchronous()`` on the asyncio one (a committed-row lookup in the handler's database)."""
+
+    sync: Callable[[], Any]
+    asynchronous: Callable[[], Awaitable[Any]]
+
+
+CHECK_STORE = CheckStore()
+
+Effect = Send | Sleep | Wait | CheckStore | Handler | Either | Stream
+#: A flow: yields effects, receives their results, returns ``T``.
+Flow = Generator[Effect, Any, T]
+
+_IN_PROGRESS = Outcome.IN_PROGRESS
+
+
+class Leases(Protocol):
+    """What the flows need of a lease renewer (a thread on sync, a task per loop on asyncio)."""
+
+    interval: float
+
+    def track(self, stem: str, token: int) -> None: ...
+    def untrack(self, stem: str, token: int) -> None: ...
+    def track_many(self, leases: Iterable[tuple[str, int]]) -> None: ...
+    def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None: ...
+    def settle(self, leases: Iterable[tuple[str, int]]) -> None: ...
+    def is_lost(self, stem: str, token: int) -> bool: ...
+    def last_renewal(self) -> float: ...
+
+
+class ClientCore(ClaimCodec):
+    """The flows of the claim protocol's client, over a codec's options. The sync and asyncio
+    clients subclass it and add a driver, the store, the renewer and the waiting; their options
+    are the same and set here (see :class:`~dedupe_worker.ClaimClient` for each)."""
+
+    store: StoreCalls
+    renewer: Leases
+
+    def __init__(
+        self,
+        store_for: Callable[[KeyLayout], Any],
+        renewer_for: Callable[[Any, int, int, float], Any],
+        *,
+        namespace: str = "dedupe",
+        lease: float = 30.0,
+        result_ttl: float = 86400.0,
+        retention: float | None = None,
+        max_key_length: int = 200,
+        max_result_bytes: int = 1_000_000,
+        permanent_errors: tuple[type[BaseException], ...] = (),
+        fail_open: bool = False,
+        renew_interval: float | None = None,
+        serializer: Serializer | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 0.1,
+        allow_eviction: bool = False,
+        compress_above: int | None = 1024,
+        compression: str = "auto",
+    ) -> None:
+        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
+                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,
+                         compress_above=compress_above, compression=compression)
+        self.allow_eviction = allow_eviction
+        #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
+        self.store_checked = allow_eviction
+        self.store = store_for(self.layout)
+        self.store.require_replicas(wait_replicas, wait_timeout)
+        self.permanent_errors = permanent_errors
+        self.fail_open = fail_open
+        self.renewer = renewer_for(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
+        #: How completions and releases are retried on transient store errors (:mod:`.retry`).
+        self.finish_retry = FinishRetry(lease, self.renewer.interval)
+        #: Whether :meth:`from_url` built the Redis client (then ``close`` closes it too).
+        self.owns_redis = False
+
+    @classmethod
+    def from_url(cls: type[C], url: str, **options: Any) -> C:
+        """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster.
+        The client's ``close()`` (``aclose()`` on asyncio) closes the Redis client built here; a
+        client passed to the constructor is the caller's to close."""
+        client = cls(cls._connect(url), **options)
+        client.owns_redis = True
+        return client
+
+    @classmethod
+    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
+        s = settings or DedupeSettings()
+        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+
+    @staticmethod
+    def _connect(url: str) -> Any:
+        """The Redis client :meth:`from_url` builds for ``url``."""
+        raise NotImplementedError
+
+    def keep_leases(self, claims: Sequence[Claim]) -> KeptLeases:
+        """While inside (``with``, or ``async with`` on asyncio), the renewer keeps the leases of
+        ``claims`` from running out."""
+        return KeptLeases(self.renewer, claims)
+
+    # -- round trips ----------------------------------------------------------------------------
+
+    def round_trip(self, groups: tuple[list[Call], ...]) -> Flow[list[list[Any]]]:
+        """Send every call of every group in one round trip; return each group's replies flattened
+        (one value per item for complete/release/renew, four per item for claim).
+
+        With the store's ``durability`` set, a round trip that claims or completes also waits for
+        the replicas; when too few acknowledge it raises :class:`NotDurable` (a
+        :class:`~dedupe_worker.StoreUnavailable`), after giving back the claims it took: they
+        could be lost in a failover, and the caller will not run their work now."""
+        calls = groups[0] if len(groups) == 1 else [call for group in groups for call in group]
+        durable = self.store.durability
+        if durable is not None and not any(name in ("claim", "complete") for name, _, _ in calls):
+            durable = None
+        if durable is None and len(groups) == 1 and len(calls) == 1:  # one call: one reply, nothing to split
+            return [(yield Send(calls, None))[0]]
+        try:
+            replies = iter((yield Send(calls, durable)))
+        except NotDurable as exc:
+            taken = acquired_in(calls, exc.replies)
+            if taken:
+                try:
+                    yield Send(self.store.release_calls(taken, 1), None)
+                except StoreUnavailable as inner:  # the leases run out by themselves
+                    log.warning("could not give back %d claims after a write that was not durable: %s",
+                                len(taken), inner)
+            raise exc
+        return [[v for _ in group for v in next(replies)] for group in groups]
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float) -> Flow[Claim]:
+        """``begin``: one claim (one round trip), and with ``wait`` the wait on a held key."""
+        request = self.request(key, fingerprint)
+        claim = (yield from self.claims_flow((request,)))[0]
+        if wait > 0 and claim.outcome is _IN_PROGRESS:
+            return (yield from self.wait_flow(request, claim, time.monotonic() + wait))
+        return claim
+
+    def begin_many_flow(self, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
+                        wait: float) -> Flow[tuple[list[Request], list[Claim], set[tuple[str, int]]]]:
+        """``begin_many``'s round trip: the requests, their claims, and ``(stem, token)`` of those
+        acquired (a repeated key held by us is not waited on); the driver waits on the rest."""
+        fps = fingerprints if fingerprints is not None else [None] * len(keys)
+        if len(fps) != len(keys):
+            raise ValueError("fingerprints must match keys one to one")
+        requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
+        claims = yield from self.claims_flow(requests)
+        ours = {(c.stem, c.token) for c in claims if c.acquired} if wait > 0 else set()
+        return requests, claims, ours
+
+    def wait_flow(self, request: Request, claim: Claim, deadline: float) -> Flow[Claim]:
+        """``wait_for``: wait on a key ``claim`` found held, until ``deadline``
+        (``time.monotonic()``), then claim again; see ``ClaimClient.wait_for``."""
+        while claim.outcome is _IN_PROGRESS:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            yield Wait(request.stem, left)
+            claim = (yield from self.claims_flow((request,)))[0]
+        return claim
+
+    def claims_flow(self, requests: Sequence[Request]) -> Flow[list[Claim]]:
+        """Claim ``requests`` in one round trip."""
+        if not self.store_checked:
+            yield CHECK_STORE
+        replies = yield from self.round_trip((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
+                                                    self._lease_ms, self._retention_ms),))
+        claims = self._claims(requests, replies[0])
+        _log_claims(claims)
+        return claims
+
+    # -- settling a batch and claiming the next chunk -------------------------------------------
+
+    def settle_and_claim_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                              requests: Sequence[Request]) -> Flow[tuple[list[bool], list[bool], list[Claim]]]:
+        """``settle_and_claim``: store ``outcomes``, release ``releases``, claim ``requests``, in
+        one round trip; see ``ClaimClient.settle_and_claim`` for the errors."""
+        completes, frees = self.settle_calls(outcomes, releases)
+        if completes or frees:
+            self.renewer.settle(leases_of(outcomes, releases))
+        if requests and not self.store_checked:
+            yield CHECK_STORE
+        claim_calls = self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms,
+                                             self._retention_ms)
+        try:
+            stored, released, replies = yield from self.round_trip((completes, frees, claim_calls))
+        except StoreUnavailable as exc:
+            settled = yield from self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests)
+            return (*settled, [])
+        claims = self._claims(requests, replies)
+        _log_claims(claims)
+        return (*self.settled(outcomes, stored, released), claims)
+
+    def settle_failed_flow(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
+                           releases: Sequence[Claim], completes: list[Call], frees: list[Call],
+                           requests: Sequence[Request]) -> Flow[tuple[list[bool], list[bool]]]:
+        """A round trip that stores ``outcomes``, releases ``releases`` and claims ``requests``
+        failed with ``error``. The outcomes and releases are settled anyway: read from the
+        replies when their calls answered (a claim after them failed, e.g. refused at
+        ``maxmemory``), else sent again, alone, while the error is transient and the leases last.
+        Then, with ``requests``, :class:`StreamCut` (nothing claimed, ``stored`` and ``released``
+        filled in): the claims are not retried. Raises ``error`` when nothing was to be settled."""
+        if not completes and not frees:
+            raise error
+        settle_calls = len(completes) + len(frees)
+        if isinstance(error, CallFailed) and not any(isinstance(r, Exception) for r in error.replies[:settle_calls]):
+            replies = iter(error.replies[:settle_calls])
+            stored = [v for _ in completes for v in next(replies)]
+            released = [v for _ in frees for v in next(replies)]
+        else:
+            stored, released = yield from self.finish_again_flow(error, (completes, frees))
+        settled = self.settled(outcomes, stored, released)
+        if not requests:
+            return settled
+        cut = StreamCut(f"outcomes settled, claims not answered: {error}", [], 0)
+        cut.stored, cut.released = settled
+        raise cut from error
+
+    def settle_calls(self, outcomes: Sequence[tuple[Claim, Stored, bytes]],
+                     releases: Sequence[Claim]) -> tuple[list[Call], list[Call]]:
+        """The script calls that store ``outcomes`` and release ``releases``."""
+        store = self.store
+        return (store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
+                                     self._result_ttl_ms),
+                store.release_calls([(c.stem, c.token) for c in releases], self._retention_ms))
+
+    def settled(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], stored: Sequence[Any],
+                released: Sequence[Any]) -> tuple[list[bool], list[bool]]:
+        """Whether each outcome counts as stored (:meth:`owns`) and each claim was released."""
+        return ([self.owns(c, bool(ok)) for (c, _, _), ok in zip(outcomes, stored, strict=True)],
+                [bool(ok) for ok in released])
+
+    # -- finishing writes -----------------------------------------------------------------------
+
+    def finishing_flow(self, leases: Sequence[tuple[str, int]], send: tuple[list[Call], ...]) -> Flow[list[list[Any]]]:
+        """A finishing write (complete, fail, release) of ``leases``: their renewals stop counting
+        against them, then ``send``; sent again while :meth:`finish_again_flow` says so."""
+        self.renewer.settle(leases)
+        try:
+            return (yield from self.round_trip(send))
+        except StoreUnavailable as exc:
+            return (yield from self.finish_again_flow(exc, send))
+
+    def finish_again_flow(self, error: StoreUnavailable, send: tuple[list[Call], ...]) -> Flow[list[list[Any]]]:
+        """After a finishing write failed with ``error``: send it again while :attr:`finish_retry`
+        says the error is transient and the lease lasts (the renewer keeps extending it meanwhile);
+        raise the last error once it says stop. Claims are never sent through here. Safe to
+        repeat: ``complete.lua`` answers 1 again for an outcome it stored under the same token,
+        and every write is fenced by the token."""
+        if isinstance(error, (NotDurable, StreamCut)):
+            raise error  # it ran (not durable), or claims were handed on: not ours to repeat
+        attempts = self.finish_retry.attempts(time.monotonic())
+        while True:
+            delay = attempts.after(error, time.monotonic(), self.renewer.last_renewal())
+            if delay is None:
+                if attempts.failures > 1:
+                    log.warning("giving up a finishing write after %d attempts: %s", attempts.failures, error)
+                raise error
+            log.info("finishing write failed (attempt %d), again in %.3f s: %s", attempts.failures, delay, error)
+            yield Sleep(delay)
+            try:
+                return (yield from self.round_trip(send))
+            except StoreUnavailable as exc:
+                if isinstance(exc, (NotDurable, StreamCut)):
+                    raise
+                error = exc
+
+    def complete_flow(self, claim: Claim, value: Any, ttl: float | None) -> Flow[None]:
+        """``complete``: store ``value`` if ``claim``'s token still owns the key; raises
+        :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted)."""
+        status, data, problem = self.encode(claim, value)
+        stem, token = claim.stem, claim.token
+        if self.renewer.is_lost(stem, token):
+            raise LeaseLost(claim.key, token)
+        calls = self.store.complete_calls(((stem, token, status, data),), self.result_ttl_ms(ttl))
+        stored = yield from self.finishing_flow(((stem, token),), (calls,))
+        if not self.owns(claim, stored[0][0]):
+            raise LeaseLost(claim.key, token)
+        if problem is not None:
+            raise problem
+
+    def complete_each_flow(self, items: Sequence[tuple[Claim, Any]]) -> Flow[list[ClaimError | ResultNotSerializable
+                                                                                   | None]]:
+        """``complete_each``: per item ``None`` (stored), :class:`LeaseLost` (nothing written) or
+        :class:`ResultNotSerializable` (stored as omitted)."""
+        encoded = [self.encode(claim, value) for claim, value in items]
+        stored, _, _ = yield from self.settle_and_claim_flow(
+            [(claim, status, data) for (claim, _), (status, data, _) in zip(items, encoded, strict=True)], (), ())
+        return [problem if ok else LeaseLost(claim.key, claim.token)
+                for (claim, _), ok, (_, _, problem) in zip(items, stored, encoded, strict=True)]
+
+    def complete_many_flow(self, items: Sequence[tuple[Claim, Any]]) -> Flow[list[bool]]:
+        """``complete_many``: whether each outcome was stored (``False``: the lease was lost)."""
+        problems = yield from self.complete_each_flow(items)
+        return [not isinstance(problem, LeaseLost) for problem in problems]
+
+    def fail_flow(self, claim: Claim, error: BaseException | str) -> Flow[None]:
+        """``fail``: store a permanent failure as the outcome; raises :class:`LeaseLost`."""
+        calls = self.store.complete_calls(((claim.stem, claim.token, Stored.FAILED, self.encode_failure(error)),),
+                                          self._result_ttl_ms)
+        stored = yield from self.finishing_flow(((claim.stem, claim.token),), (calls,))
+        if not self.owns(claim, stored[0][0]):
+            raise LeaseLost(claim.key, claim.token)
+        log.warning("stored permanent failure key=%s token=%s: %s", claim.key, claim.token, error)
+
+    def release_flow(self, claims: Sequence[Claim]) -> Flow[list[bool]]:
+        """``release_many``: give the claims up; ``False`` where the token no longer owned it."""
+        items = [(c.stem, c.token) for c in claims]
+        released = yield from self.finishing_flow(items, (self.store.release_calls(items, self._retention_ms),))
+        return [bool(v) for v in released[0]]
+
+    # -- single calls ---------------------------------------------------------------------------
+
+    def renew_flow(self, claim: Claim) -> Flow[bool]:
+        """``renew``: extend the lease by ``lease`` from now; ``False`` when no longer owned."""
+        replies = yield from self.round_trip((self.store.renew_calls(((claim.stem, claim.token),), self._lease_ms,
+                                                    self._retention_ms),))
+        return bool(replies[0][0])
+
+    def forget_flow(self, key: str | bytes, token: int | None, force: bool) -> Flow[bool]:
+        """``forget``: remove the key's records, ownership-checked (``forget.lua``)."""
+        stem = self.request(key).stem
+        keys = (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem))
+        replies = yield from self.round_trip(([("forget", keys, ("" if token is None else token,
+                                                                 "1" if force else "0"))],))
+        return int(replies[0][0]) == 1
+
+    def status_flow(self, key: str | bytes) -> Flow[KeyState]:
+        """``status``: the key's records, unchanged (``inspect.lua``)."""
+        stem = self.request(key).stem
+        replies = yield from self.round_trip(([("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ())],))
+        return key_state(*replies[0])
+
+
+class KeptLeases:
+    """:meth:`ClientCore.keep_leases`: tracks the leases while inside, sync or async."""
+
+    def __init__(self, renewer: Leases, claims: Sequence[Claim]) -> None:
+        self.renewer = renewer
+        self.claims = claims
+
+    def __enter__(self) -> None:
+        for claim in self.claims:
+            self.renewer.track(claim.stem, claim.token)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for claim in self.claims:
+            self.renewer.untrack(claim.stem, claim.token)
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__()
+
+
+def leases_of(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:
+    """``(stem, token)`` of every claim settled by ``outcomes`` and ``releases``."""
+    return [*((c.stem, c.token) for c, _, _ in outcomes), *((c.stem, c.token) for c in releases)]
+
+
+def _log_claims(claims: list[Claim]) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        for claim in claims:
+            log.debug("claim key=%s token=%s outcome=%s", claim.key, claim.token, claim.outcome.name)
