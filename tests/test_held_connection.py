@@ -125,7 +125,8 @@ def test_a_forked_child_takes_its_own_connection(held: Deduplicator) -> None:
 
 def test_an_error_reply_keeps_the_connection_in_step(held: Deduplicator, redis_client: redis.Redis) -> None:
     stem = held.request("wrong-type").stem
-    redis_client.set(stem + ":result", "not a hash", ex=60)
+    redis_client.rpush(stem + ":started", "not a hash")  # claim.lua's HMGET on it: a WRONGTYPE error reply
+    redis_client.expire(stem + ":started", 60)
     before = held_id(held)
     with pytest.raises(StoreUnavailable):
         held.begin("wrong-type")
