@@ -66,7 +66,7 @@ class Plain(Timed):
     """The earlier (stubbed) baseline: our loop, handler run directly, nothing claimed in Redis."""
 
     def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
-                     messages: Sequence[Message]) -> list[Decision]:
+                     messages: Sequence[Message], *, ttl: Sequence[float | None] | None = None) -> list[Decision]:
         return [Decision(Reason.APPLIED, None, handler()) for _, _, handler in items]
 
 

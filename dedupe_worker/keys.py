@@ -9,7 +9,7 @@ answered with CONFLICT instead of a wrong cached result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from hashlib import sha256
 from typing import Any
 
@@ -44,10 +44,23 @@ DEFAULT_HEADER = "idempotency-key"
 
 def body_fingerprint(envelope: Envelope) -> str:
     """Fingerprint of a message: the hash of its body bytes."""
-    body = envelope.body
+    return bytes_fingerprint(envelope.body)
+
+
+def bytes_fingerprint(body: bytes) -> str:
+    """:func:`body_fingerprint` of a message whose body is ``body`` (no envelope needed)."""
     if type(body) is bytes:  # content_hash() without its text check (once per consumed message)
         return sha256(body).hexdigest()[:32]
     return content_hash(body)
+
+
+def default_header_key(headers: Mapping[str, Any]) -> str | None:
+    """What :data:`KAFKA_DEFAULT` answers when ``headers`` hold a non-empty ``idempotency-key``
+    (as sent, no case folding: that header wins before the rest of the chain); else ``None``."""
+    value = headers.get(DEFAULT_HEADER)
+    if value:
+        return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+    return None
 
 
 def header_key(name: str = DEFAULT_HEADER) -> KeyStrategy:
@@ -156,10 +169,9 @@ _KAFKA_CHAIN: KeyStrategy = first_of(header_key(), partition_key_with_hash(), co
 
 
 def _kafka_default(envelope: Envelope) -> str:
-    value = envelope.headers.get(DEFAULT_HEADER)
-    if value:  # the header as sent, not empty: what header_key() returns, without the chain around it
-        return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
-    return _KAFKA_CHAIN(envelope)
+    # the header as sent, not empty: what header_key() returns, without the chain around it
+    key = default_header_key(envelope.headers)
+    return _KAFKA_CHAIN(envelope) if key is None else key
 
 
 #: The ``idempotency-key`` header, else the record key with a body hash, else a hash of the body.

@@ -70,13 +70,13 @@ def from_kafka(message: Any) -> Envelope:
     the same record before and after the replay.
     """
     headers: dict[str, Any] = dict(message.headers() or ())
-    envelope = Envelope(
-        body=message.value() or b"",
-        headers=headers,
-        partition_key=message.key(),
-        source=message.topic() or "",
-        position=(message.partition(), message.offset()),
-    )
+    # Built as from_kombu() builds it (every field set at once, as the frozen dataclass's __init__
+    # would): one per consumed record. Kept for its figure: 0.55 us against 1.04 us per record
+    # (timeit, pinned, shared machine), ~0.5 us of DedupeKafkaConsumer's ~12 us per new key.
+    envelope = object.__new__(Envelope)
+    envelope.__dict__.update(body=message.value() or b"", headers=headers, message_id=None,
+                             partition_key=message.key(), source=message.topic() or "",
+                             position=(message.partition(), message.offset()))
     original = original_position(envelope) if REPLAYED in headers else None
     if original is None:
         return envelope

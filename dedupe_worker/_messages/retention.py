@@ -56,5 +56,10 @@ def header_ttl(headers: Mapping[str, Any] | None, name: str = TTL_HEADER) -> flo
     value = headers.get(name)
     if value is None:
         lowered = name.lower()
-        value = next((v for k, v in headers.items() if isinstance(k, str) and k.lower() == lowered), None)
+        for k, v in headers.items():  # a loop, not next(genexpr): once per consumed message
+            if isinstance(k, str) and k.lower() == lowered:
+                value = v
+                break
+        else:
+            return None
     return parse_ttl(value, f"{name} header")
