@@ -27,7 +27,7 @@ from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait, _log_claims, leases_of
+from .flows import ClientCore, Either, Flow, _log_claims, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -154,8 +154,10 @@ class ClaimClient(ClientCore):
 
     def drive(self, flow: Flow[T]) -> T:
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
-        it yields with blocking calls: a round trip on the store, ``time.sleep``, a wait on the
-        key watcher's notice, the handler called. An effect's exception is thrown into the flow."""
+        it yields with blocking calls (:meth:`performers`): a round trip on the store,
+        ``time.sleep``, a wait on the key watcher's notice, the handler called. An effect's
+        exception is thrown into the flow. The loop is the asyncio driver's twin (it awaits)."""
+        perform = self.perform
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -168,28 +170,16 @@ class ClaimClient(ClientCore):
                 raise
             error = None
             try:
-                if type(effect) is Send:
-                    value = self.store.scripts.call_all(effect.calls, effect.wait)
-                elif type(effect) is Handler:
-                    value = effect.fn()
-                elif type(effect) is Stream:
-                    each = effect.each  # used only within this round trip
-                    value = self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
-                                                   lambda start, claims: self.drive(each(start, claims)),  # noqa: B023
-                                                   effect.step)
-                elif type(effect) is Either:
-                    value = effect.sync()
-                elif type(effect) is Sleep:
-                    time.sleep(effect.seconds)
-                    value = None
-                elif type(effect) is Wait:
-                    self._wait(*effect)
-                    value = None
-                else:
-                    self.check_store()
-                    value = None
+                value = perform[type(effect)](effect)
             except BaseException as exc:
                 value, error = None, exc
+
+    _drive = drive
+    _sleep = staticmethod(time.sleep)
+
+    @staticmethod
+    def _either(effect: Either) -> Any:
+        return effect.sync()
 
     def _wait(self, stem: str, timeout: float) -> None:
         """The :class:`~dedupe_worker._protocol.flows.Wait` effect: ``watch.lua`` counts us as a

@@ -174,6 +174,8 @@ class ClientCore(ClaimCodec):
         self.finish_retry = FinishRetry(lease, self.renewer.interval)
         #: Whether :meth:`from_url` built the Redis client (then ``close`` closes it too).
         self.owns_redis = False
+        #: How the driver performs each effect, by the effect's type (:meth:`performers`).
+        self.perform = self.performers()
 
     @classmethod
     def from_url(cls: type[C], url: str, **options: Any) -> C:
@@ -199,6 +201,26 @@ class ClientCore(ClaimCodec):
         """While inside (``with``, or ``async with`` on asyncio), the renewer keeps the leases of
         ``claims`` from running out."""
         return KeptLeases(self.renewer, claims)
+
+    # -- effects --------------------------------------------------------------------------------
+
+    def performers(self) -> dict[type[Any], Callable[[Any], Any]]:
+        """How each effect is performed, written once for both drivers: ``drive`` calls the entry
+        for an effect's type and sends its value into the flow; ``drive_async`` awaits it (on the
+        asyncio client the store's calls, the handler, the sleep, the wait and the store check
+        return awaitables). What differs is the client's: ``_sleep``, ``_wait``, ``_either``,
+        ``_drive`` (its driver), ``check_store`` and ``settle_and_stream``."""
+        client: Any = self
+        return {
+            Send: lambda e: client.store.scripts.call_all(e.calls, e.wait),
+            Handler: lambda e: e.fn(),
+            Stream: lambda e: client.settle_and_stream(
+                e.outcomes, e.releases, e.requests, lambda start, claims: client._drive(e.each(start, claims)), e.step),
+            Either: client._either,
+            Sleep: lambda e: client._sleep(e.seconds),
+            Wait: lambda e: client._wait(*e),
+            CheckStore: lambda e: client.check_store(),
+        }
 
     # -- round trips ----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait
+from .._protocol.flows import ClientCore, Either, Flow
 from .._protocol.serialization import Serializer
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -116,9 +116,11 @@ class AsyncClaimClient(ClientCore):
 
     async def drive_async(self, flow: Flow[T]) -> T:
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, awaiting each effect it
-        yields: a round trip on the store, ``asyncio.sleep``, a wait on the loop's
-        :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into the
-        flow (``CancelledError`` included, so a cancelled handler's claim is settled)."""
+        yields (:meth:`performers`): a round trip on the store, ``asyncio.sleep``, a wait on the
+        loop's :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into
+        the flow (``CancelledError`` included, so a cancelled handler's claim is settled). The
+        loop is the sync driver's twin (it blocks)."""
+        perform = self.perform
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -131,27 +133,19 @@ class AsyncClaimClient(ClientCore):
                 raise
             error = None
             try:
-                if type(effect) is Send:
-                    value = await self.store.scripts.call_all(effect.calls, effect.wait)
-                elif type(effect) is Handler:
-                    value = await effect.fn()
-                elif type(effect) is Stream:
-                    each = effect.each  # used only within this round trip
-                    value = await self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
-                                                   lambda start, claims: self.drive_async(each(start, claims)),  # noqa: B023
-                                                   effect.step)
-                elif type(effect) is Either:
-                    value = await effect.asynchronous()
-                elif type(effect) is Sleep:
-                    await asyncio.sleep(effect.seconds)
-                    value = None
-                elif type(effect) is Wait:
-                    value = await self.waiter.wait(*effect)
-                else:
-                    await self.check_store()
-                    value = None
+                value = await perform[type(effect)](effect)
             except BaseException as exc:
                 value, error = None, exc
+
+    _drive = drive_async
+    _sleep = staticmethod(asyncio.sleep)
+
+    @staticmethod
+    def _either(effect: Either) -> Awaitable[Any]:
+        return effect.asynchronous()
+
+    def _wait(self, stem: str, timeout: float) -> Awaitable[bool]:
+        return self.waiter.wait(stem, timeout)
 
     async def check_store(self) -> None:
         """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
