@@ -43,6 +43,7 @@ from .calls import KeyState, StoreCalls, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
+from .leases import Lease, lost_in_round, round_failed, round_of
 from .retry import FinishRetry
 from .scripts import Call, CallFailed, NotDurable, StreamCut
 from .serialization import Serializer
@@ -114,6 +115,8 @@ Effect = Send | Sleep | Wait | CheckStore | Handler | Either | Stream
 Flow = Generator[Effect, Any, T]
 
 _IN_PROGRESS = Outcome.IN_PROGRESS
+#: A renewal round's answer: when it began, and the leases found lost.
+Renewed = tuple[float, list[Lease]]
 
 
 class Leases(Protocol):
@@ -141,7 +144,7 @@ class ClientCore(ClaimCodec):
     def __init__(
         self,
         store_for: Callable[[KeyLayout], Any],
-        renewer_for: Callable[[Any, int, int, float], Any],
+        renewer_for: Callable[[Callable[[list[Lease], Callable[[Lease], bool]], Any], float], Any],
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -169,7 +172,9 @@ class ClientCore(ClaimCodec):
         self.store.require_replicas(wait_replicas, wait_timeout)
         self.permanent_errors = permanent_errors
         self.fail_open = fail_open
-        self.renewer = renewer_for(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
+        drive: Any = self._drive  # the subclass's driver: each round is one flow it runs
+        self.renewer = renewer_for(lambda items, refused: drive(self.renewal_flow(items, refused)),
+                                   renew_interval or lease / 3)
         #: How completions and releases are retried on transient store errors (:mod:`.retry`).
         self.finish_retry = FinishRetry(lease, self.renewer.interval)
         #: Whether :meth:`from_url` built the Redis client (then ``close`` closes it too).
@@ -221,6 +226,10 @@ class ClientCore(ClaimCodec):
             Wait: lambda e: client._wait(*e),
             CheckStore: lambda e: client.check_store(),
         }
+
+    def _drive(self, flow: Flow[Any]) -> Any:
+        """The client's driver (``drive``, or ``drive_async`` whose value is awaited)."""
+        raise NotImplementedError
 
     # -- round trips ----------------------------------------------------------------------------
 
@@ -445,6 +454,22 @@ class ClientCore(ClaimCodec):
         return [bool(v) for v in released[0]]
 
     # -- single calls ---------------------------------------------------------------------------
+
+    def renewal_flow(self, items: list[Lease], refused: Callable[[Lease], bool]) -> Flow[Renewed | None]:
+        """One round of the lease renewer (thread or task) over ``items``, its book's due leases,
+        in one ``renew.lua`` round trip: ``(began, lost)``, when the round began
+        (``time.monotonic()``) and the leases Redis refused that the book (``refused``) marks lost,
+        each logged. ``None`` when nothing was due, or when Redis failed: logged, nothing is
+        marked lost, the next round tries again."""
+        if not round_of(items):
+            return None
+        began = time.monotonic()
+        try:
+            replies = yield Send(self.store.renew_calls(items, self._lease_ms, self._retention_ms), None)
+        except StoreUnavailable as exc:
+            round_failed(items, exc)
+            return None
+        return began, lost_in_round(items, [bool(v) for reply in replies for v in reply], refused)
 
     def renew_flow(self, claim: Claim) -> Flow[bool]:
         """``renew``: extend the lease by ``lease`` from now; ``False`` when no longer owned."""

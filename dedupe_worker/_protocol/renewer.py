@@ -21,13 +21,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable
 
-from .._errors import StoreUnavailable
-from .leases import Lease, LeaseBook, lost_in_round, round_failed, round_of
-from .store import RedisStore
+from .flows import Renewed
+from .leases import Lease, LeaseBook
 
 __all__ = ["LeaseRenewer"]
 
@@ -39,15 +37,12 @@ class LeaseRenewer:
 
     def __init__(
         self,
-        store: RedisStore,
-        lease_ms: int,
-        retention_ms: int,
+        renew_round: Callable[[list[Lease], Callable[[Lease], bool]], Renewed | None],
         interval: float,
         on_lost: Callable[[str, int], None] | None = None,
     ) -> None:
-        self.store = store
-        self.lease_ms = lease_ms
-        self.retention_ms = retention_ms
+        #: Runs one round (the client's ``renewal_flow``, driven): ``(began, lost)`` or ``None``.
+        self.renew_round = renew_round
         self.interval = interval
         self.on_lost = on_lost
         self._book = LeaseBook()
@@ -114,16 +109,11 @@ class LeaseRenewer:
         """Renew every tracked lease once, in one round trip."""
         with self._lock:
             items = self._book.due()
-        if not round_of(items):
+        renewed = self.renew_round(items, self._refused)
+        if renewed is None:
             return
-        began = time.monotonic()
-        try:
-            renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
-        except StoreUnavailable as exc:
-            round_failed(items, exc)
-            return
-        self.renewed_at = began
-        for stem, token in lost_in_round(items, renewed, self._refused):
+        self.renewed_at, lost = renewed
+        for stem, token in lost:
             if self.on_lost is not None:
                 self.on_lost(stem, token)
 

@@ -22,7 +22,7 @@ runs each script atomically, one after the other, in the order given.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -30,7 +30,6 @@ from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
 from .calls import ClaimReply, KeyState, StoreCalls, block_limit, key_state
-from .claim import Stored
 from .layout import KeyLayout
 from .scripts import ScriptRunner
 
@@ -39,34 +38,32 @@ __all__ = ["ClaimReply", "KeyState", "RedisStore"]
 log = logging.getLogger(__name__)
 
 
-class RedisStore(StoreCalls):
-    """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
+class StoreBase(StoreCalls):
+    """What the sync and asyncio stores hold alike: the Redis client, the key layout, the script
+    runner (blocking or awaited), the longest blocking wait and the durability (``WAIT``) setting."""
 
-    The ``*_calls`` methods build the script calls of one transition over a batch; the client's
-    flows send them (:mod:`.flows`). Beside them, the few calls made outside a flow: the renewer's
-    ``renew``, the key watcher's ``watch``/``wait_notice``, the command line's ``forget``/``inspect``.
-    """
-
-    scripts: ScriptRunner
-
-    def __init__(self, client: redis.Redis | RedisCluster, layout: KeyLayout) -> None:
+    def __init__(self, client: Any, layout: KeyLayout, scripts: Any) -> None:
         self.client = client
         self.layout = layout
-        self.scripts = ScriptRunner(client)
+        self.scripts = scripts
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
         super().__init__()
 
-    def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
-        return [bool(v) for reply in self.scripts.call_all(self.complete_calls(items, result_ttl_ms), self.durability)
-                for v in reply]
 
-    def renew(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token)``; True where the lease was extended."""
-        return [bool(v) for reply in self.scripts.call_all(self.renew_calls(items, lease_ms, retention_ms))
-                for v in reply]
+class RedisStore(StoreBase):
+    """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
+
+    The ``*_calls`` methods build the script calls of one transition over a batch; the client's
+    flows send them (:mod:`.flows`). Beside them, the few calls made outside a flow: the key
+    watcher's ``watch``/``wait_notice``, the command line's ``forget``/``inspect``.
+    """
+
+    scripts: ScriptRunner
+
+    def __init__(self, client: redis.Redis | RedisCluster, layout: KeyLayout) -> None:
+        super().__init__(client, layout, ScriptRunner(client))
 
     def watch(self, stem: str) -> float:
         """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,

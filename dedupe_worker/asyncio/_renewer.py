@@ -24,14 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from .._errors import StoreUnavailable
-from .._protocol.leases import Lease, LeaseBook, lost_in_round, round_failed, round_of
-from ._store import AsyncRedisStore
+from .._protocol.flows import Renewed
+from .._protocol.leases import Lease, LeaseBook
 
 __all__ = ["AsyncLeaseRenewer"]
 
@@ -54,10 +52,10 @@ class AsyncLeaseRenewer:
     ``track`` and ``untrack`` are plain methods (they never wait) and must be called from a
     coroutine running in the loop that holds the claim."""
 
-    def __init__(self, store: AsyncRedisStore, lease_ms: int, retention_ms: int, interval: float) -> None:
-        self.store = store
-        self.lease_ms = lease_ms
-        self.retention_ms = retention_ms
+    def __init__(self, renew_round: Callable[[list[Lease], Callable[[Lease], bool]], Awaitable[Renewed | None]],
+                 interval: float) -> None:
+        #: Runs one round (the client's ``renewal_flow``, awaited): ``(began, lost)`` or ``None``.
+        self.renew_round = renew_round
         self.interval = interval
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopLeases] = weakref.WeakKeyDictionary()
         _renewers.add(self)
@@ -117,17 +115,9 @@ class AsyncLeaseRenewer:
     async def renew_now(self) -> None:
         """Renew every lease tracked in the running loop once, in one round trip."""
         leases = self._leases()
-        items = leases.book.due()
-        if not round_of(items):
-            return
-        began = time.monotonic()
-        try:
-            renewed = await self.store.renew(items, self.lease_ms, self.retention_ms)
-        except StoreUnavailable as exc:
-            round_failed(items, exc)
-            return
-        leases.renewed_at = began
-        lost_in_round(items, renewed, leases.book.refused)
+        renewed = await self.renew_round(leases.book.due(), leases.book.refused)
+        if renewed is not None:  # lost leases are marked in the book (and logged) by the round
+            leases.renewed_at = renewed[0]
 
     async def _renew_while_held(self, leases: _LoopLeases) -> None:
         loop = asyncio.get_running_loop()
