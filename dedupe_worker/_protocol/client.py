@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -27,7 +27,7 @@ from .claim import Claim, Outcome, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import ClientCore, Either, Flow, _log_claims, leases_of
+from .flows import C, ClientCore, Either, Flow, T, _log_claims, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -37,8 +37,6 @@ from .watcher import KeyWatcher
 __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
 
 log = logging.getLogger(__name__)
-C = TypeVar("C", bound="ClaimClient")
-T = TypeVar("T")
 
 
 class ClaimClient(ClientCore):
@@ -165,10 +163,8 @@ class ClaimClient(ClientCore):
                 effect = flow.send(value) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            except BaseException:
+            finally:
                 error = None  # no cycle: this frame -> the error -> its traceback -> this frame
-                raise
-            error = None
             try:
                 value = perform[type(effect)](effect)
             except BaseException as exc:
@@ -290,10 +286,7 @@ class ClaimClient(ClientCore):
         trip is :meth:`settle_and_claim`'s and the claims are handed on after it."""
         store = self.store
         if len(requests) <= step or store.durability is not None or store.scripts.held is None:
-            stored, released, claims = self.settle_and_claim(outcomes, releases, requests)
-            for start in range(0, len(claims), step):
-                each(start, claims[start:start + step])
-            return stored, released
+            return self.drive(self.handed_on_flow(outcomes, releases, requests, each, step))
         parts = [requests[start:start + step] for start in range(0, len(requests), step)]
         completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:

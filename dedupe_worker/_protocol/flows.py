@@ -31,6 +31,7 @@ Effects (the result the driver sends back):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -328,6 +329,17 @@ class ClientCore(ClaimCodec):
         claims = self.with_ttl(self._claims(requests, replies), ttl)
         _log_claims(claims)
         return (*self.settled(outcomes, stored, released), claims)
+
+    def handed_on_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                       requests: Sequence[Request], each: Callable[[int, list[Claim]], Any],
+                       step: int) -> Flow[tuple[list[bool], list[bool]]]:
+        """``settle_and_stream`` without a stream: :meth:`settle_and_claim_flow`'s round trip, then
+        its claims handed to ``each(start, claims)`` (called, or awaited on asyncio) ``step`` at a
+        time. Returns whether each outcome was stored and each claim released."""
+        stored, released, claims = yield from self.settle_and_claim_flow(outcomes, releases, requests)
+        for start in range(0, len(claims), step):
+            yield Handler(functools.partial(each, start, claims[start:start + step]))
+        return stored, released
 
     def settle_failed_flow(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
                            releases: Sequence[Claim], completes: list[Call], frees: list[Call],

@@ -21,11 +21,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterable
 
 from .flows import Renewed
-from .leases import Lease, LeaseBook
+from .leases import Lease, LeaseBook, forget_after_fork
 
 __all__ = ["LeaseRenewer"]
 
@@ -55,7 +54,7 @@ class LeaseRenewer:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._closed = False
-        _renewers.add(self)
+        forget_after_fork(self)
 
     def track(self, stem: str, token: int) -> None:
         """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
@@ -156,15 +155,3 @@ class LeaseRenewer:
                 if self._thread is threading.current_thread():
                     self._thread = None
 
-
-#: Every renewer of this process, emptied in a forked child.
-_renewers: weakref.WeakSet[LeaseRenewer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for renewer in list(_renewers):
-        renewer._forget_after_fork()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
 from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Outcome, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import ClientCore, Either, Flow
+from .._protocol.flows import C, ClientCore, Either, Flow, T
 from .._protocol.serialization import Serializer
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -35,9 +34,6 @@ from ._waiter import AsyncKeyWaiter
 
 __all__ = ["AsyncClaimClient"]
 
-log = logging.getLogger(__name__)
-C = TypeVar("C", bound="AsyncClaimClient")
-T = TypeVar("T")
 
 
 class AsyncClaimClient(ClientCore):
@@ -128,10 +124,8 @@ class AsyncClaimClient(ClientCore):
                 effect = flow.send(value) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            except BaseException:
+            finally:
                 error = None  # no cycle: this frame -> the error -> its traceback -> this frame
-                raise
-            error = None
             try:
                 value = await perform[type(effect)](effect)
             except BaseException as exc:
@@ -203,10 +197,7 @@ class AsyncClaimClient(ClientCore):
         """:meth:`settle_and_claim`, the claims handed to ``await each(start, claims)`` ``step`` at
         a time once the round trip is read (asyncio has no held connection to stream replies on);
         as :meth:`ClaimClient.settle_and_stream <dedupe_worker.ClaimClient.settle_and_stream>`."""
-        stored, released, claims = await self.settle_and_claim(outcomes, releases, requests)
-        for start in range(0, len(claims), step):
-            await each(start, claims[start:start + step])
-        return stored, released
+        return await self.drive_async(self.handed_on_flow(outcomes, releases, requests, each, step))
 
     async def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key, kept

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from .._protocol.flows import Renewed
-from .._protocol.leases import Lease, LeaseBook
+from .._protocol.leases import Lease, LeaseBook, forget_after_fork
 
 __all__ = ["AsyncLeaseRenewer"]
 
@@ -58,7 +57,7 @@ class AsyncLeaseRenewer:
         self.renew_round = renew_round
         self.interval = interval
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopLeases] = weakref.WeakKeyDictionary()
-        _renewers.add(self)
+        forget_after_fork(self)
 
     def _leases(self) -> _LoopLeases:
         loop = asyncio.get_running_loop()
@@ -134,6 +133,11 @@ class AsyncLeaseRenewer:
             if self._loops.get(loop) is leases:
                 del self._loops[loop]
 
+    def _forget_after_fork(self) -> None:
+        """In a forked child: no tracked lease and no task (an event loop does not survive
+        ``fork()`` in use)."""
+        self._loops = weakref.WeakKeyDictionary()
+
     async def aclose(self) -> None:
         """Cancel the renewer task of the running loop (and ask other loops to cancel theirs)."""
         current = asyncio.get_running_loop()
@@ -147,15 +151,3 @@ class AsyncLeaseRenewer:
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(task.cancel)
 
-
-#: Every asyncio renewer of this process, emptied in a forked child.
-_renewers: weakref.WeakSet[AsyncLeaseRenewer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for renewer in list(_renewers):
-        renewer._loops = weakref.WeakKeyDictionary()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
-    os.register_at_fork(after_in_child=_after_fork_in_child)
