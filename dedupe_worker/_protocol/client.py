@@ -23,7 +23,7 @@ from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
 from .calls import KeyState
-from .claim import Claim, Outcome, Stored
+from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
@@ -218,12 +218,10 @@ class ClaimClient(ClientCore):
         ``wait``, keys held by others are waited on as in :meth:`begin`, one after the other, all
         within ``wait`` seconds in total. ``ttl``: as in :meth:`begin`, for every key.
         """
-        requests, claims, ours = self.drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
-        if wait > 0:
-            deadline = time.monotonic() + wait
-            claims = [self.wait_for(r, c, deadline)
-                      if c.outcome is Outcome.IN_PROGRESS and (c.stem, c.token) not in ours else c
-                      for r, c in zip(requests, claims, strict=True)]
+        claims, held = self.drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
+        deadline = time.monotonic() + wait
+        for i, request in held:  # one after the other
+            claims[i] = self.wait_for(request, claims[i], deadline)
         return claims
 
     def wait_for(self, request: Request, claim: Claim, deadline: float) -> Claim:

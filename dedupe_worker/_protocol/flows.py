@@ -274,16 +274,20 @@ class ClientCore(ClaimCodec):
 
     def begin_many_flow(self, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
                         wait: float, ttl: float | None = None
-                        ) -> Flow[tuple[list[Request], list[Claim], set[tuple[str, int]]]]:
-        """``begin_many``'s round trip: the requests, their claims, and ``(stem, token)`` of those
-        acquired (a repeated key held by us is not waited on); the driver waits on the rest."""
+                        ) -> Flow[tuple[list[Claim], list[tuple[int, Request]]]]:
+        """``begin_many``'s round trip: the claims, and with ``wait`` the ``(index, request)`` of
+        those held by another worker, which the caller waits on (a repeated key held by our own
+        claim in this batch is not waited on)."""
         fps = fingerprints if fingerprints is not None else [None] * len(keys)
         if len(fps) != len(keys):
             raise ValueError("fingerprints must match keys one to one")
         requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
         claims = yield from self.claims_flow(requests, ttl)
-        ours = {(c.stem, c.token) for c in claims if c.acquired} if wait > 0 else set()
-        return requests, claims, ours
+        if wait <= 0:
+            return claims, []
+        ours = {(c.stem, c.token) for c in claims if c.acquired}
+        return claims, [(i, request) for i, (request, c) in enumerate(zip(requests, claims, strict=True))
+                        if c.outcome is _IN_PROGRESS and (c.stem, c.token) not in ours]
 
     def wait_flow(self, request: Request, claim: Claim, deadline: float) -> Flow[Claim]:
         """``wait_for``: wait on a key ``claim`` found held, until ``deadline``

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
 from .._protocol.calls import KeyState
-from .._protocol.claim import Claim, Outcome, Stored
+from .._protocol.claim import Claim, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
 from .._protocol.flows import C, ClientCore, Either, Flow, T
@@ -161,16 +161,11 @@ class AsyncClaimClient(ClientCore):
         """Claim a batch of keys in one round trip, answers in the order of ``keys``; a key twice
         in the batch is ACQUIRED once. With ``wait``, held keys are waited on concurrently, all
         within ``wait`` seconds. ``ttl``: as :meth:`begin`, for every key."""
-        requests, claims, ours = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait, ttl))
-        if wait > 0:
-            deadline = time.monotonic() + wait
-
-            async def settled(request: Request, claim: Claim) -> Claim:
-                if claim.outcome is Outcome.IN_PROGRESS and (claim.stem, claim.token) not in ours:
-                    return await self.wait_for(request, claim, deadline)
-                return claim
-
-            claims = list(await asyncio.gather(*(settled(r, c) for r, c in zip(requests, claims, strict=True))))
+        claims, held = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait, ttl))
+        deadline = time.monotonic() + wait
+        waited = await asyncio.gather(*(self.wait_for(request, claims[i], deadline) for i, request in held))
+        for (i, _), claim in zip(held, waited, strict=True):
+            claims[i] = claim
         return claims
 
     async def wait_for(self, request: Request, claim: Claim, deadline: float) -> Claim:
