@@ -22,6 +22,8 @@ runs each script atomically, one after the other, in the order given.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -51,6 +53,34 @@ class StoreBase(StoreCalls):
         self.durability = None
         super().__init__()
 
+    # -- waiting on a held key, described once (each store makes the call, blocking or awaited) --
+
+    @staticmethod
+    def watch_call(stem: str) -> tuple[str, tuple[str, str], tuple[()]]:
+        """The ``watch.lua`` call that counts one waiter on ``stem``."""
+        return "watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ()
+
+    @staticmethod
+    def holder_left(reply: Any) -> float:
+        """``watch.lua``'s reply: the seconds the holder's lease still runs, or 0 when no live
+        lease holds the key (claim again instead of waiting)."""
+        held, remaining_ms = reply
+        return int(remaining_ms) / 1000 if int(held) else 0.0
+
+    def notice_wait(self, stem: str, timeout: float) -> tuple[list[str], float]:
+        """``BLPOP``'s arguments for a wait on ``stem``'s notice: at most ``timeout`` seconds, and
+        no longer than one blocking wait may last (:attr:`max_block`)."""
+        return [KeyLayout.notice(stem)], max(0.001, min(timeout, self.max_block))
+
+    @staticmethod
+    @contextmanager
+    def waiting_on(stem: str) -> Iterator[None]:
+        """A Redis error while waiting on ``stem`` is :class:`~dedupe_worker.StoreUnavailable`."""
+        try:
+            yield
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
+
 
 class RedisStore(StoreBase):
     """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
@@ -68,17 +98,13 @@ class RedisStore(StoreBase):
     def watch(self, stem: str) -> float:
         """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,
         or 0 when no live lease holds it (claim again instead of waiting)."""
-        held, remaining_ms = self.scripts.call("watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ())
-        return int(remaining_ms) / 1000 if int(held) else 0.0
+        return self.holder_left(self.scripts.call(*self.watch_call(stem)))
 
     def wait_notice(self, stem: str, timeout: float) -> bool:
         """Block until the holder of ``stem`` completes or releases it (a notice arrives), at most
         ``timeout`` seconds; True when a notice came."""
-        try:
-            reply = self.client.blpop([KeyLayout.notice(stem)], timeout=max(0.001, min(timeout, self.max_block)))
-            return reply is not None
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
+        with self.waiting_on(stem):
+            return self.client.blpop(*self.notice_wait(stem, timeout)) is not None
 
     def forget(self, stem: str, token: int | None, force: bool) -> tuple[int, int]:
         """``forget.lua``: ``(code, token)``, code 1 removed, 0 nothing there, -1 a live lease

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import logging
 
-from redis.exceptions import RedisError
-
-from .._errors import StoreUnavailable
 from .._protocol.layout import KeyLayout
 from .._protocol.store import StoreBase
 from ._scripts import AsyncRedis, AsyncScriptRunner
@@ -38,15 +35,10 @@ class AsyncRedisStore(StoreBase):
     async def watch(self, stem: str) -> float:
         """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,
         or 0 when no live lease holds it."""
-        held, remaining_ms = await self.scripts.call("watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ())
-        return int(remaining_ms) / 1000 if int(held) else 0.0
+        return self.holder_left(await self.scripts.call(*self.watch_call(stem)))
 
     async def wait_notice(self, stem: str, timeout: float) -> bool:
         """Block (BLPOP, one pooled connection) until the holder of ``stem`` completes or
         releases it, at most ``timeout`` seconds; True when a notice came."""
-        try:
-            reply = await self.client.blpop(
-                [KeyLayout.notice(stem)], timeout=max(0.001, min(timeout, self.max_block)))
-            return reply is not None
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
+        with self.waiting_on(stem):
+            return await self.client.blpop(*self.notice_wait(stem, timeout)) is not None
