@@ -72,6 +72,23 @@ class StoreBase(StoreCalls):
         no longer than one blocking wait may last (:attr:`max_block`)."""
         return [KeyLayout.notice(stem)], max(0.001, min(timeout, self.max_block))
 
+    def wake_pipeline(self, wake: str) -> Any:
+        """A pipeline (not sent) that pushes one wake-up on a waiter's private list ``wake``, kept a
+        minute: it ends the waiter's blocking ``BLPOP`` so it blocks again over its new keys."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(wake, 1)
+        pipe.pexpire(wake, 60_000)
+        return pipe
+
+    @staticmethod
+    def noticed(reply: Any, wake: str) -> str | None:
+        """The stem whose notice a waiter's ``BLPOP`` popped; ``None`` when it timed out or popped
+        the waiter's own wake-up list ``wake``."""
+        if reply is None:
+            return None
+        name = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return None if name == wake else name.removesuffix(":notice")
+
     @staticmethod
     @contextmanager
     def waiting_on(stem: str) -> Iterator[None]:
