@@ -1,8 +1,10 @@
 """The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
 
 Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
-runs the same flows. The deliberate twins are the driver loop, the key watcher, the renewer thread
-and the connection set-up, plus streamed claims on a held connection (sync only).
+runs the same flows, and performs their effects from the same table (``ClientCore.performers``).
+The deliberate twins are the driver loop, the key watcher, the renewer thread, ``close`` and the
+context manager's spelling, and the connection set-up, plus streamed claims on a held connection
+(sync only).
 
 :class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
 It never runs a handler and never decides what a message's fate is: that is the engine's

@@ -1,8 +1,11 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
-Its logic is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, run by
-:meth:`AsyncClaimClient.drive_async`. The deliberate twins of the sync client are the driver loop
-(awaits where the sync one blocks), the waiter, the renewer task and the connection set-up.
+A deliberate twin of :mod:`dedupe_worker._protocol.client`, kept to what truly differs: the
+driver loop (it awaits each effect where the sync one blocks; how each effect is performed is one
+table for both, ``ClientCore.performers``), the waiter, the renewer task, ``close`` and the context
+manager's spelling. Its logic is not here: every operation is a flow of
+:mod:`dedupe_worker._protocol.flows`, and each public method is a typed one-line call of
+:meth:`AsyncClaimClient.drive_async` on one.
 
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
