@@ -1,7 +1,8 @@
 """One task per event loop that keeps every live claim's lease from running out.
 
 A deliberate twin of :mod:`dedupe_worker._protocol.renewer` (a thread there, a task per loop
-here): what a round does and when a refusal is a loss is shared (:mod:`~dedupe_worker._protocol.leases`).
+here): a round is one flow both drive (``ClientCore.renewal_flow``), and when a refusal is a loss
+is shared (:mod:`~dedupe_worker._protocol.leases`), as is the fork hook.
 
 The asyncio form of :class:`~dedupe_worker._protocol.renewer.LeaseRenewer`: claims are tracked per
 running loop, and each loop gets one renewer task that wakes every ``interval`` seconds and
