@@ -11,19 +11,39 @@ PIN ?= both
 SOAK_DURATION ?= 1200
 SOAK_SEED ?= 1
 SOAK_INTEGRATIONS ?= celery,rabbitmq,kafka,replay
+# `make test-oldest`: the suite again in a second venv on the oldest redis-py pyproject.toml
+# admits (the floor of its `redis[hiredis]>=X` line), so a redis-py change we depend on is caught.
+VENV_OLDEST  ?= .venv-oldest
+REDIS_FLOOR  := $(shell sed -n 's/.*"redis\[hiredis\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+STAMP_OLDEST  = $(VENV_OLDEST)/.installed-redis-$(REDIS_FLOOR)
+EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,embedded,testing,metrics,otel,asyncio,test,dev
 
-.PHONY: install test lint typecheck bench demo soak clean
+.PHONY: install test test-oldest lint typecheck bench demo soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,embedded,testing,metrics,otel,asyncio,test,dev,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
 	touch $(STAMP)
+
+# kombu[redis]: the tests use Redis as a Celery broker, so kombu (and Celery) must be releases
+# whose Redis transport still takes the oldest redis-py (kombu 5.7 wants redis-py 6.1+).
+$(STAMP_OLDEST): pyproject.toml
+	test -n "$(REDIS_FLOOR)"
+	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_OLDEST)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]" "redis[hiredis]==$(REDIS_FLOOR)" "kombu[redis]"
+	rm -f $(VENV_OLDEST)/.installed-redis-*
+	touch $(STAMP_OLDEST)
 
 install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-oldest: $(STAMP_OLDEST)
+	$(VENV_OLDEST)/bin/python -c "import redis; assert redis.__version__ == '$(REDIS_FLOOR)', redis.__version__"
+	$(VENV_OLDEST)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check dedupe_worker tests bench
@@ -41,4 +61,4 @@ demo: $(STAMP)
 	$(BIN)/dedupe-worker demo
 
 clean:
-	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_OLDEST) dist build .pytest_cache .mypy_cache .ruff_cache

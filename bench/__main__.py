@@ -8,7 +8,8 @@ where they ran and only numbers from one placement are compared with each other:
 * ``same``: a private ``redis-server`` started for the run, pinned with ``taskset`` to the first
   allowed vCPU, and every bench client pinned to that same vCPU;
 * ``split``: the private Redis on the first vCPU, the clients on the second;
-* ``both`` (the default): ``bench.core`` once with each placement, the other benches ``split``;
+* ``both`` (the default): ``bench.core`` and ``bench.held_connection`` once with each placement,
+  the other benches ``split``;
 * ``none``: no pinning, against ``DEDUPE_REDIS_URL`` (default the local 6379).
 
 A private server is used for pinned runs so that the shared Redis other processes use is never
@@ -27,17 +28,20 @@ import sys
 import tempfile
 import time
 
-BENCHES = ("bench.core", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks", "bench.celery_send",
-           "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks", "bench.replay", "bench.settle",
-           "bench.durability", "bench.http_middleware", "bench.sql_outcomes", "bench.compression")
+BENCHES = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
+           "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks", "bench.replay",
+           "bench.settle", "bench.durability", "bench.http_middleware", "bench.sql_outcomes", "bench.compression")
 #: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
-TAKES_REDIS_URL = ("bench.core", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
-                   "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks",
-                   "bench.replay", "bench.settle", "bench.http_middleware", "bench.sql_outcomes",
+TAKES_REDIS_URL = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths",
+                   "bench.celery_tasks", "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer",
+                   "bench.frameworks", "bench.replay", "bench.settle", "bench.http_middleware", "bench.sql_outcomes",
                    "bench.compression")
 #: The benches that print a ``--label`` (where they ran).
-TAKES_LABEL = ("bench.core", "bench.asyncio_paths", "bench.rabbitmq_consumer", "bench.kafka_consumer",
-               "bench.frameworks", "bench.settle", "bench.durability", "bench.http_middleware", "bench.sql_outcomes")
+TAKES_LABEL = ("bench.core", "bench.held_connection", "bench.asyncio_paths", "bench.rabbitmq_consumer",
+               "bench.kafka_consumer", "bench.frameworks", "bench.settle", "bench.durability", "bench.http_middleware",
+               "bench.sql_outcomes")
+#: Run with each placement under ``--pin both``: the per-message paths, where placement matters most.
+BOTH_PLACEMENTS = ("bench.core", "bench.held_connection")
 
 
 def free_port() -> int:
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     server, url = start_redis(redis_cpu)
     try:
         for module in benches:
-            chosen = ("same", "split") if pin == "both" and module == "bench.core" else \
+            chosen = ("same", "split") if pin == "both" and module in BOTH_PLACEMENTS else \
                 ("split",) if pin == "both" else (pin,)
             for name in chosen:
                 cpu, label = placements[name]

@@ -1,12 +1,14 @@
-"""The held connection of the per-message path (``protocol/held.py``), against a real Redis:
-replies never cross between threads, a killed connection reconnects, a forked child takes its
-own, and an error reply leaves the connection in step."""
+"""The held connection of the per-message path (``_protocol/held.py``, chosen in
+``_protocol/paths.py``), against a real Redis: replies never cross between threads, a killed
+connection reconnects, a forked child takes its own, an error reply leaves the connection in
+step, and only redis-py's public names are used."""
 
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -123,7 +125,8 @@ def test_a_forked_child_takes_its_own_connection(held: Deduplicator) -> None:
 
 def test_an_error_reply_keeps_the_connection_in_step(held: Deduplicator, redis_client: redis.Redis) -> None:
     stem = held.request("wrong-type").stem
-    redis_client.set(stem + ":result", "not a hash", ex=60)
+    redis_client.rpush(stem + ":started", "not a hash")  # claim.lua's HMGET on it: a WRONGTYPE error reply
+    redis_client.expire(stem + ":started", 60)
     before = held_id(held)
     with pytest.raises(StoreUnavailable):
         held.begin("wrong-type")
@@ -203,3 +206,61 @@ def test_a_child_forked_while_a_call_was_running_is_not_locked_out(held: Dedupli
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert held_id(held) == parent
+
+
+def test_the_held_path_uses_only_public_redis_py_names() -> None:
+    """A minor redis-py release may change anything with a leading underscore: the held path
+    reads none of it (the attributes it reads off other objects are all public)."""
+    import ast
+    from pathlib import Path
+
+    import dedupe_worker._protocol.held as held_module
+
+    tree = ast.parse(Path(held_module.__file__).read_text())
+    private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and node.attr.startswith("_") and not node.attr.startswith("__")
+                      and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "held"))})
+    private += [node.args[1].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_")]
+    assert private == []
+
+
+def test_the_direct_packer_is_used_only_where_it_packs_as_the_connection(redis_url: str) -> None:
+    """hiredis packs straight only when it gives the bytes the connection's own pack_command
+    gives; a connection whose packer differs keeps its own."""
+    import hiredis
+
+    from dedupe_worker._protocol.held import _direct_packer
+
+    class Lower:  # a custom command_packer (redis-py's public Connection option): lower-case names
+        def pack(self, *args: Any) -> list[bytes]:
+            head = args[0].lower().split() if isinstance(args[0], str) else [args[0]]
+            return [hiredis.pack_command((*head, *args[1:]))]
+
+    plain = redis.Redis.from_url(redis_url, single_connection_client=True)
+    custom = redis.Redis.from_url(redis_url, single_connection_client=True, command_packer=Lower())
+    try:
+        direct = _direct_packer(plain.connection)
+        assert direct is not None
+        command = ("EVALSHA", "ab" * 20, 1, "k", 5, b"v")
+        assert [direct(command)] == [b"".join(plain.connection.pack_command(*command))]
+        assert _direct_packer(custom.connection) is None
+        assert custom.ping()  # the custom packer is a working one
+    finally:
+        plain.close()
+        custom.close()
+
+
+def test_the_path_is_chosen_in_one_place(redis_url: str) -> None:
+    from dedupe_worker._protocol.paths import HeldPath, PoolPath, path_for
+
+    big, small = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url, max_connections=4)
+    assert isinstance(path_for(big), HeldPath) and path_for(big).held is not None
+    assert type(path_for(small)) is PoolPath and path_for(small).held is None
+    for path in (path_for(big), path_for(small)):
+        assert path.execute(("PING",)) is True or path.execute(("PING",)) in (b"PONG", "PONG")
+        replies = path.execute_many([("PING",), ("NOSUCHCOMMAND",)])
+        assert isinstance(replies[1], redis.ResponseError)
+    big.close()
+    small.close()

@@ -44,7 +44,9 @@ def limit_just_above_use(client: redis.Redis) -> None:
 
 
 def test_completions_pass_the_limit_and_claims_are_deferred(full_redis: redis.Redis) -> None:
-    d = Deduplicator(full_redis, namespace="oom", lease=1.0, result_ttl=600)
+    # Uncompressed results, so each outcome takes the memory its size says (4 KB of one letter
+    # would otherwise compress to a few bytes and the limit never be reached).
+    d = Deduplicator(full_redis, namespace="oom", lease=1.0, result_ttl=600, compress_above=1 << 30)
     d.status("warm-up")  # the scripts are loaded (and the Lua engine's memory counted) before the limit
     limit_just_above_use(full_redis)
     runs: Counter[str] = Counter()

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome
+from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome, Reason, StoreUnavailable, decide
 from dedupe_worker._protocol.layout import KeyLayout
 
 from .doubles import redis_or_double  # noqa: F401 - each test runs on Redis and on the double
@@ -257,3 +257,17 @@ def test_init_takes_exactly_the_declared_fields_and_defaults(cls: str) -> None:
     assert dataclasses.replace(claim, token=8).token == 8 and claim.token == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         instance.token = 9  # type: ignore[misc]
+
+
+def test_a_record_we_never_wrote_defers_instead_of_crashing(redis_client: redis.Redis, dedupe: Deduplicator,
+                                                            namespace: str) -> None:
+    """Another program's string under our result key name: every reader says StoreUnavailable
+    (the message is deferred, never run as new), not a KeyError from the reply decoding."""
+    redis_client.set(f"{namespace}:{{garbage}}:result", b"not a record of ours")
+    with pytest.raises(StoreUnavailable, match="unreadable record"):
+        dedupe.begin("garbage")
+    with pytest.raises(StoreUnavailable, match="unreadable record"):
+        dedupe.status("garbage")
+    ran: list[int] = []
+    decision = decide(dedupe, "garbage", lambda: ran.append(1))
+    assert decision.reason is Reason.STORE_UNAVAILABLE and ran == []

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from .._errors import StoreUnavailable
 from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call
@@ -51,10 +52,21 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _status(letter: Any) -> Stored:
+    """The :class:`Stored` of a record's status letter. A letter we never write means the key holds
+    something else (another program's string under our key name, a corrupted record): that is a
+    store we cannot read, so the message is deferred (:class:`StoreUnavailable`), never run as new."""
+    status = _STORED.get(letter)
+    if status is None:
+        raise StoreUnavailable(f"unreadable record: status {letter!r} is not one dedupe-worker writes "
+                               "(another program's key under this namespace?)")
+    return status
+
+
 def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
     outcome = _OUTCOMES[int(code)]
     if outcome is Outcome.DUPLICATE:
-        return ClaimReply(outcome, int(token), _STORED[a], b)
+        return ClaimReply(outcome, int(token), _status(a), b)
     if outcome is Outcome.IN_PROGRESS:
         return ClaimReply(outcome, int(token), remaining_ms=int(a))
     return ClaimReply(outcome, int(token), reclaimed=bool(a))
@@ -88,7 +100,7 @@ class KeyState:
 def key_state(code: Any, token: Any, a: Any, b: Any) -> KeyState:
     """``inspect.lua``'s reply as a :class:`KeyState`."""
     if int(code) == 2:
-        return KeyState(State.DONE, int(token), _STORED[a], b)
+        return KeyState(State.DONE, int(token), _status(a), b)
     if int(code) == 3:
         return KeyState(State.IN_PROGRESS, int(token), remaining_ms=int(a))
     return KeyState(State.FREE, int(token))

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import FullJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -35,8 +35,10 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
 def _retry() -> Retry:
     """Two quick retries: a blip is absorbed, an outage surfaces as StoreUnavailable in well under
-    a second instead of redis-py's default of several seconds of backoff per command."""
-    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2)
+    a second instead of redis-py's default of several seconds of backoff per command. Each wait
+    is drawn from 0 to 0.05 s * 2^attempt (``FullJitterBackoff``: in every redis-py the package
+    admits, from 5.0; ``ExponentialWithJitterBackoff`` draws the same below its cap, from 5.3 on)."""
+    return Retry(FullJitterBackoff(cap=0.5, base=0.05), retries=2)
 
 
 def redis_from_url(url: str) -> redis.Redis | RedisCluster:

@@ -1,19 +1,23 @@
 """One Redis connection held between script calls: the per-message path without the pool.
 
 redis-py gets a connection from its pool and gives it back on every command, with locking, a
-readiness check and metrics around both; on a loopback round trip of ~30 µs that is a fifth of
-the client's CPU. :class:`HeldConnection` keeps one connection out of the client's own pool and
-sends pre-built commands on it.
+readiness check and bookkeeping around both; on a loopback round trip that is a third to a half
+of the client's CPU (figures in :mod:`.paths`, which chooses this path or the pool's).
+:class:`HeldConnection` keeps one connection of the client's own pool and sends on it with
+redis-py's public ``Connection`` methods (``pack_command``, ``send_packed_command``,
+``read_response``, ``can_read``; packed by ``hiredis.pack_command`` straight where that gives the
+connection's own bytes).
 
 What is guaranteed: the same connection settings as the client (it is the client's pool that
-made it); one caller at a time (a lock taken without blocking: a second thread, such as the lease
-renewer or the key watcher, finds it busy and uses the client's ordinary path); never shared with
-a forked child (after a fork the child drops it, and its lock, and takes its own). After a
-connection or timeout error the connection is disconnected and the next attempt reconnects,
-under the client's own retry policy, exactly as a plain ``client.evalsha`` would retry; when the
-attempts run out it is given back to the pool. An error reply (``NOSCRIPT``, a script error) is
-a whole reply: the connection stays in step and is kept. A streamed round trip
-(:meth:`HeldConnection.execute_streamed`) hands each reply on as soon as it is read; once one was
+made the connection: ``Redis(connection_pool=..., single_connection_client=True)``); one
+caller at a time (a lock taken without blocking); never shared with a forked child (after a
+fork the child drops it, and its lock, and takes its own). A connection with something to read
+while idle (the server closed it) is reconnected before anything is sent on it, as the pool
+checks a connection it hands out. After a connection or timeout error the connection is
+disconnected and the next attempt reconnects, under the connection's own retry policy, exactly
+as a plain ``client.evalsha`` would retry; when the attempts run out it is given back to the
+pool. An error reply (``NOSCRIPT``, a script error) is a whole reply: the connection stays in
+step and is kept. A streamed round trip hands each reply on as soon as it is read; once one was
 handed on nothing is sent again, and a failure drops the connection rather than leave unread
 replies on it.
 """
@@ -21,7 +25,6 @@ replies on it.
 from __future__ import annotations
 
 import os
-import select
 import threading
 import weakref
 from collections.abc import Callable
@@ -36,19 +39,21 @@ try:
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
     hiredis_pack = None
 
-__all__ = ["BUSY", "HeldConnection"]
+__all__ = ["BUSY", "MIN_POOL_SIZE", "HeldConnection"]
 
-#: Returned by :meth:`HeldConnection.execute` when another thread holds the connection.
+#: Returned by :class:`HeldConnection` when another thread holds the connection.
 BUSY: Any = object()
 
-
-#: One held connection per connection pool, shared by every client object on that pool.
-_by_pool: weakref.WeakKeyDictionary[Any, HeldConnection] = weakref.WeakKeyDictionary()
-_by_pool_lock = threading.Lock()
+#: One command: its arguments as ``execute_command`` takes them.
+Command = tuple[Any, ...]
 
 #: Pools smaller than this are left alone: holding one of few connections could starve the
 #: threads (renewer, watcher) that fall back to the pool.
 MIN_POOL_SIZE = 16
+
+#: One held connection per connection pool, shared by every client object on that pool.
+_by_pool: weakref.WeakKeyDictionary[Any, HeldConnection] = weakref.WeakKeyDictionary()
+_by_pool_lock = threading.Lock()
 
 
 class HeldConnection:
@@ -62,14 +67,13 @@ class HeldConnection:
     def __init__(self, client: redis.Redis) -> None:
         self._pool = weakref.ref(client.connection_pool)  # the registry's key: never held strongly
         self._lock = threading.Lock()
-        self._connection: Any = None
+        #: ``Redis(connection_pool=..., single_connection_client=True)``: redis-py's own way to
+        #: keep one connection of a pool; we use its ``connection`` and send on it ourselves.
+        self._holder: redis.Redis | None = None
         self._pid = os.getpid()
-        #: ``hiredis.pack_command`` when the client packs with it anyway (redis-py's hiredis
-        #: serializer, which ignores the encoding setting too); called straight, it skips
-        #: redis-py's per-argument pass (about 0.1 µs an argument; a batch has hundreds).
+        #: ``hiredis.pack_command`` where it packs exactly as the connection does (see
+        #: :func:`_direct_packer`), else ``None``: redis-py's ``pack_command``.
         self._pack: Any = None
-        self._poller: Any = None
-        self._polled: Any = None  # the socket ``_poller`` watches
 
     @classmethod
     def for_client(cls, client: Any) -> HeldConnection | None:
@@ -100,14 +104,7 @@ class HeldConnection:
         """In a forked child: the parent's socket is not ours, and a lock a parent thread held
         at the fork would stay taken for good."""
         self._lock = threading.Lock()
-        self._connection, self._pid, self._poller, self._polled = None, os.getpid(), None, None
-
-    @property
-    def pool(self) -> Any:
-        pool = self._pool()
-        if pool is None:  # pragma: no cover - the registry drops us with the pool
-            raise ConnectionError("the connection pool is gone")
-        return pool
+        self._holder, self._pid = None, os.getpid()
 
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply, or :data:`BUSY` when another caller holds the
@@ -127,7 +124,7 @@ class HeldConnection:
         finally:
             self._lock.release()
 
-    def execute_many(self, commands: list[tuple[Any, ...]]) -> Any:
+    def execute_many(self, commands: list[Command]) -> Any:
         """Send ``commands`` in one write and read every reply, an error reply as its exception
         object (like a pipeline with ``raise_on_error=False``); :data:`BUSY` as :meth:`execute`."""
         if not self._lock.acquire(blocking=False):
@@ -144,7 +141,7 @@ class HeldConnection:
         finally:
             self._lock.release()
 
-    def execute_streamed(self, commands: list[tuple[Any, ...]], deliver: Callable[[int, Any], None]) -> Any:
+    def execute_streamed(self, commands: list[Command], deliver: Callable[[int, Any], None]) -> Any:
         """:meth:`execute_many`, but each reply is handed to ``deliver(index, reply)`` as soon as it
         is read, before the next one is read: the caller works on it while Redis runs the later
         commands. Returns ``None``, or :data:`BUSY` as :meth:`execute`.
@@ -179,7 +176,7 @@ class HeldConnection:
         finally:
             self._lock.release()
 
-    def _packed(self, connection: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
+    def _packed(self, connection: Any, commands: list[Command]) -> list[bytes]:
         """``commands`` as the bytes of one write."""
         if self._pack is not None:
             return [b"".join(self._pack(c) for c in commands)]
@@ -200,52 +197,62 @@ class HeldConnection:
     def close(self) -> None:
         """Give the connection back to the pool (a later call takes one again)."""
         with self._lock:
-            if self._connection is not None and self._pid == os.getpid():
-                self.pool.release(self._connection)
-            self._connection = None
+            holder, self._holder = self._holder, None
+            if holder is not None and self._pid == os.getpid():
+                holder.close()  # releases the connection to the pool (the pool stays open)
 
     def _take(self) -> Any:
         """The held connection, ready to send: as the pool checks a connection it hands out, one
         with something to read while idle (the server closed it, or a stray reply) is reconnected
-        before anything is sent on it (about 1 µs: a non-blocking peek)."""
+        before anything is sent on it. Every reply we asked for was read in full, so the parser
+        holds nothing."""
         if self._pid != os.getpid():  # forked: the parent's socket is not ours to use or close
-            self._connection, self._pid = None, os.getpid()
-        connection = self._connection
-        if connection is None:
-            try:
-                connection = self._connection = self.pool.get_connection()
-            except TypeError:  # redis-py before 5.3 wants a command name
-                connection = self._connection = self.pool.get_connection("EVALSHA")
-            packer = type(getattr(connection, "_command_packer", None)).__name__
-            self._pack = hiredis_pack if packer == "HiredisRespSerializer" else None
-        elif self._readable_while_idle(connection):
+            self._holder, self._pid = None, os.getpid()
+        holder = self._holder
+        if holder is None:
+            pool = self._pool()
+            if pool is None:  # pragma: no cover - the registry drops us with the pool
+                raise ConnectionError("the connection pool is gone")
+            holder = self._holder = redis.Redis(connection_pool=pool, single_connection_client=True)
+            self._pack = _direct_packer(holder.connection)
+            return holder.connection
+        connection: Any = holder.connection
+        try:
+            stale = bool(connection.can_read())
+        except (ConnectionError, TimeoutError, OSError):
+            stale = True
+        if stale:
             connection.disconnect()
             connection.connect()
         return connection
 
-    def _readable_while_idle(self, connection: Any) -> bool:
-        """Whether an idle connection has something to read (then the server closed it, or a
-        stray reply waits): a zero-timeout ``poll`` on its socket, kept registered between calls
-        (a third of ``connection.can_read()``, which is what the pool uses and what we fall back
-        to where ``select.poll`` is missing). Every reply we asked for was read in full, so the
-        parser holds nothing."""
-        sock = getattr(connection, "_sock", None)
-        if sock is None or not hasattr(select, "poll"):
-            try:
-                return bool(connection.can_read())
-            except (ConnectionError, TimeoutError, OSError):
-                return True
-        if sock is not self._polled:
-            self._poller = select.poll()
-            self._poller.register(sock, select.POLLIN | select.POLLPRI)
-            self._polled = sock
-        return bool(self._poller.poll(0))
-
     def _drop(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
+        """Disconnect the held connection and give it back to the pool."""
+        holder, self._holder = self._holder, None
+        connection: Any = holder.connection if holder is not None else None
+        if holder is not None and connection is not None:
             connection.disconnect()
-            self.pool.release(connection)
+            holder.close()
+
+
+#: Every kind of argument the protocol sends (and a non-ASCII text, a float): the probe
+#: :func:`_direct_packer` packs both ways.
+_PROBE = ("EVALSHA", "0" * 40, 2, "ns:{k\u00e9}:started", b"\x00\xffv", -12, 30000, 0.5, "")
+
+
+def _direct_packer(connection: Any) -> Any:
+    """``hiredis.pack_command`` when it packs :data:`_PROBE` byte for byte as ``connection``'s
+    own (public) ``pack_command`` does, else ``None``. Called straight it skips redis-py's pass
+    over the arguments (about 4 µs a command; a batch has hundreds of arguments); a connection
+    with another encoding or a custom ``command_packer`` packs differently and keeps its own."""
+    if hiredis_pack is None:
+        return None
+    try:
+        direct = hiredis_pack(_PROBE)
+        own = b"".join(connection.pack_command(*_PROBE))
+    except Exception:  # a packer that refuses part of the probe: keep it
+        return None
+    return hiredis_pack if direct == own else None
 
 
 def _read(connection: Any) -> Any:

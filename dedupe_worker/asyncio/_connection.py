@@ -22,7 +22,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import FullJitterBackoff
 
 from .._protocol.connection import SENTINEL_SCHEMES, sentinel_options
 from ._scripts import AsyncRedis
@@ -31,7 +31,7 @@ __all__ = ["async_redis_from_url"]
 
 
 def _retry() -> Retry:
-    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2)
+    return Retry(FullJitterBackoff(cap=0.5, base=0.05), retries=2)
 
 
 def async_redis_from_url(url: str, max_connections: int = 64) -> AsyncRedis:

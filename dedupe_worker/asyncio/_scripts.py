@@ -1,16 +1,15 @@
-"""The protocol's Lua scripts on ``redis.asyncio``: EVALSHA, loaded again on ``NOSCRIPT``.
+"""The protocol's Lua scripts on ``redis.asyncio``: the asyncio driver of the script flows.
 
-The same scripts and the same rules as :class:`~dedupe_worker._protocol.scripts.ScriptRunner`:
-one EVALSHA per call in the common case, several calls in one pipelined round trip, only the
-calls that failed with ``NOSCRIPT`` (which ran nothing) sent again, ``WAIT`` in the same pipeline
-when durability is asked, every Redis failure raised as
-:class:`~dedupe_worker.StoreUnavailable`, and the same script texts for the same server
-(``#!lua`` flags on Redis 7+, decided from ``INFO server`` at the first call).
+What a call sends, the ``NOSCRIPT`` handling (every script loaded, then only the calls that ran
+nothing sent again), ``WAIT`` in the same round trip, the reply checks and the choice of script
+texts for the server are written once in :mod:`dedupe_worker._protocol.script_flow` and shared
+with the sync :class:`~dedupe_worker._protocol.scripts.ScriptRunner`; this module only carries
+each request to Redis with ``redis.asyncio``. Every Redis failure is raised as
+:class:`~dedupe_worker.StoreUnavailable`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import traceback
 from collections.abc import Sequence
@@ -19,10 +18,9 @@ from typing import Any
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from .._errors import StoreUnavailable
-from .._protocol.scripts import LOAD_ORDER, SCRIPT_NAMES, Call, checked, load_script, script_text, takes_flags
+from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, ScriptFlows
+from .._protocol.scripts import load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -54,91 +52,61 @@ class AsyncScriptRunner:
     def __init__(self, client: AsyncRedis) -> None:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
-        self._source = {name: load_script(name) for name in SCRIPT_NAMES}
-        self._text: dict[str, str] = {}
-        self._sha: dict[str, str] | None = None
+        self.flows = ScriptFlows({name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)})
 
     @property
     def sha(self) -> dict[str, str]:
         """Each script's SHA1, of the text this server gets; empty before the first call (the
         server's version, from ``INFO server``, decides the text: see :meth:`shas`)."""
-        return self._sha or {}
+        return self.flows.sha or {}
 
     async def shas(self) -> dict[str, str]:
         """:attr:`sha`, asking ``INFO server`` the first time (an error reply: no flags)."""
-        if self._sha is None:
-            try:
-                if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
-                    info = await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
-                else:
-                    info = await self.client.info("server")
-            except ResponseError:
-                info = None
-            flags = takes_flags(info)
-            self._text = {name: script_text(text, flags) for name, text in self._source.items()}
-            self._sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._text.items()}
-        return self._sha
+        return await self._drive(self.flows.shas())  # type: ignore[no-any-return]
 
-    async def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        sha = self._sha or await self.shas()
-        return await self.client.evalsha(sha[name], len(keys), *keys, *args)
+    async def _drive(self, flow: Flow) -> Any:
+        """Run ``flow``: each request carried by :meth:`_send`, its reply sent back into the flow,
+        an exception thrown into it (:func:`~dedupe_worker._protocol.script_flow.drive` with await)."""
+        reply: Any = None
+        error: Exception | None = None
+        try:
+            while True:
+                request = flow.throw(error) if error is not None else flow.send(reply)
+                try:
+                    reply, error = await self._send(request), None
+                except Exception as exc:  # the flow decides what it means
+                    reply, error = None, exc
+        except StopIteration as stop:
+            return stop.value
 
-    async def _load(self) -> None:
-        """After a ``NOSCRIPT``: load every protocol script in :data:`LOAD_ORDER`, for the reason
-        :meth:`ScriptRunner._load <dedupe_worker._protocol.scripts.ScriptRunner._load>` gives (a
-        call sent again runs after the later calls of its pipeline)."""
-        await self.shas()
-        for script in LOAD_ORDER:
-            await self.client.script_load(self._text[script])
+    async def _send(self, request: Any) -> Any:
+        """Carry one request of a flow to Redis; a connection torn down inside redis-py raised as
+        the connection error it is (:func:`torn_connection`)."""
+        try:
+            if type(request) is tuple:
+                return await self.client.execute_command(*request)
+            if type(request) is list:
+                pipe = self.client.pipeline(transaction=False)
+                for command in request:
+                    pipe.execute_command(*command)
+                return await pipe.execute(raise_on_error=False)
+            if type(request) is str:
+                return await self.client.script_load(request)
+            if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
+                return await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
+            return await self.client.info("server")
+        except (AttributeError, TypeError) as exc:
+            torn = torn_connection(exc)
+            if torn is None:
+                raise
+            raise torn from exc
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
-        try:
-            try:
-                return await self._evalsha(name, keys, args)
-            except NoScriptError:
-                await self._load()
-                return await self._evalsha(name, keys, args)
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed running {name}.lua: {exc}") from exc
-        except (AttributeError, TypeError) as exc:
-            torn = torn_connection(exc)
-            if torn is None:
-                raise
-            raise StoreUnavailable(f"Redis failed running {name}.lua: {torn}") from torn
+        return await self._drive(self.flows.call(name, keys, args))
 
     async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
-        ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and :class:`NotDurable`
+        ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and ``NotDurable``
         (with the replies) when fewer replicas acknowledged."""
-        if len(calls) == 1 and wait is None:
-            return [await self.call(*calls[0])]
-        if not calls:
-            return []
-        try:
-            sha = await self.shas()
-            pipe = self.client.pipeline(transaction=False)
-            for name, keys, args in calls:
-                pipe.execute_command("EVALSHA", sha[name], len(keys), *keys, *args)
-            if wait is not None:
-                pipe.execute_command("WAIT", *wait)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            acked: Any = replies.pop() if wait is not None else None
-            reloaded = False
-            for i, reply in enumerate(replies):
-                if isinstance(reply, NoScriptError):
-                    name, keys, args = calls[i]
-                    if not reloaded:
-                        await self._load()
-                    replies[i] = await self._evalsha(name, keys, args)
-                    reloaded = True
-            if wait is not None and (reloaded or isinstance(acked, Exception)):
-                acked = await self.client.execute_command("WAIT", *wait)
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {exc}") from exc
-        except (AttributeError, TypeError) as exc:
-            torn = torn_connection(exc)
-            if torn is None:
-                raise
-            raise StoreUnavailable(f"Redis failed running {calls[0][0]}.lua: {torn}") from torn
-        return checked(calls, replies, wait, acked)
+        return await self._drive(self.flows.call_all(calls, wait))  # type: ignore[no-any-return]

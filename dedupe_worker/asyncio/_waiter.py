@@ -46,6 +46,8 @@ class _Watched:
 class _LoopWaits:
     watched: dict[str, _Watched] = field(default_factory=dict)  # stem -> its waiters
     task: asyncio.Task[None] | None = None
+    #: stem -> the ``watch.lua`` call in flight for it (its holder's lease left, or ``None`` if it failed)
+    watching: dict[str, asyncio.Future[float | None]] = field(default_factory=dict)
 
 
 class AsyncKeyWaiter:
@@ -67,7 +69,7 @@ class AsyncKeyWaiter:
         watched = self._waits(loop).watched.get(stem)
         interrupt = False
         if watched is None:
-            holder_left = await self.store.watch(stem)  # counts one waiter: one notice for all of ours
+            holder_left = await self._watch(loop, stem)  # counts one waiter: one notice for all of ours
             if holder_left <= 0:
                 return False
             waits = self._waits(loop)  # afresh: meanwhile the task may have ended, or another coroutine watched
@@ -87,6 +89,25 @@ class AsyncKeyWaiter:
             return bool(done) and future.result()
         finally:
             future.cancel()  # no-op once it has a result
+
+    async def _watch(self, loop: asyncio.AbstractEventLoop, stem: str) -> float:
+        """``watch.lua`` on ``stem`` (seconds left of its holder's lease), called once for the
+        coroutines of ``loop`` that start waiting on it together: the later ones share the reply
+        of the call in flight (and call it themselves if that one failed)."""
+        waits = self._waits(loop)
+        pending = waits.watching.get(stem)
+        if pending is not None:
+            shared = await asyncio.shield(pending)  # our cancellation must not cancel theirs
+            return shared if shared is not None else await self.store.watch(stem)
+        pending = waits.watching[stem] = loop.create_future()
+        holder_left: float | None = None
+        try:
+            holder_left = await self.store.watch(stem)
+            return holder_left
+        finally:
+            pending.set_result(holder_left)
+            if waits.watching.get(stem) is pending:
+                del waits.watching[stem]
 
     def _waits(self, loop: asyncio.AbstractEventLoop) -> _LoopWaits:
         waits = self._loops.get(loop)

@@ -1,0 +1,231 @@
+"""What the script runners do, written once without I/O: the sync and asyncio runners drive it.
+
+Each operation of :class:`ScriptFlows` is a generator that yields what to send and receives the
+reply (an error reply or a Redis failure is thrown into it), as httpx writes its auth flows. The
+drivers (:class:`~dedupe_worker._protocol.scripts.ScriptRunner` with redis-py,
+:class:`~dedupe_worker.asyncio._scripts.AsyncScriptRunner` with ``redis.asyncio``) only carry
+each request to Redis. A request is one of:
+
+* a ``tuple``: one command (``EVALSHA ...``, ``WAIT ...``); the reply is sent back;
+* a ``list`` of such tuples: one pipelined round trip; the replies come back in order, error
+  replies as exception objects (as a pipeline's with ``raise_on_error=False``);
+* a ``str``: a script text to ``SCRIPT LOAD`` (on every primary of a cluster);
+* :data:`INFO`: ``INFO server`` (of every primary of a cluster), as redis-py parses it.
+
+Written here once: which text and SHA each server gets (``#!lua`` flags on Redis 7+, from
+``INFO server`` at the first call), what a call sends, the ``NOSCRIPT`` handling (every script
+loaded, in :data:`LOAD_ORDER`, then only the calls that ran nothing sent again, in order),
+``WAIT`` in the same round trip and asked again after a reload, and the reply checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Generator, Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from .._errors import StoreUnavailable
+
+__all__ = ["INFO", "LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call", "CallFailed", "Flow", "NotDurable",
+           "ScriptFlows", "checked", "script_text", "takes_flags"]
+
+SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
+
+#: Scripts a producer runs before it publishes (``send.lua``): never pipelined with the worker's,
+#: so they are loaded first after a ``NOSCRIPT``. Kept apart from :data:`SCRIPT_NAMES`, the
+#: scripts workers of every release share records through.
+SENDER_SCRIPTS = ("send",)
+
+#: The order scripts are loaded in after a ``NOSCRIPT``: those a pipeline sends last (it sends
+#: complete, release, then claim) are loaded last, so whenever one is loaded so are the earlier.
+LOAD_ORDER = ("forget", "inspect", "watch", "renew", "complete", "release", "claim")
+
+#: One script call: ``(script name, KEYS, ARGV)``.
+Call = tuple[str, Sequence[str], Sequence[Any]]
+
+
+class _Info:
+    def __repr__(self) -> str:
+        return "INFO"
+
+
+#: The request for ``INFO server``.
+INFO: Any = _Info()
+
+#: An operation: yields requests, receives replies, returns its result.
+Flow = Generator[Any, Any, Any]
+
+
+class CallFailed(StoreUnavailable):
+    """A call of a pipelined round trip failed (the error is chained); ``replies`` holds every
+    call's reply, the failed ones as exception objects: the calls that answered did run."""
+
+    def __init__(self, message: str, replies: list[Any]) -> None:
+        super().__init__(message)
+        self.replies = replies
+
+
+class NotDurable(StoreUnavailable):
+    """The writes ran on the primary, but fewer replicas than asked acknowledged them in time
+    (``WAIT``): a failover now could lose them. ``replies`` are the scripts' replies."""
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, replies: list[Any]) -> None:
+        super().__init__(f"not durable: {acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms")
+        self.replies = replies
+
+
+def checked(calls: Sequence[Call], replies: list[Any], wait: tuple[int, int] | None, acked: Any) -> list[Any]:
+    """The replies of a pipelined round trip once every ``NOSCRIPT`` was retried: raise
+    :class:`StoreUnavailable` for a call that failed, :class:`NotDurable` (with the replies) when
+    fewer replicas than ``wait`` asked acknowledged (``acked``), else return them."""
+    for (name, _, _), reply in zip(calls, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise CallFailed(f"Redis failed running {name}.lua: {reply}", replies) from reply
+    if wait is not None and int(acked) < wait[0]:
+        raise NotDurable(int(acked), wait[0], wait[1], replies)
+    return replies
+
+
+def takes_flags(info: Any) -> bool:
+    """Whether the server(s) whose ``INFO server`` reply is ``info`` accept script flags (the
+    ``#!lua`` first line): Redis 7 and later. ``info`` is one node's reply (a dict with
+    ``redis_version``), a cluster's (a dict of such dicts, one per node: every node must be 7+),
+    or ``None`` when ``INFO`` was refused (fakeredis, some managed services): no flags then."""
+    if not isinstance(info, dict):
+        return False
+    if "redis_version" in info:
+        try:
+            return int(str(info["redis_version"]).split(".", 1)[0]) >= 7
+        except ValueError:
+            return False
+    nodes = [node for node in info.values() if isinstance(node, dict)]
+    return bool(nodes) and all(takes_flags(node) for node in nodes)
+
+
+def script_text(text: str, flags: bool) -> str:
+    """``text`` as sent to a server that takes script flags (``flags``), else without its
+    ``#!lua`` first line (Redis 6 reads it as a syntax error)."""
+    if flags or not text.startswith("#!"):
+        return text
+    return text.split("\n", 1)[1] if "\n" in text else ""
+
+
+def failed(name: str, exc: BaseException) -> StoreUnavailable:
+    """The error a caller gets when Redis failed running ``name``.lua."""
+    return StoreUnavailable(f"Redis failed running {name}.lua: {exc}")
+
+
+class ScriptFlows:
+    """The protocol scripts of one server: their texts and SHAs, and the flows that call them.
+
+    ``source`` maps each script name to its text in ``lua/`` (with its ``#!lua`` line).
+    """
+
+    def __init__(self, source: dict[str, str]) -> None:
+        self.source = source
+        #: Each script's text as this server gets it; empty until :attr:`sha` is known.
+        self.text: dict[str, str] = {}
+        #: Each script's SHA1, of :attr:`text`; ``None`` until the server's version is known.
+        self.sha: dict[str, str] | None = None
+
+    def resolve(self) -> Flow:
+        """Ask ``INFO server`` (an error reply: no flags) and choose the texts and SHAs."""
+        try:
+            info = yield INFO
+        except ResponseError:
+            info = None
+        flags = takes_flags(info)
+        self.text = {name: script_text(text, flags) for name, text in self.source.items()}
+        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self.text.items()}
+        return self.sha
+
+    def load(self) -> Flow:
+        """After a ``NOSCRIPT``: load every protocol script, not just the missing one.
+
+        A pipeline runs its calls in order, but a call that failed with ``NOSCRIPT`` is sent
+        again after the later calls already ran: were ``release.lua`` missing while
+        ``claim.lua`` was loaded, a claim given back and claimed again in one round trip would
+        meet our own lease (IN_PROGRESS, a needless deferral). Loading all of them, in
+        :data:`LOAD_ORDER`, means no client of ours leaves the server with a script of a later
+        pipeline position loaded and an earlier one missing. (Scripts vanish all at once, on a
+        restart, failover or ``SCRIPT FLUSH``; a client of another version loading a subset can
+        still cause such a deferral, never a second transition.)
+        """
+        if self.sha is None:
+            yield from self.resolve()
+        for name in (*SENDER_SCRIPTS, *LOAD_ORDER):
+            if name in self.text:
+                yield self.text[name]
+
+    def shas(self) -> Flow:
+        """:attr:`sha`, asking ``INFO server`` the first time."""
+        return self.sha if self.sha is not None else (yield from self.resolve())
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Flow:
+        """One EVALSHA of script ``name``, loaded again on ``NOSCRIPT``; every Redis failure
+        raised as :class:`StoreUnavailable`."""
+        try:
+            sha = self.sha if self.sha is not None else (yield from self.resolve())
+            command = ("EVALSHA", sha[name], len(keys), *keys, *args)
+            try:
+                return (yield command)
+            except NoScriptError:
+                yield from self.load()
+                return (yield command)
+        except RedisError as exc:
+            raise failed(name, exc) from exc
+
+    def retry_noscript(self, calls: Sequence[Call], replies: list[Any]) -> Flow:
+        """Send again, in order, each call whose reply is ``NOSCRIPT`` (it ran nothing), once
+        every script is loaded; put the new replies in ``replies``. Returns whether any was."""
+        reloaded = False
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                if not reloaded:
+                    yield from self.load()
+                    reloaded = True
+                name, keys, args = calls[i]
+                replies[i] = yield ("EVALSHA", (yield from self.shas())[name], len(keys), *keys, *args)
+        return reloaded
+
+    def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> Flow:
+        """Several EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
+        the order of ``calls``. Redis runs them one after the other, each atomically.
+
+        Only the calls that failed with ``NOSCRIPT`` (which ran nothing) are sent again, so no
+        transition runs twice. ``wait=(replicas, timeout_ms)`` adds ``WAIT`` to the same round
+        trip and raises :class:`NotDurable` (with the replies) when fewer replicas acknowledged.
+        """
+        if len(calls) == 1 and wait is None:
+            return [(yield from self.call(*calls[0]))]
+        if not calls:
+            return []
+        try:
+            sha = self.sha if self.sha is not None else (yield from self.resolve())
+            commands = [("EVALSHA", sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+            replies: list[Any] = yield commands + ([("WAIT", *wait)] if wait is not None else [])
+            acked: Any = replies.pop() if wait is not None else None
+            reloaded = yield from self.retry_noscript(calls, replies)
+            if wait is not None and (reloaded or isinstance(acked, Exception)):
+                acked = yield ("WAIT", *wait)
+        except RedisError as exc:
+            raise failed(calls[0][0], exc) from exc
+        return checked(calls, replies, wait, acked)
+
+
+def drive(flow: Flow, send: Any) -> Any:
+    """Run ``flow`` with ``send(request) -> reply`` (the sync driver's loop; the asyncio one is
+    the same with ``await``): a reply is sent into the flow, an exception thrown into it."""
+    reply: Any = None
+    error: Exception | None = None
+    try:
+        while True:
+            request = flow.throw(error) if error is not None else flow.send(reply)
+            try:
+                reply, error = send(request), None
+            except Exception as exc:  # the flow decides what it means
+                reply, error = None, exc
+    except StopIteration as stop:
+        return stop.value

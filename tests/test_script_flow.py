@@ -1,0 +1,67 @@
+"""The script runners' shared core (``_protocol/script_flow.py``), driven without Redis: what it
+asks for, in which order, after a ``NOSCRIPT``; the sync and asyncio runners only carry these
+requests (their Redis behaviour is tested in test_held_connection, test_async_protocol, test_failover)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+from dedupe_worker import StoreUnavailable
+from dedupe_worker._protocol.script_flow import INFO, LOAD_ORDER, NotDurable, ScriptFlows, drive
+
+SOURCE = {name: f"#!lua flags=allow-oom\nreturn '{name}'" for name in ("send", *LOAD_ORDER)}
+
+
+def run(flow: Any, replies: list[Any]) -> tuple[Any, list[Any]]:
+    """Drive ``flow`` with ``replies`` in order (an exception is raised into it); what it asked."""
+    asked: list[Any] = []
+
+    def send(request: Any) -> Any:
+        asked.append(request)
+        reply = replies.pop(0)
+        if isinstance(reply, Exception) and not isinstance(request, list):
+            raise reply
+        return reply
+
+    return drive(flow, send), asked
+
+
+def test_a_noscript_loads_every_script_then_sends_only_the_calls_that_ran_nothing() -> None:
+    flows = ScriptFlows(dict(SOURCE))
+    calls = [("complete", ["a"], [1]), ("release", ["b"], [2]), ("claim", ["c"], [3])]
+    texts = {name: SOURCE[name] for name in SOURCE}  # Redis 7: the #!lua line is kept
+    result, asked = run(flows.call_all(calls, wait=(1, 100)), [
+        {"redis_version": "7.0.15"},                                   # INFO server
+        [1, NoScriptError("NOSCRIPT"), 3, 0],                          # the round trip, WAIT last
+        *[b"sha"] * (1 + len(LOAD_ORDER)),                             # SCRIPT LOAD each
+        2,                                                             # release.lua again
+        1,                                                             # WAIT again
+    ])
+    assert result == [1, 2, 3]
+    assert asked[0] is INFO
+    assert [c[0] for c in asked[1]] == ["EVALSHA"] * 3 + ["WAIT"]
+    assert asked[2:2 + 1 + len(LOAD_ORDER)] == [texts["send"], *(texts[n] for n in LOAD_ORDER)]
+    assert flows.sha is not None
+    assert asked[-2:] == [("EVALSHA", flows.sha["release"], 1, "b", 2), ("WAIT", 1, 100)]
+
+
+def test_redis_6_gets_the_texts_without_flags_and_an_error_reply_to_info_means_no_flags() -> None:
+    for info in ({"redis_version": "6.2.14"}, ResponseError("unknown command 'INFO'")):
+        flows = ScriptFlows(dict(SOURCE))
+        result, _ = run(flows.call("claim", ["k"], []), [info, "ok"])
+        assert result == "ok" and not flows.text["claim"].startswith("#!")
+
+
+def test_failures_are_store_unavailable_and_few_replicas_not_durable() -> None:
+    flows = ScriptFlows(dict(SOURCE))
+    with pytest.raises(StoreUnavailable, match=r"claim\.lua"):
+        run(flows.call("claim", ["k"], []), [{"redis_version": "7.0.0"}, RedisConnectionError("down")])
+    with pytest.raises(StoreUnavailable, match=r"complete\.lua"):
+        run(flows.call_all([("complete", ["a"], []), ("claim", ["b"], [])]), [[ResponseError("WRONGTYPE"), 1]])
+    with pytest.raises(NotDurable) as caught:
+        run(flows.call_all([("claim", ["a"], [])], wait=(2, 50)), [["x", 1]])
+    assert caught.value.replies == ["x"]
