@@ -26,7 +26,9 @@ class DeduplicatorCore(ClientCore):
 
     outcomes: Outcomes | None
 
-    def _attach(self, outcomes: Outcomes | None) -> None:
+    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
+        client: Any = super()  # the sync or asyncio client, next in the deduplicator's MRO
+        client.__init__(redis_client, **options)
         #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
         self.outcomes = outcomes
         if outcomes is not None:
@@ -79,10 +81,6 @@ class Deduplicator(DeduplicatorCore, ClaimClient):
     key's outcome in, inside the handler's own database transaction, so an effect committed there
     is never applied twice, even when Redis forgets the key or a crash comes before ``complete()``.
     """
-
-    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
-        ClaimClient.__init__(self, redis_client, **options)
-        self._attach(outcomes)
 
     def run(self, key: str | bytes, fn: Callable[..., T], /, *args: Any, fingerprint: Any = None,
             wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:

@@ -212,12 +212,12 @@ async def test_script_cache_flush_is_survived(adedupe: AsyncDeduplicator, redis_
 async def test_a_retried_completion_that_already_succeeded_answers_stored(adedupe: AsyncDeduplicator) -> None:
     claim = await adedupe.begin("retried")
     row = [(claim.stem, claim.token, Stored.COMPLETED, b'"v"')]
-    assert await adedupe.store.complete(row, 60_000) == [True]
-    assert await adedupe.store.complete(row, 60_000) == [True]  # the retry
+    assert await adedupe.store.scripts.call_all(adedupe.store.complete_calls(row, 60_000)) == [[1]]
+    assert await adedupe.store.scripts.call_all(adedupe.store.complete_calls(row, 60_000)) == [[1]]  # the retry
     later = await adedupe.begin("retried")
     assert later.outcome is Outcome.DUPLICATE and later.result == "v"
     other = [(claim.stem, claim.token - 1, Stored.COMPLETED, b'"x"')]
-    assert await adedupe.store.complete(other, 60_000) == [False]  # another token is still refused
+    assert await adedupe.store.scripts.call_all(adedupe.store.complete_calls(other, 60_000)) == [[0]]  # refused
 
 
 async def test_batches_claim_and_complete_in_one_round_trip_each(adedupe: AsyncDeduplicator) -> None:

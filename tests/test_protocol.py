@@ -186,12 +186,12 @@ def test_a_retried_completion_that_already_succeeded_answers_stored(dedupe: Dedu
 
     claim = dedupe.begin("retried")
     row = [(claim.stem, claim.token, Stored.COMPLETED, b'"v"')]
-    assert dedupe.store.complete(row, 60_000) == [True]
-    assert dedupe.store.complete(row, 60_000) == [True]  # the retry
+    assert dedupe.store.scripts.call_all(dedupe.store.complete_calls(row, 60_000)) == [[1]]
+    assert dedupe.store.scripts.call_all(dedupe.store.complete_calls(row, 60_000)) == [[1]]  # the retry
     later = dedupe.begin("retried")
     assert later.outcome is Outcome.DUPLICATE and later.result == "v"
     other = [(claim.stem, claim.token - 1, Stored.COMPLETED, b'"x"')]
-    assert dedupe.store.complete(other, 60_000) == [False]  # another token is still refused
+    assert dedupe.store.scripts.call_all(dedupe.store.complete_calls(other, 60_000)) == [[0]]  # another token: refused
 
 
 def test_renewer_tracks_again_at_once_after_close(dedupe: Deduplicator) -> None:

@@ -34,7 +34,8 @@ from ..observe._base import current as observer
 from .decision import Decision, Reason, outcome, poison, settle
 from .recorded import applied_before_flow, found_before_flow, unclaimed_flow
 
-__all__ = ["ClientOptions", "decide", "decide_flow", "execute", "execute_flow", "failure_reason", "not_stored",
+__all__ = ["ClientOptions", "decide", "decide_flow", "execute", "execute_flow", "failure_reason", "handler_of",
+           "not_stored",
            "outage", "refused", "run", "settle_failure", "settle_failure_flow", "unavailable", "unavailable_flow"]
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,11 @@ def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: A
         fingerprint: Any = None, wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
     """:func:`decide` for ``fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker._engine.decision.outcome`."""
-    handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-    return outcome(decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait,  # type: ignore[no-any-return]
-                          ttl=ttl))
+    return outcome(decide(dedupe, key, handler_of(fn, args, kwargs),  # type: ignore[no-any-return]
+                          fingerprint=fingerprint, wait=wait, ttl=ttl))
+
+
+def handler_of(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """``fn`` bound to ``args`` and ``kwargs`` (``fn`` itself when there are none: no partial on
+    the per-message path); for the sync and the asyncio ``run``."""
+    return functools.partial(fn, *args, **kwargs) if args or kwargs else fn

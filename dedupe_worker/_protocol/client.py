@@ -1,8 +1,10 @@
 """The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
 
 Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
-runs the same flows. The deliberate twins are the driver loop, the key watcher, the renewer thread
-and the connection set-up, plus streamed claims on a held connection (sync only).
+runs the same flows, and performs their effects from the same table (``ClientCore.performers``).
+The deliberate twins are the driver loop, the key watcher, the renewer thread, ``close`` and the
+context manager's spelling, and the connection set-up, plus streamed claims on a held connection
+(sync only).
 
 :class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
 It never runs a handler and never decides what a message's fate is: that is the engine's
@@ -16,18 +18,18 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
 from .calls import KeyState
-from .claim import Claim, Outcome, Stored
+from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait, _log_claims, leases_of
+from .flows import C, ClientCore, Either, Flow, T, _log_claims, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -37,8 +39,6 @@ from .watcher import KeyWatcher
 __all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
 
 log = logging.getLogger(__name__)
-C = TypeVar("C", bound="ClaimClient")
-T = TypeVar("T")
 
 
 class ClaimClient(ClientCore):
@@ -154,8 +154,10 @@ class ClaimClient(ClientCore):
 
     def drive(self, flow: Flow[T]) -> T:
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
-        it yields with blocking calls: a round trip on the store, ``time.sleep``, a wait on the
-        key watcher's notice, the handler called. An effect's exception is thrown into the flow."""
+        it yields with blocking calls (:meth:`performers`): a round trip on the store,
+        ``time.sleep``, a wait on the key watcher's notice, the handler called. An effect's
+        exception is thrown into the flow. The loop is the asyncio driver's twin (it awaits)."""
+        perform = self.perform
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -163,33 +165,19 @@ class ClaimClient(ClientCore):
                 effect = flow.send(value) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            except BaseException:
+            finally:
                 error = None  # no cycle: this frame -> the error -> its traceback -> this frame
-                raise
-            error = None
             try:
-                if type(effect) is Send:
-                    value = self.store.scripts.call_all(effect.calls, effect.wait)
-                elif type(effect) is Handler:
-                    value = effect.fn()
-                elif type(effect) is Stream:
-                    each = effect.each  # used only within this round trip
-                    value = self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
-                                                   lambda start, claims: self.drive(each(start, claims)),  # noqa: B023
-                                                   effect.step)
-                elif type(effect) is Either:
-                    value = effect.sync()
-                elif type(effect) is Sleep:
-                    time.sleep(effect.seconds)
-                    value = None
-                elif type(effect) is Wait:
-                    self._wait(*effect)
-                    value = None
-                else:
-                    self.check_store()
-                    value = None
+                value = perform[type(effect)](effect)
             except BaseException as exc:
                 value, error = None, exc
+
+    _drive = drive
+    _sleep = staticmethod(time.sleep)
+
+    @staticmethod
+    def _either(effect: Either) -> Any:
+        return effect.sync()
 
     def _wait(self, stem: str, timeout: float) -> None:
         """The :class:`~dedupe_worker._protocol.flows.Wait` effect: ``watch.lua`` counts us as a
@@ -232,12 +220,10 @@ class ClaimClient(ClientCore):
         ``wait``, keys held by others are waited on as in :meth:`begin`, one after the other, all
         within ``wait`` seconds in total. ``ttl``: as in :meth:`begin`, for every key.
         """
-        requests, claims, ours = self.drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
-        if wait > 0:
-            deadline = time.monotonic() + wait
-            claims = [self.wait_for(r, c, deadline)
-                      if c.outcome is Outcome.IN_PROGRESS and (c.stem, c.token) not in ours else c
-                      for r, c in zip(requests, claims, strict=True)]
+        claims, held = self.drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
+        deadline = time.monotonic() + wait
+        for i, request in held:  # one after the other
+            claims[i] = self.wait_for(request, claims[i], deadline)
         return claims
 
     def wait_for(self, request: Request, claim: Claim, deadline: float) -> Claim:
@@ -300,10 +286,7 @@ class ClaimClient(ClientCore):
         trip is :meth:`settle_and_claim`'s and the claims are handed on after it."""
         store = self.store
         if len(requests) <= step or store.durability is not None or store.scripts.held is None:
-            stored, released, claims = self.settle_and_claim(outcomes, releases, requests)
-            for start in range(0, len(claims), step):
-                each(start, claims[start:start + step])
-            return stored, released
+            return self.drive(self.handed_on_flow(outcomes, releases, requests, each, step))
         parts = [requests[start:start + step] for start in range(0, len(requests), step)]
         completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:

@@ -31,6 +31,7 @@ Effects (the result the driver sends back):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -43,6 +44,7 @@ from .calls import KeyState, StoreCalls, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
+from .leases import Lease, lost_in_round, round_failed, round_of
 from .retry import FinishRetry
 from .scripts import Call, CallFailed, NotDurable, StreamCut
 from .serialization import Serializer
@@ -114,6 +116,8 @@ Effect = Send | Sleep | Wait | CheckStore | Handler | Either | Stream
 Flow = Generator[Effect, Any, T]
 
 _IN_PROGRESS = Outcome.IN_PROGRESS
+#: A renewal round's answer: when it began, and the leases found lost.
+Renewed = tuple[float, list[Lease]]
 
 
 class Leases(Protocol):
@@ -141,7 +145,7 @@ class ClientCore(ClaimCodec):
     def __init__(
         self,
         store_for: Callable[[KeyLayout], Any],
-        renewer_for: Callable[[Any, int, int, float], Any],
+        renewer_for: Callable[[Callable[[list[Lease], Callable[[Lease], bool]], Any], float], Any],
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -169,11 +173,15 @@ class ClientCore(ClaimCodec):
         self.store.require_replicas(wait_replicas, wait_timeout)
         self.permanent_errors = permanent_errors
         self.fail_open = fail_open
-        self.renewer = renewer_for(self.store, self._lease_ms, self._retention_ms, renew_interval or lease / 3)
+        drive: Any = self._drive  # the subclass's driver: each round is one flow it runs
+        self.renewer = renewer_for(lambda items, refused: drive(self.renewal_flow(items, refused)),
+                                   renew_interval or lease / 3)
         #: How completions and releases are retried on transient store errors (:mod:`.retry`).
         self.finish_retry = FinishRetry(lease, self.renewer.interval)
         #: Whether :meth:`from_url` built the Redis client (then ``close`` closes it too).
         self.owns_redis = False
+        #: How the driver performs each effect, by the effect's type (:meth:`performers`).
+        self.perform = self.performers()
 
     @classmethod
     def from_url(cls: type[C], url: str, **options: Any) -> C:
@@ -199,6 +207,30 @@ class ClientCore(ClaimCodec):
         """While inside (``with``, or ``async with`` on asyncio), the renewer keeps the leases of
         ``claims`` from running out."""
         return KeptLeases(self.renewer, claims)
+
+    # -- effects --------------------------------------------------------------------------------
+
+    def performers(self) -> dict[type[Any], Callable[[Any], Any]]:
+        """How each effect is performed, written once for both drivers: ``drive`` calls the entry
+        for an effect's type and sends its value into the flow; ``drive_async`` awaits it (on the
+        asyncio client the store's calls, the handler, the sleep, the wait and the store check
+        return awaitables). What differs is the client's: ``_sleep``, ``_wait``, ``_either``,
+        ``_drive`` (its driver), ``check_store`` and ``settle_and_stream``."""
+        client: Any = self
+        return {
+            Send: lambda e: client.store.scripts.call_all(e.calls, e.wait),
+            Handler: lambda e: e.fn(),
+            Stream: lambda e: client.settle_and_stream(
+                e.outcomes, e.releases, e.requests, lambda start, claims: client._drive(e.each(start, claims)), e.step),
+            Either: client._either,
+            Sleep: lambda e: client._sleep(e.seconds),
+            Wait: lambda e: client._wait(*e),
+            CheckStore: lambda e: client.check_store(),
+        }
+
+    def _drive(self, flow: Flow[Any]) -> Any:
+        """The client's driver (``drive``, or ``drive_async`` whose value is awaited)."""
+        raise NotImplementedError
 
     # -- round trips ----------------------------------------------------------------------------
 
@@ -242,16 +274,20 @@ class ClientCore(ClaimCodec):
 
     def begin_many_flow(self, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
                         wait: float, ttl: float | None = None
-                        ) -> Flow[tuple[list[Request], list[Claim], set[tuple[str, int]]]]:
-        """``begin_many``'s round trip: the requests, their claims, and ``(stem, token)`` of those
-        acquired (a repeated key held by us is not waited on); the driver waits on the rest."""
+                        ) -> Flow[tuple[list[Claim], list[tuple[int, Request]]]]:
+        """``begin_many``'s round trip: the claims, and with ``wait`` the ``(index, request)`` of
+        those held by another worker, which the caller waits on (a repeated key held by our own
+        claim in this batch is not waited on)."""
         fps = fingerprints if fingerprints is not None else [None] * len(keys)
         if len(fps) != len(keys):
             raise ValueError("fingerprints must match keys one to one")
         requests = [self.request(k, f) for k, f in zip(keys, fps, strict=True)]
         claims = yield from self.claims_flow(requests, ttl)
-        ours = {(c.stem, c.token) for c in claims if c.acquired} if wait > 0 else set()
-        return requests, claims, ours
+        if wait <= 0:
+            return claims, []
+        ours = {(c.stem, c.token) for c in claims if c.acquired}
+        return claims, [(i, request) for i, (request, c) in enumerate(zip(requests, claims, strict=True))
+                        if c.outcome is _IN_PROGRESS and (c.stem, c.token) not in ours]
 
     def wait_flow(self, request: Request, claim: Claim, deadline: float) -> Flow[Claim]:
         """``wait_for``: wait on a key ``claim`` found held, until ``deadline``
@@ -297,6 +333,17 @@ class ClientCore(ClaimCodec):
         claims = self.with_ttl(self._claims(requests, replies), ttl)
         _log_claims(claims)
         return (*self.settled(outcomes, stored, released), claims)
+
+    def handed_on_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                       requests: Sequence[Request], each: Callable[[int, list[Claim]], Any],
+                       step: int) -> Flow[tuple[list[bool], list[bool]]]:
+        """``settle_and_stream`` without a stream: :meth:`settle_and_claim_flow`'s round trip, then
+        its claims handed to ``each(start, claims)`` (called, or awaited on asyncio) ``step`` at a
+        time. Returns whether each outcome was stored and each claim released."""
+        stored, released, claims = yield from self.settle_and_claim_flow(outcomes, releases, requests)
+        for start in range(0, len(claims), step):
+            yield Handler(functools.partial(each, start, claims[start:start + step]))
+        return stored, released
 
     def settle_failed_flow(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
                            releases: Sequence[Claim], completes: list[Call], frees: list[Call],
@@ -423,6 +470,22 @@ class ClientCore(ClaimCodec):
         return [bool(v) for v in released[0]]
 
     # -- single calls ---------------------------------------------------------------------------
+
+    def renewal_flow(self, items: list[Lease], refused: Callable[[Lease], bool]) -> Flow[Renewed | None]:
+        """One round of the lease renewer (thread or task) over ``items``, its book's due leases,
+        in one ``renew.lua`` round trip: ``(began, lost)``, when the round began
+        (``time.monotonic()``) and the leases Redis refused that the book (``refused``) marks lost,
+        each logged. ``None`` when nothing was due, or when Redis failed: logged, nothing is
+        marked lost, the next round tries again."""
+        if not round_of(items):
+            return None
+        began = time.monotonic()
+        try:
+            replies = yield Send(self.store.renew_calls(items, self._lease_ms, self._retention_ms), None)
+        except StoreUnavailable as exc:
+            round_failed(items, exc)
+            return None
+        return began, lost_in_round(items, [bool(v) for reply in replies for v in reply], refused)
 
     def renew_flow(self, claim: Claim) -> Flow[bool]:
         """``renew``: extend the lease by ``lease`` from now; ``False`` when no longer owned."""

@@ -16,7 +16,10 @@ says whether the claim was still ours, and that reply is the verdict
 from __future__ import annotations
 
 import logging
+import os
+import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..observe._base import current as observer
 
@@ -101,3 +104,22 @@ def lost_in_round(items: list[Lease], renewed: list[bool], refused: Callable[[Le
         observer.lease_lost()
         lost.append(lease)
     return lost
+
+
+#: Every lease renewer of this process (thread or task), told to forget its leases in a forked child.
+_renewers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def forget_after_fork(renewer: Any) -> None:
+    """In a forked child, ``renewer._forget_after_fork()`` runs: the parent's leases are not the
+    child's to renew, and its thread or tasks did not survive the fork."""
+    _renewers.add(renewer)
+
+
+def _after_fork_in_child() -> None:
+    for renewer in list(_renewers):
+        renewer._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
+    os.register_at_fork(after_in_child=_after_fork_in_child)

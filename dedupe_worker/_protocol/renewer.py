@@ -21,13 +21,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-import weakref
 from collections.abc import Callable, Iterable
 
-from .._errors import StoreUnavailable
-from .leases import Lease, LeaseBook, lost_in_round, round_failed, round_of
-from .store import RedisStore
+from .flows import Renewed
+from .leases import Lease, LeaseBook, forget_after_fork
 
 __all__ = ["LeaseRenewer"]
 
@@ -39,15 +36,12 @@ class LeaseRenewer:
 
     def __init__(
         self,
-        store: RedisStore,
-        lease_ms: int,
-        retention_ms: int,
+        renew_round: Callable[[list[Lease], Callable[[Lease], bool]], Renewed | None],
         interval: float,
         on_lost: Callable[[str, int], None] | None = None,
     ) -> None:
-        self.store = store
-        self.lease_ms = lease_ms
-        self.retention_ms = retention_ms
+        #: Runs one round (the client's ``renewal_flow``, driven): ``(began, lost)`` or ``None``.
+        self.renew_round = renew_round
         self.interval = interval
         self.on_lost = on_lost
         self._book = LeaseBook()
@@ -60,7 +54,7 @@ class LeaseRenewer:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._closed = False
-        _renewers.add(self)
+        forget_after_fork(self)
 
     def track(self, stem: str, token: int) -> None:
         """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
@@ -114,16 +108,11 @@ class LeaseRenewer:
         """Renew every tracked lease once, in one round trip."""
         with self._lock:
             items = self._book.due()
-        if not round_of(items):
+        renewed = self.renew_round(items, self._refused)
+        if renewed is None:
             return
-        began = time.monotonic()
-        try:
-            renewed = self.store.renew(items, self.lease_ms, self.retention_ms)
-        except StoreUnavailable as exc:
-            round_failed(items, exc)
-            return
-        self.renewed_at = began
-        for stem, token in lost_in_round(items, renewed, self._refused):
+        self.renewed_at, lost = renewed
+        for stem, token in lost:
             if self.on_lost is not None:
                 self.on_lost(stem, token)
 
@@ -166,15 +155,3 @@ class LeaseRenewer:
                 if self._thread is threading.current_thread():
                     self._thread = None
 
-
-#: Every renewer of this process, emptied in a forked child.
-_renewers: weakref.WeakSet[LeaseRenewer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for renewer in list(_renewers):
-        renewer._forget_after_fork()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
-    os.register_at_fork(after_in_child=_after_fork_in_child)

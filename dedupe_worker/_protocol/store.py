@@ -22,7 +22,9 @@ runs each script atomically, one after the other, in the order given.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -30,7 +32,6 @@ from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
 from .calls import ClaimReply, KeyState, StoreCalls, block_limit, key_state
-from .claim import Stored
 from .layout import KeyLayout
 from .scripts import ScriptRunner
 
@@ -39,49 +40,88 @@ __all__ = ["ClaimReply", "KeyState", "RedisStore"]
 log = logging.getLogger(__name__)
 
 
-class RedisStore(StoreCalls):
-    """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
+class StoreBase(StoreCalls):
+    """What the sync and asyncio stores hold alike: the Redis client, the key layout, the script
+    runner (blocking or awaited), the longest blocking wait and the durability (``WAIT``) setting."""
 
-    The ``*_calls`` methods build the script calls of one transition over a batch; the client's
-    flows send them (:mod:`.flows`). Beside them, the few calls made outside a flow: the renewer's
-    ``renew``, the key watcher's ``watch``/``wait_notice``, the command line's ``forget``/``inspect``.
-    """
-
-    scripts: ScriptRunner
-
-    def __init__(self, client: redis.Redis | RedisCluster, layout: KeyLayout) -> None:
+    def __init__(self, client: Any, layout: KeyLayout, scripts: Any) -> None:
         self.client = client
         self.layout = layout
-        self.scripts = ScriptRunner(client)
+        self.scripts = scripts
         #: Longest single blocking wait, in seconds (waits are split into such pieces).
         self.max_block = block_limit(client)
         self.durability = None
         super().__init__()
 
-    def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
-        return [bool(v) for reply in self.scripts.call_all(self.complete_calls(items, result_ttl_ms), self.durability)
-                for v in reply]
+    # -- waiting on a held key, described once (each store makes the call, blocking or awaited) --
 
-    def renew(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token)``; True where the lease was extended."""
-        return [bool(v) for reply in self.scripts.call_all(self.renew_calls(items, lease_ms, retention_ms))
-                for v in reply]
+    @staticmethod
+    def watch_call(stem: str) -> tuple[str, tuple[str, str], tuple[()]]:
+        """The ``watch.lua`` call that counts one waiter on ``stem``."""
+        return "watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ()
+
+    @staticmethod
+    def holder_left(reply: Any) -> float:
+        """``watch.lua``'s reply: the seconds the holder's lease still runs, or 0 when no live
+        lease holds the key (claim again instead of waiting)."""
+        held, remaining_ms = reply
+        return int(remaining_ms) / 1000 if int(held) else 0.0
+
+    def notice_wait(self, stem: str, timeout: float) -> tuple[list[str], float]:
+        """``BLPOP``'s arguments for a wait on ``stem``'s notice: at most ``timeout`` seconds, and
+        no longer than one blocking wait may last (:attr:`max_block`)."""
+        return [KeyLayout.notice(stem)], max(0.001, min(timeout, self.max_block))
+
+    def wake_pipeline(self, wake: str) -> Any:
+        """A pipeline (not sent) that pushes one wake-up on a waiter's private list ``wake``, kept a
+        minute: it ends the waiter's blocking ``BLPOP`` so it blocks again over its new keys."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(wake, 1)
+        pipe.pexpire(wake, 60_000)
+        return pipe
+
+    @staticmethod
+    def noticed(reply: Any, wake: str) -> str | None:
+        """The stem whose notice a waiter's ``BLPOP`` popped; ``None`` when it timed out or popped
+        the waiter's own wake-up list ``wake``."""
+        if reply is None:
+            return None
+        name = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return None if name == wake else name.removesuffix(":notice")
+
+    @staticmethod
+    @contextmanager
+    def waiting_on(stem: str) -> Iterator[None]:
+        """A Redis error while waiting on ``stem`` is :class:`~dedupe_worker.StoreUnavailable`."""
+        try:
+            yield
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
+
+
+class RedisStore(StoreBase):
+    """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
+
+    The ``*_calls`` methods build the script calls of one transition over a batch; the client's
+    flows send them (:mod:`.flows`). Beside them, the few calls made outside a flow: the key
+    watcher's ``watch``/``wait_notice``, the command line's ``forget``/``inspect``.
+    """
+
+    scripts: ScriptRunner
+
+    def __init__(self, client: redis.Redis | RedisCluster, layout: KeyLayout) -> None:
+        super().__init__(client, layout, ScriptRunner(client))
 
     def watch(self, stem: str) -> float:
         """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,
         or 0 when no live lease holds it (claim again instead of waiting)."""
-        held, remaining_ms = self.scripts.call("watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ())
-        return int(remaining_ms) / 1000 if int(held) else 0.0
+        return self.holder_left(self.scripts.call(*self.watch_call(stem)))
 
     def wait_notice(self, stem: str, timeout: float) -> bool:
         """Block until the holder of ``stem`` completes or releases it (a notice arrives), at most
         ``timeout`` seconds; True when a notice came."""
-        try:
-            reply = self.client.blpop([KeyLayout.notice(stem)], timeout=max(0.001, min(timeout, self.max_block)))
-            return reply is not None
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
+        with self.waiting_on(stem):
+            return self.client.blpop(*self.notice_wait(stem, timeout)) is not None
 
     def forget(self, stem: str, token: int | None, force: bool) -> tuple[int, int]:
         """``forget.lua``: ``(code, token)``, code 1 removed, 0 nothing there, -1 a live lease

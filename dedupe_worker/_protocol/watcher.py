@@ -92,10 +92,7 @@ class KeyWatcher:
         if self.store.scripts.is_cluster or self._thread is None:
             return
         try:
-            pipe = self.store.client.pipeline(transaction=False)
-            pipe.rpush(self._wake, 1)
-            pipe.pexpire(self._wake, 60_000)
-            pipe.execute()
+            self.store.wake_pipeline(self._wake).execute()
         except Exception as exc:  # the deadline still fires
             log.debug("could not wake the key watcher: %s", exc)
 
@@ -128,7 +125,6 @@ class KeyWatcher:
                 log.warning("key watcher cannot reach Redis, relying on deadlines: %s", exc)
                 time.sleep(min(timeout, 0.5))
                 continue
-            if reply is not None:
-                name = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-                if name != self._wake:
-                    self._fire([name.removesuffix(":notice")])
+            stem = self.store.noticed(reply, self._wake)
+            if stem is not None:
+                self._fire([stem])

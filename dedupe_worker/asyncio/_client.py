@@ -1,8 +1,11 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
-Its logic is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, run by
-:meth:`AsyncClaimClient.drive_async`. The deliberate twins of the sync client are the driver loop
-(awaits where the sync one blocks), the waiter, the renewer task and the connection set-up.
+A deliberate twin of :mod:`dedupe_worker._protocol.client`, kept to what truly differs: the
+driver loop (it awaits each effect where the sync one blocks; how each effect is performed is one
+table for both, ``ClientCore.performers``), the waiter, the renewer task, ``close`` and the context
+manager's spelling. Its logic is not here: every operation is a flow of
+:mod:`dedupe_worker._protocol.flows`, and each public method is a typed one-line call of
+:meth:`AsyncClaimClient.drive_async` on one.
 
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
@@ -15,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
 from .._protocol.calls import KeyState
-from .._protocol.claim import Claim, Outcome, Stored
+from .._protocol.claim import Claim, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import ClientCore, Either, Flow, Handler, Send, Sleep, Stream, Wait
+from .._protocol.flows import C, ClientCore, Either, Flow, T
 from .._protocol.serialization import Serializer
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -35,9 +37,6 @@ from ._waiter import AsyncKeyWaiter
 
 __all__ = ["AsyncClaimClient"]
 
-log = logging.getLogger(__name__)
-C = TypeVar("C", bound="AsyncClaimClient")
-T = TypeVar("T")
 
 
 class AsyncClaimClient(ClientCore):
@@ -116,9 +115,11 @@ class AsyncClaimClient(ClientCore):
 
     async def drive_async(self, flow: Flow[T]) -> T:
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, awaiting each effect it
-        yields: a round trip on the store, ``asyncio.sleep``, a wait on the loop's
-        :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into the
-        flow (``CancelledError`` included, so a cancelled handler's claim is settled)."""
+        yields (:meth:`performers`): a round trip on the store, ``asyncio.sleep``, a wait on the
+        loop's :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into
+        the flow (``CancelledError`` included, so a cancelled handler's claim is settled). The
+        loop is the sync driver's twin (it blocks)."""
+        perform = self.perform
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -126,32 +127,22 @@ class AsyncClaimClient(ClientCore):
                 effect = flow.send(value) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            except BaseException:
+            finally:
                 error = None  # no cycle: this frame -> the error -> its traceback -> this frame
-                raise
-            error = None
             try:
-                if type(effect) is Send:
-                    value = await self.store.scripts.call_all(effect.calls, effect.wait)
-                elif type(effect) is Handler:
-                    value = await effect.fn()
-                elif type(effect) is Stream:
-                    each = effect.each  # used only within this round trip
-                    value = await self.settle_and_stream(effect.outcomes, effect.releases, effect.requests,
-                                                   lambda start, claims: self.drive_async(each(start, claims)),  # noqa: B023
-                                                   effect.step)
-                elif type(effect) is Either:
-                    value = await effect.asynchronous()
-                elif type(effect) is Sleep:
-                    await asyncio.sleep(effect.seconds)
-                    value = None
-                elif type(effect) is Wait:
-                    value = await self.waiter.wait(*effect)
-                else:
-                    await self.check_store()
-                    value = None
+                value = await perform[type(effect)](effect)
             except BaseException as exc:
                 value, error = None, exc
+
+    _drive = drive_async
+    _sleep = staticmethod(asyncio.sleep)
+
+    @staticmethod
+    def _either(effect: Either) -> Awaitable[Any]:
+        return effect.asynchronous()
+
+    def _wait(self, stem: str, timeout: float) -> Awaitable[bool]:
+        return self.waiter.wait(stem, timeout)
 
     async def check_store(self) -> None:
         """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
@@ -173,16 +164,11 @@ class AsyncClaimClient(ClientCore):
         """Claim a batch of keys in one round trip, answers in the order of ``keys``; a key twice
         in the batch is ACQUIRED once. With ``wait``, held keys are waited on concurrently, all
         within ``wait`` seconds. ``ttl``: as :meth:`begin`, for every key."""
-        requests, claims, ours = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait, ttl))
-        if wait > 0:
-            deadline = time.monotonic() + wait
-
-            async def settled(request: Request, claim: Claim) -> Claim:
-                if claim.outcome is Outcome.IN_PROGRESS and (claim.stem, claim.token) not in ours:
-                    return await self.wait_for(request, claim, deadline)
-                return claim
-
-            claims = list(await asyncio.gather(*(settled(r, c) for r, c in zip(requests, claims, strict=True))))
+        claims, held = await self.drive_async(self.begin_many_flow(keys, fingerprints, wait, ttl))
+        deadline = time.monotonic() + wait
+        waited = await asyncio.gather(*(self.wait_for(request, claims[i], deadline) for i, request in held))
+        for (i, _), claim in zip(held, waited, strict=True):
+            claims[i] = claim
         return claims
 
     async def wait_for(self, request: Request, claim: Claim, deadline: float) -> Claim:
@@ -209,10 +195,7 @@ class AsyncClaimClient(ClientCore):
         """:meth:`settle_and_claim`, the claims handed to ``await each(start, claims)`` ``step`` at
         a time once the round trip is read (asyncio has no held connection to stream replies on);
         as :meth:`ClaimClient.settle_and_stream <dedupe_worker.ClaimClient.settle_and_stream>`."""
-        stored, released, claims = await self.settle_and_claim(outcomes, releases, requests)
-        for start in range(0, len(claims), step):
-            await each(start, claims[start:start + step])
-        return stored, released
+        return await self.drive_async(self.handed_on_flow(outcomes, releases, requests, each, step))
 
     async def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key, kept

@@ -7,7 +7,6 @@ from typing import Any, TypeVar
 
 from .._deduplicator import DeduplicatorCore
 from .._engine.decision import outcome
-from .._engine.recorded import Outcomes
 from .._protocol.claim import Claim
 from . import _engine as engine
 from ._client import AsyncClaimClient
@@ -35,10 +34,6 @@ class AsyncDeduplicator(DeduplicatorCore, AsyncClaimClient):
     One renewer task per event loop keeps the leases of running handlers alive; call
     :meth:`aclose` when done. ``outcomes``: as :class:`~dedupe_worker.Deduplicator`'s.
     """
-
-    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
-        AsyncClaimClient.__init__(self, redis_client, **options)
-        self._attach(outcomes)
 
     async def run(self, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any, fingerprint: Any = None,
                   wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:

@@ -16,14 +16,13 @@ claim it at once, and the cancellation propagates.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._engine.batch import batch_flow
 from .._engine.decision import Decision, outcome
 from .._engine.pacing import Pacing
-from .._engine.single import decide_flow, execute_flow, settle_failure_flow
+from .._engine.single import decide_flow, execute_flow, handler_of, settle_failure_flow
 from .._protocol.claim import Claim
 from ._client import AsyncClaimClient
 
@@ -65,9 +64,8 @@ async def run(dedupe: AsyncClaimClient, key: str | bytes, fn: Callable[..., Awai
               fingerprint: Any = None, wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
     """:func:`decide` for ``await fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker._engine.outcome`."""
-    handler = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
-    return outcome(await decide(dedupe, key, handler, fingerprint=fingerprint, wait=wait,  # type: ignore[no-any-return]
-                                ttl=ttl))
+    return outcome(await decide(dedupe, key, handler_of(fn, args, kwargs),  # type: ignore[no-any-return]
+                                fingerprint=fingerprint, wait=wait, ttl=ttl))
 
 
 async def decide_many(dedupe: AsyncClaimClient, items: Sequence[AsyncItem], *,

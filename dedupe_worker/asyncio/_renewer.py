@@ -1,7 +1,8 @@
 """One task per event loop that keeps every live claim's lease from running out.
 
 A deliberate twin of :mod:`dedupe_worker._protocol.renewer` (a thread there, a task per loop
-here): what a round does and when a refusal is a loss is shared (:mod:`~dedupe_worker._protocol.leases`).
+here): a round is one flow both drive (``ClientCore.renewal_flow``), and when a refusal is a loss
+is shared (:mod:`~dedupe_worker._protocol.leases`), as is the fork hook.
 
 The asyncio form of :class:`~dedupe_worker._protocol.renewer.LeaseRenewer`: claims are tracked per
 running loop, and each loop gets one renewer task that wakes every ``interval`` seconds and
@@ -23,15 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from .._errors import StoreUnavailable
-from .._protocol.leases import Lease, LeaseBook, lost_in_round, round_failed, round_of
-from ._store import AsyncRedisStore
+from .._protocol.flows import Renewed
+from .._protocol.leases import Lease, LeaseBook, forget_after_fork
 
 __all__ = ["AsyncLeaseRenewer"]
 
@@ -54,13 +52,13 @@ class AsyncLeaseRenewer:
     ``track`` and ``untrack`` are plain methods (they never wait) and must be called from a
     coroutine running in the loop that holds the claim."""
 
-    def __init__(self, store: AsyncRedisStore, lease_ms: int, retention_ms: int, interval: float) -> None:
-        self.store = store
-        self.lease_ms = lease_ms
-        self.retention_ms = retention_ms
+    def __init__(self, renew_round: Callable[[list[Lease], Callable[[Lease], bool]], Awaitable[Renewed | None]],
+                 interval: float) -> None:
+        #: Runs one round (the client's ``renewal_flow``, awaited): ``(began, lost)`` or ``None``.
+        self.renew_round = renew_round
         self.interval = interval
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopLeases] = weakref.WeakKeyDictionary()
-        _renewers.add(self)
+        forget_after_fork(self)
 
     def _leases(self) -> _LoopLeases:
         loop = asyncio.get_running_loop()
@@ -117,17 +115,9 @@ class AsyncLeaseRenewer:
     async def renew_now(self) -> None:
         """Renew every lease tracked in the running loop once, in one round trip."""
         leases = self._leases()
-        items = leases.book.due()
-        if not round_of(items):
-            return
-        began = time.monotonic()
-        try:
-            renewed = await self.store.renew(items, self.lease_ms, self.retention_ms)
-        except StoreUnavailable as exc:
-            round_failed(items, exc)
-            return
-        leases.renewed_at = began
-        lost_in_round(items, renewed, leases.book.refused)
+        renewed = await self.renew_round(leases.book.due(), leases.book.refused)
+        if renewed is not None:  # lost leases are marked in the book (and logged) by the round
+            leases.renewed_at = renewed[0]
 
     async def _renew_while_held(self, leases: _LoopLeases) -> None:
         loop = asyncio.get_running_loop()
@@ -144,6 +134,11 @@ class AsyncLeaseRenewer:
             if self._loops.get(loop) is leases:
                 del self._loops[loop]
 
+    def _forget_after_fork(self) -> None:
+        """In a forked child: no tracked lease and no task (an event loop does not survive
+        ``fork()`` in use)."""
+        self._loops = weakref.WeakKeyDictionary()
+
     async def aclose(self) -> None:
         """Cancel the renewer task of the running loop (and ask other loops to cancel theirs)."""
         current = asyncio.get_running_loop()
@@ -157,15 +152,3 @@ class AsyncLeaseRenewer:
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(task.cancel)
 
-
-#: Every asyncio renewer of this process, emptied in a forked child.
-_renewers: weakref.WeakSet[AsyncLeaseRenewer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for renewer in list(_renewers):
-        renewer._loops = weakref.WeakKeyDictionary()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
-    os.register_at_fork(after_in_child=_after_fork_in_child)

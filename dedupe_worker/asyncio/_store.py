@@ -1,7 +1,7 @@
 """The claim protocol's transitions on ``redis.asyncio``: the same calls, the same replies.
 
 A deliberate twin of :mod:`dedupe_worker._protocol.store` for the few calls made outside a flow
-(the renewer's ``renew``, the waiter's ``watch``/``wait_notice``): connection set-up and blocking
+(the waiter's ``watch``/``wait_notice``): connection set-up and blocking
 differ; every multi-step operation is a flow (:mod:`dedupe_worker._protocol.flows`).
 
 :class:`AsyncRedisStore` builds its script calls and reads their replies with the code the
@@ -14,14 +14,9 @@ caller's fencing token, every Redis failure is :class:`~dedupe_worker.StoreUnava
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
-from redis.exceptions import RedisError
-
-from .._errors import StoreUnavailable
-from .._protocol.calls import StoreCalls, block_limit
-from .._protocol.claim import Stored
 from .._protocol.layout import KeyLayout
+from .._protocol.store import StoreBase
 from ._scripts import AsyncRedis, AsyncScriptRunner
 
 __all__ = ["AsyncRedisStore"]
@@ -29,42 +24,21 @@ __all__ = ["AsyncRedisStore"]
 log = logging.getLogger(__name__)
 
 
-class AsyncRedisStore(StoreCalls):
+class AsyncRedisStore(StoreBase):
     """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`, awaited."""
 
     scripts: AsyncScriptRunner
 
     def __init__(self, client: AsyncRedis, layout: KeyLayout) -> None:
-        self.client = client
-        self.layout = layout
-        self.scripts = AsyncScriptRunner(client)
-        #: Longest single blocking wait, in seconds (waits are split into such pieces).
-        self.max_block = block_limit(client)
-        self.durability = None
-        super().__init__()
-
-    async def complete(self, items: Sequence[tuple[str, int, Stored, bytes]], result_ttl_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token, status, value)``; True where the outcome was stored."""
-        replies = await self.scripts.call_all(self.complete_calls(items, result_ttl_ms), self.durability)
-        return [bool(v) for reply in replies for v in reply]
-
-    async def renew(self, items: Sequence[tuple[str, int]], lease_ms: int, retention_ms: int) -> list[bool]:
-        """``items`` are ``(stem, token)``; True where the lease was extended."""
-        replies = await self.scripts.call_all(self.renew_calls(items, lease_ms, retention_ms))
-        return [bool(v) for reply in replies for v in reply]
+        super().__init__(client, layout, AsyncScriptRunner(client))
 
     async def watch(self, stem: str) -> float:
         """Count one waiter on ``stem`` (``watch.lua``); the seconds its holder's lease still runs,
         or 0 when no live lease holds it."""
-        held, remaining_ms = await self.scripts.call("watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ())
-        return int(remaining_ms) / 1000 if int(held) else 0.0
+        return self.holder_left(await self.scripts.call(*self.watch_call(stem)))
 
     async def wait_notice(self, stem: str, timeout: float) -> bool:
         """Block (BLPOP, one pooled connection) until the holder of ``stem`` completes or
         releases it, at most ``timeout`` seconds; True when a notice came."""
-        try:
-            reply = await self.client.blpop(
-                [KeyLayout.notice(stem)], timeout=max(0.001, min(timeout, self.max_block)))
-            return reply is not None
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis failed waiting on {stem}: {exc}") from exc
+        with self.waiting_on(stem):
+            return await self.client.blpop(*self.notice_wait(stem, timeout)) is not None

@@ -124,10 +124,7 @@ class AsyncKeyWaiter:
     async def _interrupt(self) -> None:
         """Wake the task's blocking ``BLPOP`` so it blocks again with the new key in it."""
         try:
-            pipe = self.store.client.pipeline(transaction=False)
-            pipe.rpush(self.wake, 1)
-            pipe.pexpire(self.wake, 60_000)
-            await pipe.execute()
+            await self.store.wake_pipeline(self.wake).execute()
         except Exception as exc:  # the new key's deadline still wakes its waiters
             log.debug("could not wake the key waiter: %s", exc)
 
@@ -165,10 +162,9 @@ class AsyncKeyWaiter:
                 log.warning("key waiter cannot reach Redis, relying on lease deadlines: %s", exc)
                 await asyncio.sleep(min(timeout, 0.5))
                 continue
-            if reply is not None:
-                name = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-                if name != self.wake:
-                    self._fire(waits, [name.removesuffix(":notice")], notified=True)
+            stem = self.store.noticed(reply, self.wake)
+            if stem is not None:
+                self._fire(waits, [stem], notified=True)
 
     async def aclose(self) -> None:
         """Cancel the waiter task of the running loop; its waiters wake as at their deadline."""
