@@ -19,7 +19,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, ScriptFlows
+from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, Library, ScriptFlows
 from .._protocol.scripts import load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
@@ -92,6 +92,12 @@ class AsyncScriptRunner:
                 return await pipe.execute(raise_on_error=False)
             if type(request) is str:
                 return await self.client.script_load(request)
+            if isinstance(request, Library):
+                if isinstance(self.client, RedisCluster):
+                    return await self.client.execute_command("FUNCTION", "LOAD", "REPLACE", request.text,
+                                                             target_nodes=RedisCluster.PRIMARIES)
+                return await self.client.execute_command(  # type: ignore[no-untyped-call]
+                    "FUNCTION", "LOAD", "REPLACE", request.text)
             if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
                 return await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
             return await self.client.info("server")
