@@ -42,9 +42,10 @@ def counted(redis_url: str, namespace: str) -> Iterator[tuple[Deduplicator, list
 
 
 def scripts_in(request: bytes) -> set[str]:
-    """Which protocol scripts one round trip ran."""
-    shas = ScriptRunner(redis.Redis()).sha
-    return {name for name, sha in shas.items() if sha.encode() in request}
+    """Which protocol scripts one round trip ran (by SHA, or by function name under FCALL)."""
+    runner = ScriptRunner(redis.Redis())
+    return {name for name, sha in runner.sha.items()
+            if sha.encode() in request or f"{runner.flows.library}_{name}\r".encode() in request}
 
 
 def test_fast_handlers_store_and_claim_the_next_chunk_in_one_round_trip(
