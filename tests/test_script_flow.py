@@ -108,5 +108,6 @@ def test_the_library_wraps_each_script_file_with_its_flags() -> None:
                          "inspect": "return 3"}, "dedupe_x")
     assert text.startswith("#!lua name=dedupe_x\n")
     assert "function_name='dedupe_x_claim', callback=function(KEYS, ARGV)\nreturn 1\nend, flags={}}" in text
-    assert "function_name='dedupe_x_complete', callback=function(KEYS, ARGV)\nreturn 2\nend, flags={'allow-oom'}}" in text
+    assert ("function_name='dedupe_x_complete', callback=function(KEYS, ARGV)\nreturn 2\nend, "
+            "flags={'allow-oom'}}") in text
     assert "flags={'no-writes'}" in text
