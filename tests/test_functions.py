@@ -5,18 +5,21 @@ or ``DEDUPE_SCRIPTS=eval``. Runs on Valkey too (conftest's ``BOTH_SERVERS``)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from redis.cluster import RedisCluster
 
 from dedupe_worker import Deduplicator, decide_many
 from dedupe_worker._operate import diagnose
 from dedupe_worker._operate.doctor import loaded_libraries
 from dedupe_worker._protocol.script_flow import SCRIPTS_ENV
+from dedupe_worker.asyncio import AsyncDeduplicator
 
 from . import services
 from .test_failover import Topology, topology, until
@@ -51,6 +54,46 @@ def test_calls_are_fcalls_of_our_versioned_library(redis_url: str) -> None:
     assert flows.library in (loaded_libraries(client) or [])
     assert fcalls(client) >= before + 3  # claim, complete, claim (the duplicate)
     dedupe.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "valkey"])
+def test_a_flushed_library_is_loaded_again_sync_and_asyncio(kind: str) -> None:
+    """``FUNCTION FLUSH`` (on a private server of each kind): the sync and asyncio runners meet
+    "function not found", load the library once and send only the calls that ran nothing again."""
+    binary = services.valkey_server_binary() if kind == "valkey" else None
+    if kind == "valkey" and binary is None:
+        services.unavailable("valkey-server")
+    server = services.RedisServer(binary=binary).start()
+    try:
+        client = redis.Redis(port=server.port)
+        dedupe = Deduplicator(client, namespace="fn", lease=5)
+        assert dedupe.run("a", lambda: "a") == "a"
+        client.function_flush()
+        decisions = decide_many(dedupe, [(f"m{i}", None, (lambda i=i: i)) for i in range(5)])
+        assert [d.value for d in decisions] == list(range(5))
+        flows = dedupe.store.scripts.flows
+        assert flows.functions and flows.loads == 2
+        assert loaded_libraries(client) == [flows.library]
+        dedupe.close()
+
+        async def scenario() -> None:
+            async with AsyncDeduplicator(redis.asyncio.Redis(port=server.port), namespace="fn", lease=5) as d:
+                assert await d.run("b", _value, "b") == "b"
+                aflows = d.store.scripts.flows
+                assert aflows.functions and aflows.loads == 0  # the sync runner had loaded it
+                client.function_flush()
+                claims = await d.begin_many([f"n{i}" for i in range(3)])
+                assert all(c.acquired for c in claims) and aflows.loads == 1
+                assert loaded_libraries(client) == [aflows.library]
+
+        asyncio.run(scenario())
+        client.close()
+    finally:
+        server.stop()
+
+
+async def _value(text: str) -> str:
+    return text
 
 
 def test_the_library_survives_a_restart_with_persistence_and_needs_no_reload(
