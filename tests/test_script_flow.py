@@ -19,7 +19,9 @@ from dedupe_worker._protocol.script_flow import (
     NotDurable,
     ScriptFlows,
     drive,
+    function_missing,
     library_text,
+    refused,
 )
 
 SOURCE = {name: f"#!lua flags=allow-oom\nreturn '{name}'" for name in ("send", *LOAD_ORDER)}
@@ -111,3 +113,12 @@ def test_the_library_wraps_each_script_file_with_its_flags() -> None:
     assert ("function_name='dedupe_x_complete', callback=function(KEYS, ARGV)\nreturn 2\nend, "
             "flags={'allow-oom'}}") in text
     assert "flags={'no-writes'}" in text
+
+
+def test_only_a_refusal_of_functions_switches_to_evalsha() -> None:
+    assert refused(NoPermissionError("this user has no permissions to run the 'fcall' command"))
+    assert refused(NoPermissionError("this user has no permissions to run the 'function|load' command"))
+    assert refused(ResponseError("unknown command 'FCALL', with args beginning with: "))
+    assert not refused(NoPermissionError("No permissions to access a key"))  # EVALSHA: the same
+    assert not refused(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    assert function_missing(ResponseError("Function not found")) and not function_missing(ResponseError("x"))

@@ -192,13 +192,15 @@ def function_missing(reply: Any) -> bool:
 
 
 def refused(reply: Any) -> bool:
-    """Whether ``reply`` says this user or server does not run functions (``NOPERM``, an
-    unknown command or subcommand): the call ran nothing."""
-    if isinstance(reply, NoPermissionError):
-        return True
+    """Whether ``reply`` says this user or server does not run functions (``NOPERM`` for
+    ``FCALL`` or ``FUNCTION``, an unknown command or subcommand): the call ran nothing. A
+    ``NOPERM`` for a key is not one: ``EVALSHA`` would be refused the same."""
+    if not isinstance(reply, ResponseError):
+        return False
     text = str(reply).lower()
-    return isinstance(reply, ResponseError) and ("unknown command" in text or "unknown subcommand" in text
-                                                 or text.startswith("noperm"))
+    if isinstance(reply, NoPermissionError) or text.startswith("noperm"):
+        return "'fcall" in text or "'function" in text
+    return "unknown command" in text or "unknown subcommand" in text
 
 
 def failed(name: str, exc: BaseException) -> StoreUnavailable:

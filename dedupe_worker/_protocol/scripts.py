@@ -153,7 +153,7 @@ class ScriptRunner:
         return drive(self.flows.call(name, keys, args), self._send)
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
-        """Several EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
+        """Several FCALLs or EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
         <dedupe_worker._protocol.script_flow.ScriptFlows.call_all>`)."""
         return drive(self.flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
 

@@ -108,11 +108,11 @@ class AsyncScriptRunner:
             raise torn from exc
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
+        """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
         return await self._drive(self.flows.call(name, keys, args))
 
     async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
-        """Several EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
+        """Several FCALLs or EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
         ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and ``NotDurable``
         (with the replies) when fewer replicas acknowledged."""
         return await self._drive(self.flows.call_all(calls, wait))  # type: ignore[no-any-return]
