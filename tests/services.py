@@ -202,10 +202,10 @@ def redis_cluster(masters: int = 3) -> Iterator[list[int]]:
             check=True, capture_output=True, timeout=60,
         )
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            out = subprocess.run(["redis-cli", "-p", str(servers[0].port), "cluster", "info"],
-                                 capture_output=True, text=True).stdout
-            if "cluster_state:ok" in out:
+        while time.monotonic() < deadline:  # every node: one still in "fail" answers CLUSTERDOWN
+            if all("cluster_state:ok" in subprocess.run(["redis-cli", "-p", str(s.port), "cluster", "info"],
+                                                        capture_output=True, text=True).stdout
+                   for s in servers):
                 break
             time.sleep(0.1)
         yield [s.port for s in servers]

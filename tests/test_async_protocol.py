@@ -340,12 +340,14 @@ async def test_waiters_of_one_loop_share_one_watch_one_task_and_one_connection(
     await client.aclose()
 
 
-async def test_a_missing_script_reloads_them_all(private_redis: services.RedisServer) -> None:
+async def test_a_missing_script_reloads_them_all(
+        private_redis: services.RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """As the synchronous runner: after a NOSCRIPT every protocol script is loaded, so a pipeline
     that gives a claim back and claims the key again never finds release.lua missing while
     claim.lua is loaded (the retried release would run after the claim: our own lease, IN_PROGRESS)."""
     from dedupe_worker._protocol.scripts import SCRIPT_NAMES
 
+    monkeypatch.setenv("DEDUPE_SCRIPTS", "eval")  # SCRIPT LOAD + EVALSHA (Functions: test_functions)
     sync_client = redis.Redis.from_url(private_redis.url)
     d = AsyncDeduplicator(redis.asyncio.Redis.from_url(private_redis.url), namespace="reload", lease=5)
     try:

@@ -163,12 +163,13 @@ def test_small_or_blocking_pools_are_left_alone(redis_url: str, namespace: str, 
     client.close()
 
 
-def test_a_missing_script_reloads_them_all(private_redis: RedisServer) -> None:
+def test_a_missing_script_reloads_them_all(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a NOSCRIPT every protocol script is loaded, so a pipeline (complete, release, then
     claim) never finds a later script loaded and an earlier one missing: a retried call would
     run after the later calls of its pipeline."""
     from dedupe_worker._protocol.scripts import SCRIPT_NAMES
 
+    monkeypatch.setenv("DEDUPE_SCRIPTS", "eval")  # SCRIPT LOAD + EVALSHA (Functions: test_functions)
     client = redis.Redis.from_url(private_redis.url)
     d = Deduplicator(client, namespace="reload", lease=5)
     shas = [d.store.scripts.sha[name] for name in SCRIPT_NAMES]

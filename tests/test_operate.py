@@ -115,7 +115,7 @@ def test_doctor_fails_an_evicting_redis_without_persistence(server: services.Red
 def test_doctor_passes_noeviction_with_aof(server: services.RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     checks = marks(diagnose(redis.Redis(port=server.port), rate=10, result_ttl=3600))
     assert checks == {"eviction": "ok", "memory": "ok", "persistence": "ok", "replication": "WARN",
-                      "scripts": "ok", "cluster": "ok", "clock": "ok"}
+                      "functions": "ok", "scripts": "ok", "cluster": "ok", "clock": "ok"}
     assert main(["doctor", "--redis-url", server.url, "--rate", "1"]) == 0
     assert "no check failed" in capsys.readouterr().out
 

@@ -8,10 +8,21 @@ from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from dedupe_worker import StoreUnavailable
-from dedupe_worker._protocol.script_flow import INFO, LOAD_ORDER, NotDurable, ScriptFlows, drive
+from dedupe_worker._protocol.script_flow import (
+    INFO,
+    LOAD_ORDER,
+    SCRIPTS_ENV,
+    Library,
+    NotDurable,
+    ScriptFlows,
+    drive,
+    function_missing,
+    library_text,
+    refused,
+)
 
 SOURCE = {name: f"#!lua flags=allow-oom\nreturn '{name}'" for name in ("send", *LOAD_ORDER)}
 
@@ -30,7 +41,9 @@ def run(flow: Any, replies: list[Any]) -> tuple[Any, list[Any]]:
     return drive(flow, send), asked
 
 
-def test_a_noscript_loads_every_script_then_sends_only_the_calls_that_ran_nothing() -> None:
+def test_a_noscript_loads_every_script_then_sends_only_the_calls_that_ran_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SCRIPTS_ENV, "eval")  # EVALSHA forced on Redis 7
     flows = ScriptFlows(dict(SOURCE))
     calls = [("complete", ["a"], [1]), ("release", ["b"], [2]), ("claim", ["c"], [3])]
     texts = {name: SOURCE[name] for name in SOURCE}  # Redis 7: the #!lua line is kept
@@ -65,3 +78,47 @@ def test_failures_are_store_unavailable_and_few_replicas_not_durable() -> None:
     with pytest.raises(NotDurable) as caught:
         run(flows.call_all([("claim", ["a"], [])], wait=(2, 50)), [["x", 1]])
     assert caught.value.replies == ["x"]
+
+
+def test_redis_7_calls_functions_reloads_the_library_when_missing_and_falls_back_when_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SCRIPTS_ENV, raising=False)
+    flows = ScriptFlows(dict(SOURCE))
+    calls = [("complete", ["a"], [1]), ("claim", ["c"], [3])]
+    missing = ResponseError("Function not found")
+    result, asked = run(flows.call_all(calls), [
+        {"redis_version": "7.2.4"},                   # INFO server (Valkey says 7.2.4 too)
+        [1, missing],                                 # claim's function is gone (FUNCTION FLUSH)
+        "OK",                                         # FUNCTION LOAD REPLACE
+        3,                                            # claim again, still an FCALL
+    ])
+    fn = flows.library + "_claim"
+    assert result == [1, 3] and flows.functions and flows.loads == 1
+    assert [c[:2] for c in asked[1]] == [("FCALL", flows.library + "_complete"), ("FCALL", fn)]
+    assert asked[2] == Library(flows.library, library_text(SOURCE, flows.library))
+    assert asked[3] == ("FCALL", fn, 1, "c", 3)
+    # FUNCTION LOAD refused (an ACL without +function): the scripts are loaded, EVALSHA from now on
+    result, asked = run(flows.call("claim", ["k"], []), [
+        missing, NoPermissionError("NOPERM this user has no permissions to run the 'function|load' command"),
+        *[b"sha"] * (1 + len(LOAD_ORDER)), "ok"])
+    assert result == "ok" and not flows.functions and flows.loads == 2
+    assert isinstance(asked[1], Library) and asked[-1][0] == "EVALSHA"
+
+
+def test_the_library_wraps_each_script_file_with_its_flags() -> None:
+    text = library_text({"claim": "return 1", "complete": "#!lua flags=allow-oom\nreturn 2",
+                         "inspect": "return 3"}, "dedupe_x")
+    assert text.startswith("#!lua name=dedupe_x\n")
+    assert "function_name='dedupe_x_claim', callback=function(KEYS, ARGV)\nreturn 1\nend, flags={}}" in text
+    assert ("function_name='dedupe_x_complete', callback=function(KEYS, ARGV)\nreturn 2\nend, "
+            "flags={'allow-oom'}}") in text
+    assert "flags={'no-writes'}" in text
+
+
+def test_only_a_refusal_of_functions_switches_to_evalsha() -> None:
+    assert refused(NoPermissionError("this user has no permissions to run the 'fcall' command"))
+    assert refused(NoPermissionError("this user has no permissions to run the 'function|load' command"))
+    assert refused(ResponseError("unknown command 'FCALL', with args beginning with: "))
+    assert not refused(NoPermissionError("No permissions to access a key"))  # EVALSHA: the same
+    assert not refused(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    assert function_missing(ResponseError("Function not found")) and not function_missing(ResponseError("x"))

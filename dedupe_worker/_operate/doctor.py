@@ -19,6 +19,8 @@ from redis.cluster import RedisCluster
 from .._errors import StoreUnavailable
 from .._protocol.client import ClaimClient
 from .._protocol.eviction import is_evicting
+from .._protocol.script_flow import LIBRARY_PREFIX, SCRIPT_NAMES, SENDER_SCRIPTS, library_name
+from .._protocol.scripts import load_script
 
 __all__ = ["DEFAULT_RATE", "Check", "check_at_start", "diagnose", "warn_once"]
 
@@ -102,6 +104,41 @@ def _merge(per_node: list[tuple[str, list[Check]]]) -> list[Check]:
     return merged
 
 
+def loaded_libraries(client: Any) -> list[str] | None:
+    """The names of our function libraries loaded on ``client``'s node (one per release whose
+    workers called it), or ``None`` where ``FUNCTION`` is unknown or not allowed (``EVALSHA``)."""
+    try:
+        reply = client.execute_command("FUNCTION", "LIST", "LIBRARYNAME", LIBRARY_PREFIX + "*")
+    except redis.ResponseError:
+        return None
+    names = []
+    for library in reply or []:
+        fields = library if isinstance(library, dict) else dict(zip(library[::2], library[1::2], strict=False))
+        name = fields.get("library_name", fields.get(b"library_name", b""))
+        names.append(name.decode() if isinstance(name, bytes) else str(name))
+    return sorted(names)
+
+
+def _functions_check(client: Any) -> Check:
+    """Which versions of the protocol's function library the node holds: more than one means
+    workers of another release share it (fine through a rolling upgrade, a warning after)."""
+    names = loaded_libraries(client)
+    ours = library_name({name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)})
+    if names is None:
+        return Check("functions", True, "FUNCTION is not available here: the scripts run with EVALSHA",
+                     "a restart or failover reloads them (NOSCRIPT); allow FUNCTION (ACL +function) to "
+                     "have them persisted and replicated", warn=True)
+    if len(names) > 1:
+        return Check("functions", True, f"{len(names)} library versions loaded: {', '.join(names)} "
+                     f"(this release's: {ours})",
+                     "workers of another release share this Redis (a rolling upgrade?); once it is over, "
+                     "FUNCTION DELETE the old version's library", warn=True)
+    if names:
+        return Check("functions", True, f"library {names[0]} loaded"
+                     + (" (this release's)" if names[0] == ours else f" (this release's is {ours})"))
+    return Check("functions", True, f"no library loaded yet (this release's, {ours}, is loaded by the first call)")
+
+
 def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int) -> list[Check]:
     """The settings one Redis node is checked for: eviction, memory, persistence, replication."""
     checks: list[Check] = []
@@ -135,6 +172,7 @@ def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int
         checks.append(Check("persistence", False, f"AOF off, RDB save '{save or ''}'",
                             "turn on appendonly yes (appendfsync always or everysec): a restart without it forgets "
                             "every claim and result, and duplicates apply again"))
+    checks.append(_functions_check(client))
     repl = client.info("replication")
     replicas = int(repl.get("connected_slaves", 0))
     min_replicas = _config(client, "min-replicas-to-write")

@@ -10,26 +10,55 @@ each request to Redis. A request is one of:
 * a ``list`` of such tuples: one pipelined round trip; the replies come back in order, error
   replies as exception objects (as a pipeline's with ``raise_on_error=False``);
 * a ``str``: a script text to ``SCRIPT LOAD`` (on every primary of a cluster);
-* :data:`INFO`: ``INFO server`` (of every primary of a cluster), as redis-py parses it.
+* :data:`INFO`: ``INFO server`` (of every primary of a cluster), as redis-py parses it;
+* a :class:`Library`: ``FUNCTION LOAD REPLACE`` of the function library (on every primary).
 
 Written here once: which text and SHA each server gets (``#!lua`` flags on Redis 7+, from
 ``INFO server`` at the first call), what a call sends, the ``NOSCRIPT`` handling (every script
 loaded, in :data:`LOAD_ORDER`, then only the calls that ran nothing sent again, in order),
 ``WAIT`` in the same round trip and asked again after a reload, and the reply checks.
+
+**Functions.** On Redis 7+ and Valkey the scripts are called as one function library
+(``FCALL``), loaded with ``FUNCTION LOAD``: the server keeps it in its RDB/AOF and replicates it,
+so a restart with persistence or a failover to a replica needs no reload (a script loaded with
+``SCRIPT LOAD`` is neither persisted nor replicated: the first call after either met ``NOSCRIPT``). The
+library is built at load time from the same ``lua/*.lua`` files, one function per script with the
+same KEYS/ARGV (:func:`library_text`), and named by a hash of those texts (:func:`library_name`),
+so the libraries of two releases coexist on a server through a rolling upgrade. The choice is made
+once per runner: functions when ``INFO server`` says 7 or later and :data:`SCRIPTS_ENV` is not
+``eval``; a refused ``FUNCTION LOAD`` or ``FCALL`` (``NOPERM``, unknown command: managed services,
+the in-memory double) switches the runner to ``EVALSHA`` for good, logged once per process. A
+"function not found" reply (``FUNCTION FLUSH``, a server without persistence restarted) loads
+the library again, as ``NOSCRIPT`` loads the scripts.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Generator, Sequence
+import logging
+import os
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 
 from .._errors import StoreUnavailable
 
-__all__ = ["INFO", "LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call", "CallFailed", "Flow", "NotDurable",
-           "ScriptFlows", "checked", "script_text", "takes_flags"]
+__all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "SCRIPTS_ENV", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call",
+           "CallFailed", "Flow", "Library", "NotDurable", "ScriptFlows", "checked", "function_missing",
+           "library_name", "library_text", "refused", "script_text", "takes_flags"]
+
+log = logging.getLogger(__name__)
+
+#: The environment variable that forces ``EVALSHA`` on every server: ``DEDUPE_SCRIPTS=eval``
+#: (any other value, or none: functions where the server has them).
+SCRIPTS_ENV = "DEDUPE_SCRIPTS"
+
+#: What every library of ours is named with (then the hash of its sources): ``doctor`` lists them.
+LIBRARY_PREFIX = "dedupe_"
+
+_logged: set[str] = set()
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
@@ -112,6 +141,68 @@ def script_text(text: str, flags: bool) -> str:
     return text.split("\n", 1)[1] if "\n" in text else ""
 
 
+def script_flags(text: str) -> list[str]:
+    """The flags of a script's ``#!lua flags=a,b`` first line (none without one)."""
+    first = text.split("\n", 1)[0]
+    if not first.startswith("#!lua"):
+        return []
+    for word in first.split()[1:]:
+        if word.startswith("flags="):
+            return [flag for flag in word[len("flags="):].split(",") if flag]
+    return []
+
+
+#: Flags a script's function gets besides its ``#!lua`` ones: ``inspect`` only reads.
+_EXTRA_FLAGS = {"inspect": ["no-writes"]}
+
+
+def library_name(source: Mapping[str, str]) -> str:
+    """``dedupe_<hash8>``: the library of these script texts; another text, another name."""
+    digest = hashlib.sha1()
+    for name in sorted(source):
+        digest.update(f"{name}\0{source[name]}\0".encode())
+    return LIBRARY_PREFIX + digest.hexdigest()[:8]
+
+
+def library_text(source: Mapping[str, str], library: str) -> str:
+    """The function library of ``source`` (name -> script text): each script, its ``#!lua`` line
+    left out, becomes the body of ``<library>_<name>(KEYS, ARGV)``, with the script's flags
+    (``allow-oom``) and ``no-writes`` for ``inspect``. Nothing else in the text changes."""
+    parts = [f"#!lua name={library}"]
+    for name in sorted(source):
+        text = source[name]
+        flags = ", ".join(f"'{flag}'" for flag in [*script_flags(text), *_EXTRA_FLAGS.get(name, [])])
+        parts.append(f"redis.register_function{{function_name='{library}_{name}', "
+                     f"callback=function(KEYS, ARGV)\n{script_text(text, False)}\nend, flags={{{flags}}}}}")
+    return "\n".join(parts) + "\n"
+
+
+@dataclass(frozen=True)
+class Library:
+    """The request to load the function library ``name`` (``text``) on every primary."""
+
+    name: str
+    text: str
+
+
+def function_missing(reply: Any) -> bool:
+    """Whether ``reply`` says the function called is not loaded (``FUNCTION FLUSH``, a restart
+    without persistence): the call ran nothing."""
+    return isinstance(reply, ResponseError) and "function not found" in str(reply).lower()
+
+
+def refused(reply: Any) -> bool:
+    """Whether ``reply`` says this user or server does not run functions (``NOPERM`` for
+    ``FCALL`` or ``FUNCTION``, an unknown command or subcommand): the call ran nothing. A
+    ``NOPERM`` for a key is not one: ``EVALSHA`` would be refused the same."""
+    if not isinstance(reply, ResponseError):
+        return False
+    text = str(reply).lower()
+    if isinstance(reply, NoPermissionError) or text.startswith("noperm"):
+        return "'fcall" in text or "'function" in text
+    return "unknown command" in text or "unknown subcommand" in text
+
+
 def failed(name: str, exc: BaseException) -> StoreUnavailable:
     """The error a caller gets when Redis failed running ``name``.lua."""
     return StoreUnavailable(f"Redis failed running {name}.lua: {exc}")
@@ -129,17 +220,54 @@ class ScriptFlows:
         self.text: dict[str, str] = {}
         #: Each script's SHA1, of :attr:`text`; ``None`` until the server's version is known.
         self.sha: dict[str, str] | None = None
+        #: The function library of these scripts: ``dedupe_<hash8>``.
+        self.library = library_name(source)
+        #: Whether calls are ``FCALL`` calls of :attr:`library` (else ``EVALSHA``); decided with :attr:`sha`.
+        self.functions = False
+        #: How many times this runner loaded the library or the scripts (tests count reloads).
+        self.loads = 0
 
     def resolve(self) -> Flow:
-        """Ask ``INFO server`` (an error reply: no flags) and choose the texts and SHAs."""
+        """Ask ``INFO server`` (an error reply: no flags) and choose the texts and SHAs, and
+        whether to call functions (Redis 7+, unless :data:`SCRIPTS_ENV` is ``eval``)."""
         try:
             info = yield INFO
         except ResponseError:
             info = None
         flags = takes_flags(info)
+        self.functions = flags and os.environ.get(SCRIPTS_ENV, "").strip().lower() != "eval"
         self.text = {name: script_text(text, flags) for name, text in self.source.items()}
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self.text.items()}
         return self.sha
+
+    def command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The command that runs script ``name`` (once :attr:`sha` is known): ``FCALL`` of its
+        function, or ``EVALSHA``."""
+        if self.functions:
+            return ("FCALL", f"{self.library}_{name}", len(keys), *keys, *args)
+        assert self.sha is not None
+        return ("EVALSHA", self.sha[name], len(keys), *keys, *args)
+
+    def ran_nothing(self, reply: Any, fcall: bool) -> bool:
+        """Whether ``reply`` (of an ``FCALL`` when ``fcall``) is an error that ran nothing and is
+        cured by :meth:`reload`: ``NOSCRIPT``, function not found, or functions refused."""
+        return isinstance(reply, NoScriptError) or function_missing(reply) or (fcall and refused(reply))
+
+    def reload(self, reply: Any) -> Flow:
+        """:meth:`load` after ``reply`` (see :meth:`ran_nothing`); functions refused: ``EVALSHA``
+        from now on."""
+        if self.functions and refused(reply):
+            self.fall_back(reply)
+        yield from self.load()
+
+    def fall_back(self, reason: Any) -> None:
+        """Call ``EVALSHA`` from now on: this server or user refuses functions."""
+        self.functions = False
+        key = type(reason).__name__ + str(reason).split(" ", 1)[0]
+        if key not in _logged:
+            _logged.add(key)
+            log.warning("Redis Functions refused (%s): the scripts run with EVALSHA instead (a restart "
+                        "or failover then reloads them)", reason)
 
     def load(self) -> Flow:
         """After a ``NOSCRIPT``: load every protocol script, not just the missing one.
@@ -155,6 +283,15 @@ class ScriptFlows:
         """
         if self.sha is None:
             yield from self.resolve()
+        self.loads += 1
+        if self.functions:
+            try:
+                yield Library(self.library, library_text(self.source, self.library))
+                return
+            except ResponseError as exc:
+                if not refused(exc):
+                    raise
+                self.fall_back(exc)
         for name in (*SENDER_SCRIPTS, *LOAD_ORDER):
             if name in self.text:
                 yield self.text[name]
@@ -164,34 +301,36 @@ class ScriptFlows:
         return self.sha if self.sha is not None else (yield from self.resolve())
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Flow:
-        """One EVALSHA of script ``name``, loaded again on ``NOSCRIPT``; every Redis failure
-        raised as :class:`StoreUnavailable`."""
+        """One FCALL or EVALSHA of script ``name``, loaded again on ``NOSCRIPT`` or function not
+        found; every Redis failure raised as :class:`StoreUnavailable`."""
         try:
-            sha = self.sha if self.sha is not None else (yield from self.resolve())
-            command = ("EVALSHA", sha[name], len(keys), *keys, *args)
+            if self.sha is None:
+                yield from self.resolve()
+            fcall = self.functions
             try:
-                return (yield command)
-            except NoScriptError:
-                yield from self.load()
-                return (yield command)
+                return (yield self.command(name, keys, args))
+            except ResponseError as exc:
+                if not self.ran_nothing(exc, fcall):
+                    raise
+                yield from self.reload(exc)
+                return (yield self.command(name, keys, args))
         except RedisError as exc:
             raise failed(name, exc) from exc
 
     def retry_noscript(self, calls: Sequence[Call], replies: list[Any]) -> Flow:
-        """Send again, in order, each call whose reply is ``NOSCRIPT`` (it ran nothing), once
-        every script is loaded; put the new replies in ``replies``. Returns whether any was."""
-        reloaded = False
-        for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):
-                if not reloaded:
-                    yield from self.load()
-                    reloaded = True
-                name, keys, args = calls[i]
-                replies[i] = yield ("EVALSHA", (yield from self.shas())[name], len(keys), *keys, *args)
-        return reloaded
+        """Send again, in order, each call whose reply is ``NOSCRIPT`` or function not found (it
+        ran nothing), once every script is loaded; put the new replies in ``replies``. Returns
+        whether any was."""
+        fcall = self.functions
+        retry = [i for i, reply in enumerate(replies) if self.ran_nothing(reply, fcall)]
+        if retry:
+            yield from self.reload(replies[retry[0]])
+        for i in retry:
+            replies[i] = yield self.command(*calls[i])
+        return bool(retry)
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> Flow:
-        """Several EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
+        """Several FCALLs or EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
         the order of ``calls``. Redis runs them one after the other, each atomically.
 
         Only the calls that failed with ``NOSCRIPT`` (which ran nothing) are sent again, so no
@@ -203,8 +342,9 @@ class ScriptFlows:
         if not calls:
             return []
         try:
-            sha = self.sha if self.sha is not None else (yield from self.resolve())
-            commands = [("EVALSHA", sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+            if self.sha is None:
+                yield from self.resolve()
+            commands = [self.command(*call) for call in calls]
             replies: list[Any] = yield commands + ([("WAIT", *wait)] if wait is not None else [])
             acked: Any = replies.pop() if wait is not None else None
             reloaded = yield from self.retry_noscript(calls, replies)

@@ -38,6 +38,7 @@ from .script_flow import (
     SENDER_SCRIPTS,
     Call,
     CallFailed,
+    Library,
     NotDurable,
     ScriptFlows,
     checked,
@@ -118,6 +119,11 @@ class ScriptRunner:
             return self.path.execute_many(request)
         if type(request) is str:
             return self.client.script_load(request)
+        if isinstance(request, Library):
+            if isinstance(self.client, RedisCluster):
+                return self.client.execute_command(  # type: ignore[no-untyped-call]
+                    "FUNCTION", "LOAD", "REPLACE", request.text, target_nodes=RedisCluster.PRIMARIES)
+            return self.client.execute_command("FUNCTION", "LOAD", "REPLACE", request.text)  # type: ignore[no-untyped-call]
         return self._server_info()
 
     def _server_info(self) -> Any:
@@ -131,12 +137,23 @@ class ScriptRunner:
                 return _parsed_info(reply)
         return self.client.info("server")
 
+    def command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The command that runs script ``name`` on this server (``FCALL`` or ``EVALSHA``), for
+        callers that pipeline it themselves (a reply :meth:`ran_nothing` means: :meth:`call` it)."""
+        self.sha  # noqa: B018 - the server's version decides the command
+        return self.flows.command(name, keys, args)
+
+    def ran_nothing(self, reply: Any) -> bool:
+        """Whether ``reply``, of a :meth:`command` sent by the caller, ran nothing and needs a
+        reload (``NOSCRIPT``, function not found, functions refused): :meth:`call` it again."""
+        return self.flows.ran_nothing(reply, True)
+
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
+        """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
         return drive(self.flows.call(name, keys, args), self._send)
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
-        """Several EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
+        """Several FCALLs or EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
         <dedupe_worker._protocol.script_flow.ScriptFlows.call_all>`)."""
         return drive(self.flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
 
@@ -168,8 +185,8 @@ class ScriptRunner:
                 deliver(reply)
 
         try:
-            sha = self.sha
-            commands = [("EVALSHA", sha[name], len(keys), *keys, *args) for name, keys, args in calls]
+            self.sha  # noqa: B018 - the server's version decides the commands
+            commands = [self.flows.command(*call) for call in calls]
             if not self.path.execute_streamed(commands, take):
                 replies = self.call_all(calls)
             elif held_back:

@@ -19,7 +19,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, ScriptFlows
+from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, Library, ScriptFlows
 from .._protocol.scripts import load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
@@ -92,6 +92,12 @@ class AsyncScriptRunner:
                 return await pipe.execute(raise_on_error=False)
             if type(request) is str:
                 return await self.client.script_load(request)
+            if isinstance(request, Library):
+                if isinstance(self.client, RedisCluster):
+                    return await self.client.execute_command("FUNCTION", "LOAD", "REPLACE", request.text,
+                                                             target_nodes=RedisCluster.PRIMARIES)
+                return await self.client.execute_command(  # type: ignore[no-untyped-call]
+                    "FUNCTION", "LOAD", "REPLACE", request.text)
             if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
                 return await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
             return await self.client.info("server")
@@ -102,11 +108,11 @@ class AsyncScriptRunner:
             raise torn from exc
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """One EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
+        """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
         return await self._drive(self.flows.call(name, keys, args))
 
     async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
-        """Several EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
+        """Several FCALLs or EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
         ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and ``NotDurable``
         (with the replies) when fewer replicas acknowledged."""
         return await self._drive(self.flows.call_all(calls, wait))  # type: ignore[no-any-return]

@@ -50,7 +50,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from .._deduplicator import Deduplicator
 from .._errors import InvalidKey, StoreUnavailable, UndecodableMessage
@@ -201,9 +201,8 @@ class Planner:
             return []
         store = self.dedupe.store
         try:
-            sha = store.scripts.sha["inspect"]
-            commands = [("EVALSHA", sha, 2, KeyLayout.started(stem), KeyLayout.result(stem), *WITH_FINGERPRINT)
-                        for stem in stems]
+            commands = [store.scripts.command("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)),
+                                              WITH_FINGERPRINT) for stem in stems]
             # Read-only commands, so the held connection's retry on a connection error is safe.
             held = store.scripts.held
             replies = held.execute_many(commands) if held is not None else BUSY
@@ -218,7 +217,7 @@ class Planner:
         found: list[tuple[KeyState, Any] | StoreUnavailable] = []
         for stem, reply in zip(stems, replies, strict=True):
             try:
-                if isinstance(reply, NoScriptError):  # scripts flushed: the single call loads them
+                if store.scripts.ran_nothing(reply):  # scripts flushed: the single call loads them
                     reply = store.scripts.call(
                         "inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), WITH_FINGERPRINT)
                 if isinstance(reply, Exception):
