@@ -2,6 +2,11 @@
 
     python -m bench.asyncio_paths [--redis-url URL] [--seconds S] [--concurrency 50]
 
+Pinned, as the figures in docs/asyncio.md were taken (a private Redis on vCPU 0, the bench on 1):
+
+    taskset -c 0 redis-server --port 6437 --save "" --appendonly no
+    taskset -c 1 python -m bench.asyncio_paths --redis-url redis://127.0.0.1:6437/0
+
 Cases, each in messages/s (unique keys, so every message is claim + handler + complete, two
 scripts), taking turns in short rounds so a noisy neighbour hits every case alike, each the
 median of its rounds:
