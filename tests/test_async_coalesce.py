@@ -98,8 +98,9 @@ async def test_one_callers_error_or_cancellation_leaves_the_others_alone(
     await asyncio.sleep(0)
     tasks = [asyncio.ensure_future(claim(stem)) for stem in stems[1:]]
     bad = asyncio.ensure_future(claim(broken))
-    cancelled_early = tasks[3]
-    cancelled_early.cancel()  # before the flush: left out of the pipeline
+    await asyncio.sleep(0)  # they ran and queued; the flush comes in the next turn
+    assert len(runner._queue) == 20
+    tasks[3].cancel()  # queued, before the flush: left out of the pipeline
     results = await asyncio.gather(blocker, *tasks, bad, return_exceptions=True)
     assert isinstance(results[-1], StoreUnavailable) and "WRONGTYPE" in str(results[-1])
     assert isinstance(results[4], asyncio.CancelledError)
@@ -123,6 +124,7 @@ async def test_one_callers_error_or_cancellation_leaves_the_others_alone(
     done = await asyncio.gather(blocker, *later, return_exceptions=True)
     assert isinstance(done[1], asyncio.CancelledError)
     assert all(not isinstance(reply, BaseException) for i, reply in enumerate(done) if i != 1)
+    assert await aredis.exists(f"{namespace}:{{d1}}:started") == 1  # it was sent: only its reply was dropped
 
 
 async def test_a_connection_drop_fails_the_whole_pipeline_and_applies_nothing_twice(
