@@ -37,7 +37,7 @@ def count_round_trips(client: redis.asyncio.Redis) -> list[str]:
 
     async def counted_command(*args: Any, **options: Any) -> Any:
         trips.append(f"command {args[0]}")
-        return await execute_command(*args, **options)
+        return await execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
     def counted_pipeline(*args: Any, **options: Any) -> Any:
         pipe = pipeline(*args, **options)
@@ -139,7 +139,7 @@ async def test_a_connection_drop_fails_the_whole_pipeline_and_applies_nothing_tw
 
     try:
         await d.run("warm-up", zero)
-        admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the claims wait on the server
+        admin.client_pause(5000, all=False)  # writes (the claims) wait on the server
         runs = [asyncio.ensure_future(d.run(f"k{i}", handler, i)) for i in range(20)]
         await asyncio.sleep(0.3)
         assert d.store.scripts.round_trips >= 2 and not any(run.done() for run in runs)
