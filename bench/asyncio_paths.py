@@ -2,6 +2,11 @@
 
     python -m bench.asyncio_paths [--redis-url URL] [--seconds S] [--concurrency 50]
 
+Pinned, as the figures in docs/asyncio.md were taken (a private Redis on vCPU 0, the bench on 1):
+
+    taskset -c 0 redis-server --port 6437 --save "" --appendonly no
+    taskset -c 1 python -m bench.asyncio_paths --redis-url redis://127.0.0.1:6437/0
+
 Cases, each in messages/s (unique keys, so every message is claim + handler + complete, two
 scripts), taking turns in short rounds so a noisy neighbour hits every case alike, each the
 median of its rounds:
@@ -31,6 +36,7 @@ from collections.abc import Awaitable, Callable
 import redis
 
 from dedupe_worker import Deduplicator
+from dedupe_worker._protocol.claim import Stored
 from dedupe_worker.asyncio import AsyncDeduplicator
 
 #: A case: run for about ``seconds``, return how many messages were done and the time it took.
@@ -74,17 +80,21 @@ def measure(url: str, seconds: float, concurrency: int, io_wait: float) -> dict[
             done += 1
         return done, time.perf_counter() - start
 
-    claim_sha, complete_sha = adedupe.store.scripts.sha["claim"], adedupe.store.scripts.sha["complete"]
+    runner = adedupe.store.scripts
+    loop.run_until_complete(runner.shas())  # the server's texts and call kind (FCALL or EVALSHA)
     raw_client = adedupe.store.client
+    raw_command = runner.flows.command  # the command the runner sends: FCALL on Redis 7+, else EVALSHA
+    store = adedupe.store
 
     async def raw_worker(until: float) -> int:
         done = 0
         while time.perf_counter() < until:
             stem = f"{ns}:{{r-{next(counter)}}}"
-            started, result = stem + ":started", stem + ":result"
-            reply = await raw_client.evalsha(claim_sha, 2, started, result, 30000, 600000, "", "")
+            claim = store.claim_calls([(stem, "", "")], 30000, 600000)[0]
+            reply = await raw_client.execute_command(*raw_command(*claim))
             await async_handler()
-            await raw_client.evalsha(complete_sha, 2, started, result, 600000, reply[1], "c", b"1")
+            complete = store.complete_calls([(stem, int(reply[1]), Stored.COMPLETED, b"1")], 600000)[0]
+            await raw_client.execute_command(*raw_command(*complete))
             done += 1
         return done
 

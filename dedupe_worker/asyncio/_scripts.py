@@ -6,10 +6,23 @@ texts for the server are written once in :mod:`dedupe_worker._protocol.script_fl
 with the sync :class:`~dedupe_worker._protocol.scripts.ScriptRunner`; this module only carries
 each request to Redis with ``redis.asyncio``. Every Redis failure is raised as
 :class:`~dedupe_worker.StoreUnavailable`.
+
+**Coalesced round trips.** A single script call (``FCALL``/``EVALSHA``: a claim, a completion)
+made while another round trip of this runner is in flight does not take a connection of its own:
+it joins a queue, and one flush scheduled with ``loop.call_soon`` sends every call queued in that
+event-loop turn as one pipeline, each caller getting its own reply or its own error (an error reply
+raised to that caller only, ``NOSCRIPT``/function not found handled per call by the flow as
+before). A call alone (nothing in flight) is sent at once, so sequential use pays nothing. A
+connection error fails every call of that pipeline (each caller's flow raises
+:class:`~dedupe_worker.StoreUnavailable`, and decides as before); a caller cancelled before the
+flush is left out of the pipeline, one cancelled after it has its reply dropped; no other
+caller's call changes. ``WAIT``, loads, ``INFO`` and multi-call pipelines are sent as before, and
+nothing is coalesced on a cluster (the calls of one turn go to different nodes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import traceback
 from collections.abc import Sequence
@@ -27,6 +40,9 @@ __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 #: The clients the asyncio store runs on.
 AsyncRedis = redis.asyncio.Redis | RedisCluster
 
+
+#: The commands a lone call may share a pipeline with others' (never ``WAIT``: it can block).
+_COALESCED = frozenset({"FCALL", "EVALSHA"})
 
 _REDIS_PY = os.path.dirname(redis.__file__) + os.sep
 
@@ -53,6 +69,14 @@ class AsyncScriptRunner:
         self.client = client
         self.is_cluster = isinstance(client, RedisCluster)
         self.flows = ScriptFlows({name: load_script(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)})
+        #: Round trips of this runner in flight (a single call alone is sent at once only when 0).
+        self._in_flight = 0
+        #: Script calls waiting for the next flush, each with its caller's future.
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        #: Pipelines being sent (kept referenced until they finish).
+        self._flushes: set[asyncio.Task[None]] = set()
+        #: Round trips sent (single commands and pipelines): tests count them.
+        self.round_trips = 0
 
     @property
     def sha(self) -> dict[str, str]:
@@ -84,12 +108,21 @@ class AsyncScriptRunner:
         the connection error it is (:func:`torn_connection`)."""
         try:
             if type(request) is tuple:
-                return await self.client.execute_command(*request)
+                if request[0] in _COALESCED and not self.is_cluster and (self._in_flight or self._queue):
+                    return await self._join(request)
+                self._in_flight += 1
+                self.round_trips += 1
+                try:
+                    return await self.client.execute_command(*request)
+                finally:
+                    self._in_flight -= 1
             if type(request) is list:
-                pipe = self.client.pipeline(transaction=False)
-                for command in request:
-                    pipe.execute_command(*command)
-                return await pipe.execute(raise_on_error=False)
+                self._in_flight += 1
+                self.round_trips += 1
+                try:
+                    return await self._pipeline(request)
+                finally:
+                    self._in_flight -= 1
             if type(request) is str:
                 return await self.client.script_load(request)
             if isinstance(request, Library):
@@ -106,6 +139,61 @@ class AsyncScriptRunner:
             if torn is None:
                 raise
             raise torn from exc
+
+    async def _pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one non-transactional pipeline; error replies as exception objects."""
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
+
+    async def _join(self, command: tuple[Any, ...]) -> Any:
+        """Queue ``command`` for the next flush (scheduled if none is) and await its own reply."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._queue:
+            loop.call_soon(self._flush)
+        self._queue.append((command, future))
+        return await future
+
+    def _flush(self) -> None:
+        """Send the queued calls whose callers still wait as one pipeline (a task of its own, so
+        no caller's cancellation cancels it)."""
+        batch = [(command, future) for command, future in self._queue if not future.done()]
+        self._queue = []
+        if not batch:
+            return
+        self._in_flight += 1
+        self.round_trips += 1
+        task = asyncio.get_running_loop().create_task(self._send_batch(batch))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _send_batch(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        """One pipeline of ``batch``; each future gets its own reply or error (a failure of the
+        round trip: every future the same error); a cancelled caller's reply is dropped."""
+        try:
+            try:
+                replies = await self._pipeline([command for command, _ in batch])
+            except (AttributeError, TypeError) as exc:
+                torn = torn_connection(exc)
+                if torn is None:
+                    raise
+                raise torn from exc
+        except Exception as exc:  # handed to every caller, whose flow decides
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        finally:
+            self._in_flight -= 1
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
