@@ -3,9 +3,10 @@
 Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
 runs the same flows, and performs their effects from the same table (``ClientCore.performers``).
 The deliberate twins are the one line of the driver loop that performs an effect (a call here,
-an ``await`` there; the loop itself is ``flows.Steps``), the key watcher, the renewer thread, ``close`` and the
-context manager's spelling, and the connection set-up, plus streamed claims on a held connection
-(sync only).
+an ``await`` there; the loop itself is ``flows.Steps``), the key watcher, the renewer thread,
+``close`` and the context manager's spelling, and the connection pool (the URL schemes and the
+retry policy are :mod:`.connection`'s for both), plus streamed claims on a held connection (sync
+only).
 
 :class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
 It never runs a handler and never decides what a message's fate is: that is the engine's

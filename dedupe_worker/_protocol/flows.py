@@ -14,7 +14,7 @@ effect, by a call or an ``await``.
 
 So the sync and asyncio clients cannot drift: a verdict, a retry or a wait is decided in one
 place. What differs between them is only how an effect is performed (the script runner, the
-lease renewer thread or task, the key watcher or waiter, the connection set-up), and those are
+lease renewer thread or task, the key watcher or waiter, the connection pool), and those are
 the deliberate twins.
 
 Effects (the result the driver sends back):

@@ -3,10 +3,9 @@
 A deliberate twin of :mod:`dedupe_worker._protocol.client`, kept to what truly differs: the
 driver's one line that performs an effect (it awaits where the sync one blocks; the loop is
 ``flows.Steps`` and how each effect is performed is one table, ``ClientCore.performers``, both
-shared), the waiter, the renewer task, ``close`` and the context
-manager's spelling. Its logic is not here: every operation is a flow of
-:mod:`dedupe_worker._protocol.flows`, and each public method is a typed one-line call of
-:meth:`AsyncClaimClient.drive_async` on one.
+shared), the waiter, the renewer task, ``close`` and the context manager's spelling. Its logic
+is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, and each public
+method is a typed one-line call of :meth:`AsyncClaimClient.drive_async` on one.
 
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result

@@ -2,8 +2,9 @@
 
 ``redis://``, ``rediss://`` and ``unix://`` as redis-py reads them; ``redis+cluster://`` (or
 ``?cluster=1``) for a Redis Cluster; ``redis+sentinel://`` and ``rediss+sentinel://`` for a
-primary found through Sentinel, written as for the sync client
-(:mod:`dedupe_worker._protocol.connection`).
+primary found through Sentinel, written as for the sync client. The scheme dispatch and the retry
+policy are the sync module's (:func:`~dedupe_worker._protocol.connection.by_scheme`,
+:func:`~dedupe_worker._protocol.connection.retry_policy`); only the clients built differ.
 
 A standalone client gets a :class:`~redis.asyncio.BlockingConnectionPool` of ``max_connections``
 (default 64): with hundreds of coroutines in flight, a call waits for a free connection instead
