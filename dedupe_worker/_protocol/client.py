@@ -2,9 +2,11 @@
 
 Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
 runs the same flows, and performs their effects from the same table (``ClientCore.performers``).
-The deliberate twins are the driver loop, the key watcher, the renewer thread, ``close`` and the
-context manager's spelling, and the connection set-up, plus streamed claims on a held connection
-(sync only).
+The deliberate twins are the one line of the driver loop that performs an effect (a call here,
+an ``await`` there; the loop itself is ``flows.Steps``), the key watcher, the renewer thread,
+``close`` and the context manager's spelling, and the connection pool (the URL schemes and the
+retry policy are :mod:`.connection`'s for both), plus streamed claims on a held connection (sync
+only).
 
 :class:`ClaimClient` turns keys into Redis records and Lua replies into :class:`Claim` objects.
 It never runs a handler and never decides what a message's fate is: that is the engine's
@@ -29,7 +31,7 @@ from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import C, ClientCore, Either, Flow, T, _log_claims, leases_of
+from .flows import C, ClientCore, Either, Flow, Steps, T, _log_claims, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -156,21 +158,13 @@ class ClaimClient(ClientCore):
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
         it yields with blocking calls (:meth:`performers`): a round trip on the store,
         ``time.sleep``, a wait on the key watcher's notice, the handler called. An effect's
-        exception is thrown into the flow. The loop is the asyncio driver's twin (it awaits)."""
-        perform = self.perform
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            finally:
-                error = None  # no cycle: this frame -> the error -> its traceback -> this frame
-            try:
-                value = perform[type(effect)](effect)
-            except BaseException as exc:
-                value, error = None, exc
+        exception is thrown into the flow. The loop is :class:`~dedupe_worker._protocol.flows.Steps`;
+        only the call differs from the asyncio driver (it awaits)."""
+        steps = Steps(flow, self.perform)
+        for perform, effect in steps:
+            with steps:
+                steps.value = perform(effect)
+        return steps.result
 
     _drive = drive
     _sleep = staticmethod(time.sleep)

@@ -19,7 +19,8 @@ lease ends; a retried completion finds our outcome stored and answers stored.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -28,28 +29,39 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-__all__ = ["SentinelOptions", "redis_from_url", "sentinel_options"]
+__all__ = ["SentinelOptions", "by_scheme", "redis_from_url", "retry_policy", "sentinel_options"]
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+R = TypeVar("R")
 
 
-def _retry() -> Retry:
+def retry_policy(retry: Callable[..., R] = Retry) -> R:  # type: ignore[assignment]
     """Two quick retries: a blip is absorbed, an outage surfaces as StoreUnavailable in well under
     a second instead of redis-py's default of several seconds of backoff per command. Each wait
     is drawn from 0 to 0.05 s * 2^attempt (``FullJitterBackoff``: in every redis-py the package
-    admits, from 5.0; ``ExponentialWithJitterBackoff`` draws the same below its cap, from 5.3 on)."""
-    return Retry(FullJitterBackoff(cap=0.5, base=0.05), retries=2)
+    admits, from 5.0; ``ExponentialWithJitterBackoff`` draws the same below its cap, from 5.3 on).
+    ``retry``: redis-py's ``Retry`` class, or ``redis.asyncio``'s."""
+    return retry(FullJitterBackoff(cap=0.5, base=0.05), retries=2)
+
+
+def by_scheme(url: str, *, plain: Callable[[str], Any], cluster: Callable[[str], Any],
+              sentinel: Callable[[str], Any]) -> Any:
+    """The client for ``url`` that the builder its scheme names returns (see the module doc), for
+    the sync and the asyncio connection set-up alike: ``sentinel(url)``, ``cluster(url)`` with the
+    URL as ``redis://`` and no query, or ``plain(url)``."""
+    parts = urlsplit(url)
+    if parts.scheme in SENTINEL_SCHEMES:
+        return sentinel(url)
+    if parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]:
+        return cluster(parts._replace(scheme="redis", query="").geturl())
+    return plain(url)
 
 
 def redis_from_url(url: str) -> redis.Redis | RedisCluster:
     """A client for ``url`` (see the module doc for the schemes)."""
-    parts = urlsplit(url)
-    if parts.scheme in SENTINEL_SCHEMES:
-        return _sentinel_primary(url)
-    if parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]:
-        plain = parts._replace(scheme="redis", query="").geturl()
-        return RedisCluster.from_url(plain, retry=_retry())
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=_retry())
+    return by_scheme(  # type: ignore[no-any-return]
+        url, sentinel=_sentinel_primary, cluster=lambda plain: RedisCluster.from_url(plain, retry=retry_policy()),
+        plain=lambda url: redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, retry=retry_policy()))
 
 
 class SentinelOptions(NamedTuple):
@@ -90,7 +102,7 @@ def sentinel_options(url: str) -> SentinelOptions:
 def _sentinel_primary(url: str) -> redis.Redis:
     """The Sentinel-managed primary named in ``url``."""
     o = sentinel_options(url)
-    common = {"socket_connect_timeout": 2, "socket_timeout": 10, "retry": _retry(), **o.tls}
+    common = {"socket_connect_timeout": 2, "socket_timeout": 10, "retry": retry_policy(), **o.tls}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         o.sentinels,
         sentinel_kwargs={"password": o.sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2, **o.tls},

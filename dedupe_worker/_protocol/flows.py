@@ -7,11 +7,14 @@ handler to call) and receives its result, or has its exception thrown in. It nev
 socket, a clock it sleeps on, or an event loop. Two drivers run the same flows:
 
 - :meth:`dedupe_worker.ClaimClient.drive` performs effects with blocking calls;
-- :meth:`dedupe_worker.asyncio.AsyncClaimClient.drive` awaits them.
+- :meth:`dedupe_worker.asyncio.AsyncClaimClient.drive_async` awaits them.
+
+The loop that advances a flow is written once too (:class:`Steps`): a driver only performs each
+effect, by a call or an ``await``.
 
 So the sync and asyncio clients cannot drift: a verdict, a retry or a wait is decided in one
 place. What differs between them is only how an effect is performed (the script runner, the
-lease renewer thread or task, the key watcher or waiter, the connection set-up), and those are
+lease renewer thread or task, the key watcher or waiter, the connection pool), and those are
 the deliberate twins.
 
 Effects (the result the driver sends back):
@@ -36,7 +39,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
 from .._settings import DedupeSettings
@@ -50,7 +53,7 @@ from .scripts import Call, CallFailed, NotDurable, StreamCut
 from .serialization import Serializer
 
 __all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
-           "Sleep", "Stream", "Wait"]
+           "Sleep", "Steps", "Stream", "Wait"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -114,6 +117,54 @@ CHECK_STORE = CheckStore()
 Effect = Send | Sleep | Wait | CheckStore | Handler | Either | Stream
 #: A flow: yields effects, receives their results, returns ``T``.
 Flow = Generator[Effect, Any, T]
+
+class Steps(Generic[T]):
+    """The driver loop, written once for both drivers (httpx keeps two; this is the shared part).
+
+    Iterating advances ``flow`` with the last effect's value, or throws its exception in, and
+    yields ``(perform, effect)`` for the next effect, ``perform`` being that effect's entry in the
+    client's table (``ClientCore.performers``); when the flow returns, iteration stops and
+    :attr:`result` holds its value. Around each effect the driver writes only how it is
+    performed, called (sync) or awaited (asyncio)::
+
+        for perform, effect in steps:
+            with steps:
+                steps.value = perform(effect)
+        return steps.result
+
+    ``with steps`` catches the effect's exception (``BaseException``: a cancelled handler's claim
+    is settled too) and keeps it to throw into the flow at the next step. An exception the flow
+    does not catch leaves the loop as the driver's own."""
+
+    __slots__ = ("error", "flow", "perform", "result", "value")
+
+    def __init__(self, flow: Flow[T], perform: dict[type[Any], Callable[[Any], Any]]) -> None:
+        self.flow = flow
+        self.perform = perform
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.result: T
+
+    def __iter__(self) -> Steps[T]:
+        return self
+
+    def __next__(self) -> tuple[Callable[[Any], Any], Effect]:
+        try:
+            effect = self.flow.send(self.value) if self.error is None else self.flow.throw(self.error)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise
+        finally:
+            self.error = None  # no cycle: the driver's frame -> self -> the error -> its traceback
+        return self.perform[type(effect)], effect
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
+        self.error = error
+        return error is not None
+
 
 _IN_PROGRESS = Outcome.IN_PROGRESS
 #: A renewal round's answer: when it began, and the leases found lost.

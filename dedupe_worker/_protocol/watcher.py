@@ -23,20 +23,27 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from .._errors import StoreUnavailable
 from .layout import KeyLayout
 from .store import RedisStore
 
-__all__ = ["KeyWatcher"]
+__all__ = ["KeyWatcher", "Watched"]
+
+W = TypeVar("W")
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Watched:
+class Watched(Generic[W]):
+    """A watched key, for the sync watcher and the asyncio waiter alike: when to stop waiting on
+    it (its holder's lease ends, or the earliest waiter's timeout), and who waits for it
+    (callbacks here, futures on asyncio)."""
+
     deadline: float
-    callbacks: list[Callable[[], None]] = field(default_factory=list)
+    waiters: list[W] = field(default_factory=list)
 
 
 class KeyWatcher:
@@ -46,7 +53,7 @@ class KeyWatcher:
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self._wake = f"{store.layout.namespace}:{{watcher-{uuid.uuid4().hex}}}:wake"
-        self._watched: dict[str, _Watched] = {}
+        self._watched: dict[str, Watched[Callable[[], None]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -58,7 +65,7 @@ class KeyWatcher:
         with self._lock:
             known = self._watched.get(stem)
             if known is not None:
-                known.callbacks.append(callback)
+                known.waiters.append(callback)
                 known.deadline = min(known.deadline, time.monotonic() + timeout)
                 return
         try:
@@ -70,8 +77,8 @@ class KeyWatcher:
             callback()
             return
         with self._lock:
-            self._watched.setdefault(stem, _Watched(time.monotonic() + min(timeout, holder_left + 0.01))) \
-                .callbacks.append(callback)
+            self._watched.setdefault(stem, Watched(time.monotonic() + min(timeout, holder_left + 0.01))) \
+                .waiters.append(callback)
             self._ensure_thread()
         self._interrupt()
 
@@ -100,7 +107,7 @@ class KeyWatcher:
         with self._lock:
             due = [self._watched.pop(stem) for stem in stems if stem in self._watched]
         for watched in due:
-            for callback in watched.callbacks:
+            for callback in watched.waiters:
                 try:
                     callback()
                 except Exception:

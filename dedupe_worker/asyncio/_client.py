@@ -1,11 +1,11 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
 A deliberate twin of :mod:`dedupe_worker._protocol.client`, kept to what truly differs: the
-driver loop (it awaits each effect where the sync one blocks; how each effect is performed is one
-table for both, ``ClientCore.performers``), the waiter, the renewer task, ``close`` and the context
-manager's spelling. Its logic is not here: every operation is a flow of
-:mod:`dedupe_worker._protocol.flows`, and each public method is a typed one-line call of
-:meth:`AsyncClaimClient.drive_async` on one.
+driver's one line that performs an effect (it awaits where the sync one blocks; the loop is
+``flows.Steps`` and how each effect is performed is one table, ``ClientCore.performers``, both
+shared), the waiter, the renewer task, ``close`` and the context manager's spelling. Its logic
+is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, and each public
+method is a typed one-line call of :meth:`AsyncClaimClient.drive_async` on one.
 
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
@@ -27,7 +27,7 @@ from .._protocol.calls import KeyState
 from .._protocol.claim import Claim, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
-from .._protocol.flows import C, ClientCore, Either, Flow, T
+from .._protocol.flows import C, ClientCore, Either, Flow, Steps, T
 from .._protocol.serialization import Serializer
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -118,21 +118,13 @@ class AsyncClaimClient(ClientCore):
         yields (:meth:`performers`): a round trip on the store, ``asyncio.sleep``, a wait on the
         loop's :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into
         the flow (``CancelledError`` included, so a cancelled handler's claim is settled). The
-        loop is the sync driver's twin (it blocks)."""
-        perform = self.perform
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            finally:
-                error = None  # no cycle: this frame -> the error -> its traceback -> this frame
-            try:
-                value = await perform[type(effect)](effect)
-            except BaseException as exc:
-                value, error = None, exc
+        loop is :class:`~dedupe_worker._protocol.flows.Steps`; only the ``await`` differs from
+        the sync driver."""
+        steps = Steps(flow, self.perform)
+        for perform, effect in steps:
+            with steps:
+                steps.value = await perform(effect)
+        return steps.result
 
     _drive = drive_async
     _sleep = staticmethod(asyncio.sleep)

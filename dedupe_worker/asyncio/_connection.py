@@ -2,8 +2,9 @@
 
 ``redis://``, ``rediss://`` and ``unix://`` as redis-py reads them; ``redis+cluster://`` (or
 ``?cluster=1``) for a Redis Cluster; ``redis+sentinel://`` and ``rediss+sentinel://`` for a
-primary found through Sentinel, written as for the sync client
-(:mod:`dedupe_worker._protocol.connection`).
+primary found through Sentinel, written as for the sync client. The scheme dispatch and the retry
+policy are the sync module's (:func:`~dedupe_worker._protocol.connection.by_scheme`,
+:func:`~dedupe_worker._protocol.connection.retry_policy`); only the clients built differ.
 
 A standalone client gets a :class:`~redis.asyncio.BlockingConnectionPool` of ``max_connections``
 (default 64): with hundreds of coroutines in flight, a call waits for a free connection instead
@@ -16,36 +17,25 @@ sentinels for the new primary.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
-
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
-from redis.backoff import FullJitterBackoff
 
-from .._protocol.connection import SENTINEL_SCHEMES, sentinel_options
+from .._protocol.connection import by_scheme, retry_policy, sentinel_options
 from ._scripts import AsyncRedis
 
 __all__ = ["async_redis_from_url"]
 
 
-def _retry() -> Retry:
-    return Retry(FullJitterBackoff(cap=0.5, base=0.05), retries=2)
-
-
 def async_redis_from_url(url: str, max_connections: int = 64) -> AsyncRedis:
     """A ``redis.asyncio`` client for ``url`` (see the module doc for the schemes)."""
-    parts = urlsplit(url)
-    if parts.scheme in SENTINEL_SCHEMES:
-        return _sentinel_primary(url, max_connections * 16)
-    if parts.scheme == "redis+cluster" or parse_qs(parts.query).get("cluster") == ["1"]:
-        plain = parts._replace(scheme="redis", query="").geturl()
-        return RedisCluster.from_url(plain, retry=_retry())
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=20, socket_connect_timeout=2, socket_timeout=10,
-        retry=_retry())
-    return redis.asyncio.Redis.from_pool(pool)
+    return by_scheme(  # type: ignore[no-any-return]
+        url, sentinel=lambda url: _sentinel_primary(url, max_connections * 16),
+        cluster=lambda plain: RedisCluster.from_url(plain, retry=retry_policy(Retry)),
+        plain=lambda url: redis.asyncio.Redis.from_pool(redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=20, socket_connect_timeout=2, socket_timeout=10,
+            retry=retry_policy(Retry))))
 
 
 def _sentinel_primary(url: str, max_connections: int) -> redis.asyncio.Redis:
@@ -54,7 +44,7 @@ def _sentinel_primary(url: str, max_connections: int) -> redis.asyncio.Redis:
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         o.sentinels,
         sentinel_kwargs={"password": o.sentinel_password, "socket_connect_timeout": 2, "socket_timeout": 2, **o.tls},
-        socket_connect_timeout=2, socket_timeout=10, retry=_retry(), **o.tls,
+        socket_connect_timeout=2, socket_timeout=10, retry=retry_policy(Retry), **o.tls,
     )
     primary: redis.asyncio.Redis = sentinel.master_for(o.service, db=o.db, username=o.username,
                                                        password=o.password, max_connections=max_connections)

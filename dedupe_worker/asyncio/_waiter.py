@@ -27,6 +27,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from .._protocol.layout import KeyLayout
+from .._protocol.watcher import Watched
 from ._store import AsyncRedisStore
 
 __all__ = ["AsyncKeyWaiter"]
@@ -35,16 +36,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Watched:
-    """A key watched in one loop: when its holder's lease ends, and who waits for it."""
-
-    deadline: float
-    waiters: list[asyncio.Future[bool]] = field(default_factory=list)
-
-
-@dataclass
 class _LoopWaits:
-    watched: dict[str, _Watched] = field(default_factory=dict)  # stem -> its waiters
+    watched: dict[str, Watched[asyncio.Future[bool]]] = field(default_factory=dict)  # stem -> its waiters
     task: asyncio.Task[None] | None = None
     #: stem -> the ``watch.lua`` call in flight for it (its holder's lease left, or ``None`` if it failed)
     watching: dict[str, asyncio.Future[float | None]] = field(default_factory=dict)
@@ -75,7 +68,7 @@ class AsyncKeyWaiter:
             waits = self._waits(loop)  # afresh: meanwhile the task may have ended, or another coroutine watched
             watched = waits.watched.get(stem)
             if watched is None:
-                watched = waits.watched[stem] = _Watched(time.monotonic() + holder_left + 0.005)
+                watched = waits.watched[stem] = Watched(time.monotonic() + holder_left + 0.005)
                 if waits.task is None or waits.task.done():
                     waits.task = loop.create_task(self._listen(waits), name="dedupe-key-waiter")
                 else:
