@@ -107,7 +107,11 @@ class KafkaAdapter(BrokerAdapter):
         return KAFKA_DEFAULT(envelope)
 
     def envelope(self, msg: Any, subscriber: Any) -> Envelope:
-        raw = msg.raw_message  # aiokafka.ConsumerRecord
+        return self.record_envelope(msg.raw_message)
+
+    def record_envelope(self, raw: Any) -> Envelope:
+        """One aiokafka ``ConsumerRecord`` as key strategies see it (a single message, or one
+        record of a batch)."""
         return Envelope(body=raw.value or b"", headers=dict(raw.headers or ()), partition_key=raw.key,
                         source=raw.topic, position=(raw.partition, raw.offset))
 
@@ -117,12 +121,18 @@ class KafkaAdapter(BrokerAdapter):
                 deadletter.ORIGINAL_OFFSET: str(offset)}
 
     async def dead_letter(self, msg: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> None:
-        raw = msg.raw_message
+        if not await self.publish_dead_letter(msg.raw_message, envelope, headers, producer):
+            await msg.reject()
+            return
+        await msg.ack()
+
+    async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
+        """Publish a copy of the record ``raw`` to ``<topic>.dlq`` with ``headers``; the caller
+        commits past it. False (logged) when there is no producer to publish it."""
         if producer is None:
             log.error("no broker to publish the dead letter: committing past poison record %s/%s/%s key=%s reason=%s",
                       raw.topic, raw.partition, raw.offset, headers.get(deadletter.KEY), headers.get(deadletter.REASON))
-            await msg.reject()
-            return
+            return False
         topic = raw.topic + DLQ_SUFFIX
         if hasattr(producer, "send_and_wait"):  # aiokafka's AIOKafkaProducer
             await producer.send_and_wait(topic, value=raw.value, key=raw.key,
@@ -131,7 +141,7 @@ class KafkaAdapter(BrokerAdapter):
             kept = {k: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
                     for k, v in envelope.headers.items()}
             await producer.publish(raw.value or b"", topic=topic, key=raw.key, headers={**kept, **headers})
-        await msg.ack()
+        return True
 
 
 class NatsAdapter(BrokerAdapter):

@@ -70,6 +70,7 @@ from .._messages.envelope import Envelope
 from .._messages.retention import TTL_HEADER, header_ttl
 from ..asyncio import AsyncClaimClient, decide
 from ..keys import KeyStrategy, body_fingerprint
+from ._batch import handle_batch, is_batch
 from ._brokers import BrokerAdapter, adapter_for
 
 __all__ = ["DedupeMiddleware", "dedupe_middleware"]
@@ -105,7 +106,9 @@ class DedupeMiddleware(Hooks, RetryPolicy):
     async def handle(self, call_next: Callable[[Any], Any], msg: Any, subscriber: Any, broker: Any = None) -> Any:
         """Derive the key, let :func:`decide` claim it and run the rest of the chain, act on the
         verdict. ``broker`` (the one consuming ``msg``) publishes Kafka's dead letters when no
-        ``dead_letter_producer`` was given."""
+        ``dead_letter_producer`` was given. A Kafka batch goes to :func:`._batch.handle_batch`."""
+        if is_batch(msg):
+            return await handle_batch(self, call_next, msg, broker)
         adapter = adapter_for(msg)
         envelope = adapter.envelope(msg, subscriber)
         try:
