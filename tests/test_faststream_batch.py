@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ import redis.asyncio
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 
+from dedupe_worker import Deduplicator
 from dedupe_worker._messages.envelope import Envelope
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.keys import body_fingerprint
@@ -169,3 +171,43 @@ def test_a_bad_record_is_dead_lettered_and_the_rest_of_the_batch_runs(
     assert [e for e in entries(redis_client, namespace) if e.startswith("call:")] == ["call:d1"]
     dead = read_topic(kafka_bootstrap, topic + ".dlq", 1)
     assert dead[0].value() == b"{\"no id\": 1}"
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "faststream.md"
+
+
+def doc_block(name: str) -> str:
+    """The block of docs/faststream.md marked ``run by tests/test_faststream_batch.py (name)``."""
+    marker = f"<!-- docs-test: run by tests/test_faststream_batch.py ({name}) -->\n```python\n"
+    text = DOC.read_text()
+    assert marker in text, f"docs/faststream.md has no block {name!r}"
+    return text.split(marker, 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_batch_block_answers_each_record_with_its_own_outcome(
+        kafka_bootstrap: str, topic: str, redis_url: str, redis_client: redis.Redis, namespace: str) -> None:
+    code = doc_block("batch")
+    code = code.replace("redis://127.0.0.1:6379/0", redis_url).replace("127.0.0.1:9092", kafka_bootstrap)
+    code = code.replace('namespace="shop"', f'namespace="{namespace}"').replace('"payments"', f'"{topic}"')
+    code = code.replace("batch=True,", "batch=True, session_timeout_ms=2000, heartbeat_interval_ms=500,")
+    produce(kafka_bootstrap, topic, [(0, None, json.dumps({"amount": amount}).encode(), [("idempotency-key", key)])
+                                     for key, amount in ((b"p1", 5), (b"p2", 7), (b"p1", 5))])
+
+    async def main() -> None:
+        program: dict[str, Any] = {}
+        exec(compile(code, str(DOC), "exec"), program)
+        status = program["dedupe"].status
+        await program["broker"].start()
+        try:
+            deadline = time.monotonic() + 30
+            while not all([(await status(k)).state == "done" for k in ("p1", "p2")]):
+                assert time.monotonic() < deadline, "the batch was not applied"
+                await asyncio.sleep(0.1)
+        finally:
+            await program["broker"].stop()
+            await program["dedupe"].aclose()
+
+    asyncio.run(main())
+    sync = Deduplicator(redis_client, namespace=namespace)
+    assert sync.answer(sync.begin("p1")) == {"charged": 5}  # element i of the returned list
+    assert sync.answer(sync.begin("p2")) == {"charged": 7}

@@ -145,7 +145,7 @@ async def _settle(owner: DedupeMiddleware, adapter: KafkaAdapter, msg: Any, enve
     actions = [d.action for d in decisions]
     for key, decision in zip(keys, decisions, strict=True):
         if key is not None and decision.action is not Action.DEFER:
-            owner._deferrals.pop(key, None)  # noqa: SLF001 (the owner's deferral counts, shared with single messages)
+            owner._deferrals.pop(key, None)  # decided: a later deferral of the key starts over
     if Action.DEFER in actions:
         first = next(i for i, a in enumerate(actions) if a is Action.DEFER)
         delay = owner.defer_delay(owner.next_deferral(keys[first]), decisions[first].retry_after or None)
@@ -175,4 +175,4 @@ async def _settle(owner: DedupeMiddleware, adapter: KafkaAdapter, msg: Any, enve
 
 
 def _where(record: Any) -> str:
-    return f"record={getattr(record, 'topic', '?')}/{getattr(record, 'partition', '?')}/{getattr(record, 'offset', '?')}"
+    return f"record={record.topic}/{record.partition}/{record.offset}"

@@ -38,6 +38,10 @@ permanent_failure,
 unserializable_result
 ===================  ======================================================================
 
+**Batches.** A ``KafkaBroker`` subscriber with ``batch=True`` goes through the batch engine
+(:func:`dedupe_worker.asyncio.decide_many`): the handler gets only the records that must run, and
+the batch is committed or handed back whole; see :mod:`._batch` for its verdicts.
+
 **The key.** ``key`` is a strategy from :mod:`dedupe_worker.keys`
 (``header_key("idempotency-key")``, ``field_key("order.id")``, ``message_id_key()``,
 ``first_of(...)``). By default: the ``idempotency-key`` header, else the message id (RabbitMQ's
