@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import redis
 import redis.asyncio
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 
 from dedupe_worker import Deduplicator
 from dedupe_worker._messages.envelope import Envelope
@@ -211,3 +214,52 @@ def test_the_docs_batch_block_answers_each_record_with_its_own_outcome(
     sync = Deduplicator(redis_client, namespace=namespace)
     assert sync.answer(sync.begin("p1")) == {"charged": 5}  # element i of the returned list
     assert sync.answer(sync.begin("p2")) == {"charged": 7}
+
+
+def test_a_nats_pull_batch_runs_only_its_new_items_and_an_in_progress_item_redelivers_it(
+        nats_url: str, redis_url: str, redis_client: redis.Redis, namespace: str) -> None:
+    subject = f"fsb.{uuid.uuid4().hex[:10]}"
+    stream = subject.replace(".", "_")
+    record = record_of(namespace)
+
+    async def main() -> None:
+        dedupe = AsyncDeduplicator(redis.asyncio.Redis.from_url(redis_url), namespace=namespace, lease=5.0,
+                                   result_ttl=60.0)
+        middleware = RecordingMiddleware(dedupe, defer_base=0.05, defer_cap=0.2)
+        client = redis.asyncio.Redis.from_url(redis_url)
+        broker = NatsBroker(nats_url, middlewares=[middleware], logger=None)
+
+        @broker.subscriber(subject, stream=JStream(stream, subjects=[subject, subject + ".dlq"]),
+                           durable=f"{stream}_c", pull_sub=PullSub(batch_size=10, timeout=0.3, batch=True),
+                           config=ConsumerConfig(ack_wait=5.0))
+        async def handle(bodies: list[dict[str, Any]]) -> list[int]:
+            ids = [b["id"] for b in bodies]
+            await client.rpush(record, "call:" + ",".join(ids))
+            for item_id in ids:
+                await client.rpush(record, f"applied:{item_id}")
+            return [int(b["amount"]) * 2 for b in bodies]
+
+        await broker.start()
+        try:
+            for item_id in ("n1", "n2"):
+                await broker.publish(value(item_id), subject=subject, stream=stream)
+            await until(lambda: verdicts(middleware) == 2, what="the first batch")
+            held = await dedupe.begin("n4", fingerprint=body_fingerprint(Envelope(body=value("n4"))))
+            for item_id in ("n1", "n3", "n2", "n4"):
+                await broker.publish(value(item_id), subject=subject, stream=stream)
+            await until(lambda: middleware.count("deferred") >= 2, what="the batch deferred for n4")
+            await dedupe.release(held)
+            await until(lambda: middleware.count("applied") == 4, what="n4 applied")
+        finally:
+            await broker.stop()
+            nc = await nats.connect(nats_url)
+            await nc.jetstream().delete_stream(stream)
+            await nc.close()
+            await client.aclose()
+            await dedupe.aclose()
+            await dedupe.store.client.aclose()
+
+    asyncio.run(main())
+    log = entries(redis_client, namespace)
+    assert sorted(e for e in log if e.startswith("applied:")) == [f"applied:n{i}" for i in range(1, 5)]
+    assert not any("n1" in e or "n2" in e for e in log[log.index("applied:n2") + 1:])  # never run again

@@ -1,17 +1,20 @@
-"""FastStream batch subscribers (``KafkaBroker``'s ``@broker.subscriber(topic, batch=True)``)
-through the asyncio batch engine, :func:`dedupe_worker.asyncio.decide_many`.
+"""FastStream batch subscribers (``KafkaBroker``'s ``@broker.subscriber(topic, batch=True)``,
+``NatsBroker``'s JetStream ``pull_sub=PullSub(batch=True)``) through the asyncio batch engine,
+:func:`dedupe_worker.asyncio.decide_many`.
 
 **The FastStream API this relies on.** A batch reaches the middleware's ``consume_scope`` as one
-``KafkaMessage`` whose ``raw_message`` is the tuple of aiokafka ``ConsumerRecord`` s, whose
-``body`` is the list of their values and whose ``batch_headers`` is the list of their headers
-(``AioKafkaBatchParser.parse_batch``). The handler's list is decoded lazily from
-``raw_message`` (``decode_batch``), and ``StreamMessage.__copy__`` gives a copy its own decode
+message whose ``raw_message`` is the tuple of aiokafka ``ConsumerRecord`` s (Kafka,
+``AioKafkaBatchParser.parse_batch``) or the list of ``nats.aio.msg.Msg`` (NATS,
+``BatchParser.parse_batch``), whose ``body`` is the list of their values and whose
+``batch_headers`` is the list of their headers. The handler's list is decoded lazily from
+``raw_message`` (``decode_batch`` of both parsers), and ``StreamMessage.__copy__`` gives a copy its own decode
 cache. So the handler is called once, through ``call_next``, on a ``copy.copy`` of the message
 whose ``raw_message``, ``body`` and ``batch_headers`` hold only the records that must run: the
 handler sees a shorter list than FastStream decoded. Acknowledgement stays on the original
 message (FastStream's ``AcknowledgementMiddleware`` holds it), so the batch is committed or
-handed back as a whole. RabbitMQ has no batch subscriber in FastStream; NATS pull batches are
-not routed here yet (a NATS batch message is refused with ``TypeError``).
+handed back as a whole (Kafka: commit, or ``nack`` seeking each partition back; NATS:
+``ack``/``nak(delay)`` of every message of the batch). RabbitMQ has no batch subscriber in
+FastStream.
 
 **Each record** is keyed, fingerprinted and given its ttl exactly as a single message is (the
 middleware's ``key`` strategy, else the Kafka default; its ``fingerprint``; the ``ttl_header``).
@@ -31,10 +34,12 @@ only applied, duplicate and    the dead-letter records are published to ``<topic
 dead-letter records            ``x-dedupe-*`` headers (as a single message's), then the batch is
                                committed: by FastStream after the handler's value is returned
                                (and published as usual), or by the middleware when nothing ran
+                               (on NATS the dead-letter records are acked with the batch)
 an item deferred (in progress  nothing is dead-lettered yet; after the deferral delay the batch
 elsewhere, lease lost, Redis   is nacked (FastStream seeks each partition back to its earliest
-unavailable)                   record) and comes again: applied items answer DUPLICATE then,
-                               the deferred ones run once their holder is done
+unavailable)                   record; NATS naks every message with the delay) and comes
+                               again: applied items answer DUPLICATE then, the deferred ones
+                               run once their holder is done
 a handler error (no deferral)  the claims of the items handed to the handler are released, the
                                dead-letter records are published, and the handler's exception
                                goes to FastStream, whose ``ack_policy`` decides
@@ -61,7 +66,7 @@ from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
 from .._messages.retention import header_ttl
 from ..asyncio import AsyncItem, decide_many
-from ._brokers import KafkaAdapter
+from ._brokers import BrokerAdapter, adapter_for
 
 if TYPE_CHECKING:
     from ._middleware import DedupeMiddleware
@@ -72,8 +77,8 @@ log = logging.getLogger(__name__)
 
 
 def is_batch(msg: Any) -> bool:
-    """Whether FastStream handed the middleware a batch (``raw_message`` a tuple of records)."""
-    return isinstance(msg.raw_message, tuple)
+    """Whether FastStream handed the middleware a batch (``raw_message`` a tuple or list of records)."""
+    return isinstance(msg.raw_message, (tuple, list))
 
 
 async def _not_called() -> None:  # the batch runs through ``run_batch``, never item by item
@@ -90,8 +95,8 @@ def results(value: Any, count: int) -> list[Any]:
 async def handle_batch(owner: DedupeMiddleware, call_next: Callable[[Any], Any], msg: Any, broker: Any) -> Any:
     """Decide every record of the batch ``msg``, run the handler once on those that must run,
     and act on the verdicts as the module doc says."""
-    records: tuple[Any, ...] = msg.raw_message
-    adapter = KafkaAdapter()
+    records: Sequence[Any] = msg.raw_message
+    adapter = adapter_for(msg)
     envelopes = [adapter.record_envelope(record) for record in records]
     decisions: list[Decision | None] = [None] * len(records)
     keys: list[str | None] = [None] * len(records)
@@ -117,7 +122,8 @@ async def handle_batch(owner: DedupeMiddleware, call_next: Callable[[Any], Any],
         if not chosen:
             return []
         part = copy.copy(msg)  # its own decode cache (StreamMessage.__copy__)
-        part.raw_message = tuple(records[i] for i in chosen)
+        kept = [records[i] for i in chosen]
+        part.raw_message = tuple(kept) if isinstance(records, tuple) else kept  # Kafka: a tuple; NATS: a list
         part.body = [msg.body[i] for i in chosen]
         if len(msg.batch_headers) == len(records):
             part.batch_headers = [msg.batch_headers[i] for i in chosen]
@@ -139,9 +145,9 @@ async def handle_batch(owner: DedupeMiddleware, call_next: Callable[[Any], Any],
     return await _settle(owner, adapter, msg, envelopes, keys, decided, returned, broker)
 
 
-async def _settle(owner: DedupeMiddleware, adapter: KafkaAdapter, msg: Any, envelopes: list[Envelope],
+async def _settle(owner: DedupeMiddleware, adapter: BrokerAdapter, msg: Any, envelopes: list[Envelope],
                   keys: list[str | None], decisions: list[Decision], returned: list[Any], broker: Any) -> Any:
-    records: tuple[Any, ...] = msg.raw_message
+    records: Sequence[Any] = msg.raw_message
     actions = [d.action for d in decisions]
     for key, decision in zip(keys, decisions, strict=True):
         if key is not None and decision.action is not Action.DEFER:
@@ -153,8 +159,8 @@ async def _settle(owner: DedupeMiddleware, adapter: KafkaAdapter, msg: Any, enve
         for i, decision in enumerate(decisions):
             acted = Acted(Done.ACKED) if decision.action is Action.ACK else Acted(Done.DEFERRED, delay)
             if decision.action is Action.DEAD_LETTER:
-                log.info("dead letter postponed with its batch key=%s token=%s offset=%s", keys[i], decision.token,
-                         records[i].offset)
+                log.info("dead letter postponed with its batch key=%s token=%s %s", keys[i], decision.token,
+                         _where(records[i]))
             report(owner, records[i], keys[i], decision, acted, None, _where)
         raise NackMessage()
     producer = owner.dead_letter_producer or broker
@@ -175,4 +181,6 @@ async def _settle(owner: DedupeMiddleware, adapter: KafkaAdapter, msg: Any, enve
 
 
 def _where(record: Any) -> str:
-    return f"record={record.topic}/{record.partition}/{record.offset}"
+    if hasattr(record, "topic"):  # aiokafka
+        return f"record={record.topic}/{record.partition}/{record.offset}"
+    return f"subject={record.subject}"  # nats

@@ -66,6 +66,15 @@ class BrokerAdapter:
         """Set the message aside with ``headers`` and settle the original (see the module doc)."""
         raise NotImplementedError
 
+    def record_envelope(self, raw: Any) -> Envelope:
+        """One record of a batch as key strategies see it (brokers with batch subscribers)."""
+        raise NotImplementedError
+
+    async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
+        """Publish a copy of the record ``raw`` of a batch with ``headers``, leaving it unsettled
+        (the batch is settled as a whole); False when it could not be published (logged)."""
+        raise NotImplementedError
+
 
 class RabbitAdapter(BrokerAdapter):
 
@@ -147,7 +156,10 @@ class KafkaAdapter(BrokerAdapter):
 class NatsAdapter(BrokerAdapter):
 
     def envelope(self, msg: Any, subscriber: Any) -> Envelope:
-        raw = msg.raw_message  # nats.aio.msg.Msg
+        return self.record_envelope(msg.raw_message)
+
+    def record_envelope(self, raw: Any) -> Envelope:
+        """One ``nats.aio.msg.Msg`` as key strategies see it (a single message, or one of a batch)."""
         headers = dict(raw.headers or {})
         message_id = headers.get("Nats-Msg-Id") or headers.get("message_id")
         return Envelope(body=raw.data, headers=headers, message_id=message_id, source=raw.subject)
@@ -156,19 +168,28 @@ class NatsAdapter(BrokerAdapter):
         await msg.nack(delay=delay)  # JetStream redelivers it after the delay
 
     async def dead_letter(self, msg: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> None:
-        raw = msg.raw_message
+        await self.publish_dead_letter(msg.raw_message, envelope, headers, producer)
+        await msg.reject()  # term(): JetStream stops redelivering it (MSG_TERMINATED advisory)
+
+    async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
+        """Publish a copy of ``raw`` to ``<subject>.dlq`` with ``headers``; False (logged) if that failed."""
         subject = raw.subject + DLQ_SUFFIX
         try:
             await raw._client.publish(subject, raw.data, headers={**(raw.headers or {}), **headers})
             await raw._client.flush()
         except Exception as exc:
             log.warning("dead-letter publish to %s failed key=%s: %s", subject, headers.get(deadletter.KEY), exc)
-        await msg.reject()  # term(): JetStream stops redelivering it (MSG_TERMINATED advisory)
+            return False
+        return True
 
 
 def adapter_for(msg: Any) -> BrokerAdapter:
-    """The adapter of the library that delivered ``msg`` (``StreamMessage.raw_message``)."""
-    module = type(msg.raw_message).__module__
+    """The adapter of the library that delivered ``msg`` (``StreamMessage.raw_message``, or the
+    first record of a batch)."""
+    raw = msg.raw_message
+    if isinstance(raw, (tuple, list)) and raw:
+        raw = raw[0]
+    module = type(raw).__module__
     if module.startswith("aio_pika"):
         return _RABBIT
     if module.startswith("aiokafka") or module.startswith("faststream.kafka"):
