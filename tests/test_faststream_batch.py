@@ -26,6 +26,7 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from dedupe_worker import Deduplicator
 from dedupe_worker._messages.envelope import Envelope
 from dedupe_worker.asyncio import AsyncDeduplicator
+from dedupe_worker.faststream._batch import results
 from dedupe_worker.keys import body_fingerprint
 
 from .faststream_app import RecordingMiddleware
@@ -263,3 +264,10 @@ def test_a_nats_pull_batch_runs_only_its_new_items_and_an_in_progress_item_redel
     log = entries(redis_client, namespace)
     assert sorted(e for e in log if e.startswith("applied:")) == [f"applied:n{i}" for i in range(1, 5)]
     assert not any("n1" in e or "n2" in e for e in log[log.index("applied:n2") + 1:])  # never run again
+
+
+def test_a_return_value_that_is_not_a_list_of_the_same_length_is_every_items_result() -> None:
+    assert results([1, 2, 3], 3) == [1, 2, 3]
+    assert results([1, 2], 3) == [[1, 2]] * 3
+    assert results({"ok": True}, 2) == [{"ok": True}] * 2
+    assert results(None, 2) == [None, None]
