@@ -66,6 +66,15 @@ class BrokerAdapter:
         """Set the message aside with ``headers`` and settle the original (see the module doc)."""
         raise NotImplementedError
 
+    def record_envelope(self, raw: Any) -> Envelope:
+        """One record of a batch as key strategies see it (brokers with batch subscribers)."""
+        raise NotImplementedError
+
+    async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
+        """Publish a copy of the record ``raw`` of a batch with ``headers``, leaving it unsettled
+        (the batch is settled as a whole); False when it could not be published (logged)."""
+        raise NotImplementedError
+
 
 class RabbitAdapter(BrokerAdapter):
 
@@ -107,7 +116,11 @@ class KafkaAdapter(BrokerAdapter):
         return KAFKA_DEFAULT(envelope)
 
     def envelope(self, msg: Any, subscriber: Any) -> Envelope:
-        raw = msg.raw_message  # aiokafka.ConsumerRecord
+        return self.record_envelope(msg.raw_message)
+
+    def record_envelope(self, raw: Any) -> Envelope:
+        """One aiokafka ``ConsumerRecord`` as key strategies see it (a single message, or one
+        record of a batch)."""
         return Envelope(body=raw.value or b"", headers=dict(raw.headers or ()), partition_key=raw.key,
                         source=raw.topic, position=(raw.partition, raw.offset))
 
@@ -117,12 +130,18 @@ class KafkaAdapter(BrokerAdapter):
                 deadletter.ORIGINAL_OFFSET: str(offset)}
 
     async def dead_letter(self, msg: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> None:
-        raw = msg.raw_message
+        if not await self.publish_dead_letter(msg.raw_message, envelope, headers, producer):
+            await msg.reject()
+            return
+        await msg.ack()
+
+    async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
+        """Publish a copy of the record ``raw`` to ``<topic>.dlq`` with ``headers``; the caller
+        commits past it. False (logged) when there is no producer to publish it."""
         if producer is None:
             log.error("no broker to publish the dead letter: committing past poison record %s/%s/%s key=%s reason=%s",
                       raw.topic, raw.partition, raw.offset, headers.get(deadletter.KEY), headers.get(deadletter.REASON))
-            await msg.reject()
-            return
+            return False
         topic = raw.topic + DLQ_SUFFIX
         if hasattr(producer, "send_and_wait"):  # aiokafka's AIOKafkaProducer
             await producer.send_and_wait(topic, value=raw.value, key=raw.key,
@@ -131,13 +150,16 @@ class KafkaAdapter(BrokerAdapter):
             kept = {k: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
                     for k, v in envelope.headers.items()}
             await producer.publish(raw.value or b"", topic=topic, key=raw.key, headers={**kept, **headers})
-        await msg.ack()
+        return True
 
 
 class NatsAdapter(BrokerAdapter):
 
     def envelope(self, msg: Any, subscriber: Any) -> Envelope:
-        raw = msg.raw_message  # nats.aio.msg.Msg
+        return self.record_envelope(msg.raw_message)
+
+    def record_envelope(self, raw: Any) -> Envelope:
+        """One ``nats.aio.msg.Msg`` as key strategies see it (a single message, or one of a batch)."""
         headers = dict(raw.headers or {})
         message_id = headers.get("Nats-Msg-Id") or headers.get("message_id")
         return Envelope(body=raw.data, headers=headers, message_id=message_id, source=raw.subject)
@@ -146,19 +168,28 @@ class NatsAdapter(BrokerAdapter):
         await msg.nack(delay=delay)  # JetStream redelivers it after the delay
 
     async def dead_letter(self, msg: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> None:
-        raw = msg.raw_message
+        await self.publish_dead_letter(msg.raw_message, envelope, headers, producer)
+        await msg.reject()  # term(): JetStream stops redelivering it (MSG_TERMINATED advisory)
+
+    async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
+        """Publish a copy of ``raw`` to ``<subject>.dlq`` with ``headers``; False (logged) if that failed."""
         subject = raw.subject + DLQ_SUFFIX
         try:
             await raw._client.publish(subject, raw.data, headers={**(raw.headers or {}), **headers})
             await raw._client.flush()
         except Exception as exc:
             log.warning("dead-letter publish to %s failed key=%s: %s", subject, headers.get(deadletter.KEY), exc)
-        await msg.reject()  # term(): JetStream stops redelivering it (MSG_TERMINATED advisory)
+            return False
+        return True
 
 
 def adapter_for(msg: Any) -> BrokerAdapter:
-    """The adapter of the library that delivered ``msg`` (``StreamMessage.raw_message``)."""
-    module = type(msg.raw_message).__module__
+    """The adapter of the library that delivered ``msg`` (``StreamMessage.raw_message``, or the
+    first record of a batch)."""
+    raw = msg.raw_message
+    if isinstance(raw, (tuple, list)) and raw:
+        raw = raw[0]
+    module = type(raw).__module__
     if module.startswith("aio_pika"):
         return _RABBIT
     if module.startswith("aiokafka") or module.startswith("faststream.kafka"):

@@ -38,6 +38,10 @@ permanent_failure,
 unserializable_result
 ===================  ======================================================================
 
+**Batches.** A ``KafkaBroker`` subscriber with ``batch=True`` goes through the batch engine
+(:func:`dedupe_worker.asyncio.decide_many`): the handler gets only the records that must run, and
+the batch is committed or handed back whole; see :mod:`._batch` for its verdicts.
+
 **The key.** ``key`` is a strategy from :mod:`dedupe_worker.keys`
 (``header_key("idempotency-key")``, ``field_key("order.id")``, ``message_id_key()``,
 ``first_of(...)``). By default: the ``idempotency-key`` header, else the message id (RabbitMQ's
@@ -70,6 +74,7 @@ from .._messages.envelope import Envelope
 from .._messages.retention import TTL_HEADER, header_ttl
 from ..asyncio import AsyncClaimClient, decide
 from ..keys import KeyStrategy, body_fingerprint
+from ._batch import handle_batch, is_batch
 from ._brokers import BrokerAdapter, adapter_for
 
 __all__ = ["DedupeMiddleware", "dedupe_middleware"]
@@ -105,7 +110,9 @@ class DedupeMiddleware(Hooks, RetryPolicy):
     async def handle(self, call_next: Callable[[Any], Any], msg: Any, subscriber: Any, broker: Any = None) -> Any:
         """Derive the key, let :func:`decide` claim it and run the rest of the chain, act on the
         verdict. ``broker`` (the one consuming ``msg``) publishes Kafka's dead letters when no
-        ``dead_letter_producer`` was given."""
+        ``dead_letter_producer`` was given. A Kafka batch goes to :func:`._batch.handle_batch`."""
+        if is_batch(msg):
+            return await handle_batch(self, call_next, msg, broker)
         adapter = adapter_for(msg)
         envelope = adapter.envelope(msg, subscriber)
         try:
