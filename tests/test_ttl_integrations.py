@@ -36,8 +36,10 @@ __all__ = ["pg", "record", "target"]  # fixtures used by name
 
 
 def result_pttls(redis_client: redis.Redis, namespace: str) -> list[int]:
-    """The PTTL of every result record in ``namespace``."""
-    return [int(redis_client.pttl(name)) for name in redis_client.scan_iter(match=f"{namespace}:*:result")]
+    """The PTTL of every result record in ``namespace``. The names are found first (a large
+    ``COUNT``: the shared Redis holds other tests' keys, and a slow scan would age the PTTLs)."""
+    names = list(redis_client.scan_iter(match=f"{namespace}:*:result", count=100_000))
+    return [int(redis_client.pttl(name)) for name in names]
 
 
 @pytest.mark.parametrize("target", ["rabbit", "kafka"], indirect=True)
@@ -143,7 +145,7 @@ async def test_http_ttl_option_and_idempotency_ttl_header(redis_url: str, redis_
         sent = await call(IdempotencyMiddleware(with_header, dedupe, ttl=13), scope())
         assert all(name != b"idempotency-ttl" for name, _ in sent[0]["headers"])  # stripped
         assert_kept(result_pttls(redis_client, namespace + "h")[0], 17)  # the app's header wins
-    for name in redis_client.scan_iter(match=f"{namespace}h:*"):
+    for name in redis_client.scan_iter(match=f"{namespace}h:*", count=100_000):
         redis_client.delete(name)
 
 
