@@ -214,8 +214,10 @@ class ScriptFlows:
     ``source`` maps each script name to its text in ``lua/`` (with its ``#!lua`` line).
     """
 
-    def __init__(self, source: dict[str, str]) -> None:
+    def __init__(self, source: dict[str, str], *, functions: bool = True) -> None:
         self.source = source
+        #: Whether this runner may call functions at all (``False``: always ``EVALSHA``).
+        self.functions_allowed = functions
         #: Each script's text as this server gets it; empty until :attr:`sha` is known.
         self.text: dict[str, str] = {}
         #: Each script's SHA1, of :attr:`text`; ``None`` until the server's version is known.
@@ -235,7 +237,8 @@ class ScriptFlows:
         except ResponseError:
             info = None
         flags = takes_flags(info)
-        self.functions = flags and os.environ.get(SCRIPTS_ENV, "").strip().lower() != "eval"
+        self.functions = (self.functions_allowed and flags
+                          and os.environ.get(SCRIPTS_ENV, "").strip().lower() != "eval")
         self.text = {name: script_text(text, flags) for name, text in self.source.items()}
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self.text.items()}
         return self.sha
