@@ -76,6 +76,8 @@ def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extr
         cmd += ["--label", label]
     if redis_url and module in TAKES_REDIS_URL:
         cmd += ["--redis-url", redis_url]
+    if module == "bench.kafka_consumer":  # Redis CPU per message on a cluster too (its nodes unpinned)
+        cmd += ["--cluster", "3"]
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
     print(f"\n$ {' '.join(cmd)}\n  placement: {label}", flush=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -50,15 +51,21 @@ class Timed(DedupeKafkaConsumer):
     finished = 0.0
     cpu_started = 0.0
     cpu_finished = 0.0
+    redis_started = 0.0
+    redis_finished = 0.0
     seen = 0
+    #: Redis' CPU seconds so far (its main thread), read at the first and the last batch.
+    redis_cpu: Callable[[], float] = staticmethod(lambda: 0.0)
 
     def process(self, messages: Sequence[Message]) -> None:
         if not self.started:
+            self.redis_started = self.redis_cpu()
             self.started, self.cpu_started = time.perf_counter(), time.process_time()
         super().process(messages)
         self.seen += len(messages)
         if self.seen >= self.target:
             self.finished, self.cpu_finished = time.perf_counter(), time.process_time()
+            self.redis_finished = self.redis_cpu()
             self.stop()
 
 
@@ -109,15 +116,77 @@ def handler_for(work: float) -> Callable[[Message], None]:
     return handler if work > 0 else (lambda message: None)
 
 
+def redis_main_thread_cpu(clients: Sequence[redis.Redis]) -> Callable[[], float]:
+    """Redis' main-thread CPU seconds (``INFO cpu``, Redis 6+; the thread every command runs on),
+    summed over ``clients`` (a cluster's primaries): what Redis cores spend, so the bench's Redis
+    must serve nobody else (``make bench`` starts a private one)."""
+    def read() -> float:
+        total = 0.0
+        for client in clients:
+            info = client.info("cpu")
+            total += float(info.get("used_cpu_user_main_thread", info["used_cpu_user"])) + \
+                float(info.get("used_cpu_sys_main_thread", info["used_cpu_sys"]))
+        return total
+    return read
+
+
+@contextmanager
+def cluster(shards: int) -> Iterator[tuple[Any, list[redis.Redis]]]:
+    """A private ``shards``-primary Redis Cluster (``tests.services``): a cluster client for the
+    deduplicator and a plain client per primary for their CPU counters."""
+    from redis.cluster import RedisCluster
+
+    from tests.services import redis_cluster
+
+    with redis_cluster(shards) as ports:
+        nodes = [redis.Redis(port=port) for port in ports]
+        client = RedisCluster(host="127.0.0.1", port=ports[0])
+        try:
+            yield client, nodes
+        finally:
+            client.close()
+            for node in nodes:
+                node.close()
+
+
+def shard_scaling(bootstrap: str, topic: str, count: int, rounds: int, shards: int) -> None:
+    """Redis CPU per message on a ``shards``-primary cluster (summed over the primaries; on a
+    cluster every key is its own script call, one slot per call), for new keys and duplicates."""
+    with cluster(shards) as (client, nodes):
+        read = redis_main_thread_cpu(nodes)
+        on_redis: dict[str, list[float]] = {"new keys": [], "duplicates": []}
+        client_side: dict[str, list[tuple[float, float]]] = {"new keys": [], "duplicates": []}
+        for _ in range(rounds):
+            dedupe = Deduplicator(client, namespace=f"bench-{uuid.uuid4().hex[:8]}", result_ttl=300)
+            for name in ("new keys", "duplicates"):
+                client_side[name].append(measure(Timed, bootstrap, topic, count, 500, dedupe, 0.0,
+                                                 (read, on_redis[name])))
+            dedupe.close()
+        for name, values in on_redis.items():
+            usec = statistics.median(values)
+            rate = statistics.median(r for r, _ in client_side[name])
+            cpu = statistics.median(c for _, c in client_side[name])
+            print(f"  cluster of {shards}, batch 500, {name}: {rate:,.0f} msg/s, client CPU {cpu:.1f} µs/msg; "
+                  f"Redis main-thread CPU per message (all primaries) {usec:.1f} µs, so each shard's core "
+                  f"sustains {1e6 / usec:,.0f} msg/s (median of {len(values)})", flush=True)
+
+
 def measure(cls: type[Timed], bootstrap: str, topic: str, count: int, batch: int,
-            dedupe: Deduplicator, work: float = 0.0, **options: Any) -> tuple[float, float]:
-    """msg/s and client CPU µs per message of one fresh consumer group reading ``count`` records."""
+            dedupe: Deduplicator, work: float = 0.0,
+            redis_cpu: tuple[Callable[[], float], list[float]] | None = None, **options: Any) -> tuple[float, float]:
+    """msg/s and client CPU µs per message of one fresh consumer group reading ``count`` records;
+    with ``redis_cpu`` (a reader of Redis' CPU seconds, and a list), Redis' CPU µs per message
+    over the same span is appended to the list."""
     config = {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
               "session.timeout.ms": 2000, "heartbeat.interval.ms": 500}
     consumer = cls(config, [topic], handler_for(work), dedupe, batch_size=batch, poll_timeout=0.5,
                    **options)
     consumer.target = count
+    if redis_cpu is not None:
+        consumer.redis_cpu = redis_cpu[0]
     consumer.run(install_signal_handlers=False)
+    if redis_cpu is not None:
+        redis_cpu[1].append(1e6 * (consumer.redis_finished - consumer.redis_started) / count)
     return (count / (consumer.finished - consumer.started),
             1e6 * (consumer.cpu_finished - consumer.cpu_started) / count)
 
@@ -155,6 +224,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20000, help="messages read at batch size 500")
     parser.add_argument("--rounds", type=int, default=3, help="measurements per case (median shown)")
     parser.add_argument("--work-us", type=float, default=0.0, help="handler cost per message (spin)")
+    parser.add_argument("--cluster", type=int, default=0, metavar="SHARDS",
+                        help="also measure Redis CPU per message on a private cluster of SHARDS primaries")
     parser.add_argument("--label", default=f"pid {os.getpid()}, cpus {sorted(os.sched_getaffinity(0))}")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -174,16 +245,28 @@ def main() -> None:
                 rates.setdefault(name, []).append(sample[0])
                 cpu.setdefault(name, []).append(sample[1])
 
+            on_redis: dict[str, list[float]] = {"new keys": [], "duplicates": []}
+            read_redis = redis_main_thread_cpu([client])
             for _ in range(args.rounds):
                 namespace = f"bench-{uuid.uuid4().hex[:8]}"  # every key new: all applied
                 dedupe = Deduplicator(client, namespace=namespace, result_ttl=300)
                 add("bare", measure_bare(bootstrap, topic, count, batch, work))
                 add("stubbed", measure(Plain, bootstrap, topic, count, batch, dedupe, **plain))
-                add("dedupe", measure(Timed, bootstrap, topic, count, batch, dedupe, work))
+                add("dedupe", measure(Timed, bootstrap, topic, count, batch, dedupe, work,
+                                      (read_redis, on_redis["new keys"])))
                 if batch == 500:
-                    add("redelivered", measure(Timed, bootstrap, topic, count, batch, dedupe, work))
+                    add("redelivered", measure(Timed, bootstrap, topic, count, batch, dedupe, work,
+                                               (read_redis, on_redis["duplicates"])))
                 dedupe.close()
             print_ratios(f"batch {batch:>3}", rates, "bare", count, cpu=cpu)
+            for name, values in on_redis.items():
+                if not values:
+                    continue
+                usec = statistics.median(values)
+                print(f"  batch {batch:>3} Redis main-thread CPU per message, {name}: {usec:.1f} µs, "
+                      f"so one Redis core sustains {1e6 / usec:,.0f} msg/s (median of {len(values)})", flush=True)
+        if args.cluster:
+            shard_scaling(bootstrap, topic, args.messages, args.rounds, args.cluster)
 
 if __name__ == "__main__":
     main()

@@ -70,6 +70,34 @@ def test_batches_on_a_cluster(cluster_dedupe: Deduplicator) -> None:
     assert [x.reason for x in decisions] == [Reason.DUPLICATE] * 3 + [Reason.APPLIED, Reason.DUPLICATE]
 
 
+def getkeys_calls(ports: list[int]) -> int:
+    """``COMMAND GETKEYS`` calls the primaries have answered (``INFO commandstats``)."""
+    import redis
+
+    total = 0
+    for port in ports:
+        with redis.Redis(port=port) as node:
+            total += int(node.info("commandstats").get("cmdstat_command|getkeys", {}).get("calls", 0))
+    return total
+
+
+def test_script_calls_are_routed_without_asking_the_server_for_their_keys(
+        cluster_dedupe: Deduplicator, cluster_ports: list[int]) -> None:
+    """redis-py 6+ would ask a primary for the keys of every pipelined FCALL or EVALSHA (and of a
+    single FCALL): one COMMAND GETKEYS round trip per call. The library routes its calls itself."""
+    d = cluster_dedupe
+    d.begin("warm-up")  # the scripts or the function library loaded
+    before = getkeys_calls(cluster_ports)
+    keys = [f"routed-{i}" for i in range(40)]
+    claims = d.begin_many(keys)
+    assert d.complete_many([(c, i) for i, c in enumerate(claims)]) == [True] * 40
+    single = d.begin("routed-single")
+    d.complete(single, "one")
+    assert [c.result for c in d.begin_many(keys)] == list(range(40))
+    assert d.begin("routed-single").result == "one"
+    assert getkeys_calls(cluster_ports) == before
+
+
 def test_scripts_reload_on_every_master(cluster_dedupe: Deduplicator, cluster_ports: list[int]) -> None:
     import redis
 

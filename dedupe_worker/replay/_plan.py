@@ -206,11 +206,8 @@ class Planner:
             # Read-only commands, so the held connection's retry on a connection error is safe.
             held = store.scripts.held
             replies = held.execute_many(commands) if held is not None else BUSY
-            if replies is BUSY:
-                pipe = store.client.pipeline(transaction=False)
-                for command in commands:
-                    pipe.execute_command(*command)
-                replies = pipe.execute(raise_on_error=False)
+            if replies is BUSY:  # the pool path (on a cluster, each call routed to its slot's primary)
+                replies = store.scripts.path.execute_many(commands)
         except (RedisError, StoreUnavailable) as exc:
             failed = StoreUnavailable(f"Redis failed reading {len(stems)} keys: {exc}")
             return [failed] * len(stems)
