@@ -1,4 +1,4 @@
-"""Record format 2 (the compact string result) through the public paths: sync and asyncio, one key
+"""Record format 2 (the compact string result at the key's stem) through the public paths: sync and asyncio, one key
 and batches, the switch read from the environment. The format's layout and its rolling upgrade
 are tested in ``test_lua_compat.py``."""
 
@@ -23,8 +23,11 @@ __all__ = ["aredis"]
 
 
 def _result(client: redis.Redis, d: Deduplicator | AsyncDeduplicator, key: str) -> bytes:
-    raw = client.get(KeyLayout.result(d.request(key).stem))
+    """The format-2 record of ``key``: a string at its stem, and no format-1 hash beside it."""
+    stem = d.request(key).stem
+    raw = client.get(KeyLayout.record(stem))
     assert isinstance(raw, bytes)
+    assert not client.exists(KeyLayout.result(stem), KeyLayout.started(stem))
     return raw
 
 
@@ -95,7 +98,8 @@ def test_the_replay_reads_the_fingerprint_of_either_format_in_one_batch(
     f2.store.write_format(2)
     apply_before(f1, "one", b'{"id": 1}')
     apply_before(f2, "two", b'{"id": 2}')
-    assert redis_client.type(KeyLayout.result(f2.request("two").stem)) == b"string"
+    assert redis_client.type(KeyLayout.record(f2.request("two").stem)) == b"string"
+    assert redis_client.type(KeyLayout.result(f1.request("one").stem)) == b"hash"
     messages = [(Envelope(body=body, headers={"idempotency-key": key}), "handler_error")
                 for key, body in (("one", b'{"id": 1}'), ("two", b'{"id": 2}'),
                                   ("one", b'{"id": 9}'), ("two", b'{"id": 9}'))]
