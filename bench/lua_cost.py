@@ -82,7 +82,8 @@ class Version:
     @classmethod
     def from_dir(cls, client: redis.Redis, label: str, folder: Path | None, record_format: int = 1) -> Version:
         read = (lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8")) if folder else load_script
-        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format, earlier=folder is not None)
+        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format,
+                   earlier=folder is not None)
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)

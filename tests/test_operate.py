@@ -126,8 +126,8 @@ def test_stats_counts_outcomes_of_both_formats_in_one_namespace(
 
 def test_the_earlier_releases_are_known_by_the_sha_they_load() -> None:
     """doctor's ``records`` check tells a worker of an earlier release by its ``claim.lua``'s SHA."""
-    from pathlib import Path
     import hashlib
+    from pathlib import Path
 
     data = Path(__file__).parent / "data"
     shas = {hashlib.sha1((data / folder / "claim.lua").read_bytes()).hexdigest()

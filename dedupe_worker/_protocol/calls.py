@@ -202,7 +202,8 @@ class StoreCalls:
         """``items`` are ``(stem, fingerprint, original_key)``."""
         if len(items) == 1:  # one message (decide, run): the same call, built without the batch's loops
             stem, fingerprint, original = items[0]
-            return [("claim", self.claim_keys(stem), (lease_ms, retention_ms, fingerprint, original, *self.format_args))]
+            return [("claim", self.claim_keys(stem),
+                     (lease_ms, retention_ms, fingerprint, original, *self.format_args))]
         calls = self._calls("claim", [self.claim_keys(s) for s, _, _ in items],
                             (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
         if self.format_args:  # claim.lua reads the format this worker writes first

@@ -97,6 +97,11 @@ class KeyLayout:
         return stem + ":started", stem, stem + ":result"
 
     @staticmethod
+    def stem_of(name: str) -> str:
+        """The stem of a key name this layout made (``<namespace>:{<key>}``, suffix or not)."""
+        return name.rpartition("}")[0] + "}"
+
+    @staticmethod
     def kind(name: str) -> str:
         """What the key ``name`` (found by a ``SCAN`` of the namespace) holds: ``"record"`` (a
         format-2 outcome), ``"result"`` (a format-1 outcome), ``"started"``, ``"notice"``,
