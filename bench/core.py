@@ -88,8 +88,8 @@ def measure(url: str, seconds: float) -> tuple[dict[str, float], dict[str, float
         """The same two scripts, called straight from redis-py: what run() costs without us."""
         stem = f"{ns}:{{raw-{i}}}"
         started, result = stem + ":started", stem + ":result"
-        token = client.evalsha(claim_sha, 2, started, result, 30000, 600000, "", "")[1]
-        client.evalsha(complete_sha, 3, started, result, stem + ":notice", 600000, token, "c", b"1")
+        token = client.evalsha(claim_sha, 3, started, stem, result, 30000, 600000, "", "")[1]
+        client.evalsha(complete_sha, 4, started, stem, result, stem + ":notice", 600000, token, "c", b"1")
         return 1
 
     def run_path(i: int) -> int:
@@ -127,7 +127,7 @@ def measure(url: str, seconds: float) -> tuple[dict[str, float], dict[str, float
 
     d.run("memory-probe-order-00012345", lambda: {"status": "charged", "amount": 1250})
     stem = d.layout.stem("memory-probe-order-00012345")
-    m["memory"] = float(sum(client.memory_usage(k) or 0 for k in (stem + ":started", stem + ":result")))
+    m["memory"] = float(sum(client.memory_usage(k) or 0 for k in (stem + ":started", stem, stem + ":result")))
     for pattern in (f"{ns}:*", "qo_bench.once*"):  # the bench keys expire anyway: do not leave 10^5 behind
         batch = []
         for key in client.scan_iter(pattern, count=5000):

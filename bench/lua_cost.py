@@ -10,7 +10,8 @@ propagation included when the server has ``appendonly yes`` (``make bench`` star
 server so). The cases: a claim of a new key (without and with a fingerprint), of a key whose
 outcome is stored (duplicate), of a key a live lease holds, of a released key; a completion, a
 renewal, a release. This release's scripts run twice, writing results in record format 1 (the
-hash every release reads: "this f1") and 2 (the compact string: "this f2"). ``--baseline DIR``
+hash at ``<stem>:result`` every release reads: "this f1") and 2 (the compact string at the stem
+itself: "this f2"). ``--baseline DIR``
 runs every case with the scripts in ``DIR`` too (e.g.
 ``tests/data/lua_previous``, those of the previous release), alternating round by round on the
 same server, and prints both: timings on a shared machine swing, a side-by-side run does not.
@@ -51,13 +52,28 @@ class _Calls(StoreCalls):
     scripts = SimpleNamespace(is_cluster=False)
 
 
+class _EarlierCalls(_Calls):
+    """The calls of releases before record format 2 (the baseline's scripts): their scripts take
+    the started and result keys only, not the stem."""
+
+    @staticmethod
+    def claim_keys(stem: str) -> tuple[str, ...]:
+        return KeyLayout.started(stem), KeyLayout.result(stem)
+
+    @staticmethod
+    def complete_keys(stem: str) -> tuple[str, ...]:
+        return KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)
+
+
 class Version:
     """One set of the protocol scripts, loaded on the server, run by name."""
 
-    def __init__(self, client: redis.Redis, label: str, texts: dict[str, str], record_format: int = 1) -> None:
+    def __init__(self, client: redis.Redis, label: str, texts: dict[str, str], record_format: int = 1,
+                 earlier: bool = False) -> None:
         self.client, self.label = client, label
-        #: The calls the store sends, writing results in ``record_format``.
-        self.calls = _Calls()
+        #: The calls the store sends, writing results in ``record_format`` (``earlier``: the
+        #: calls of a release before record format 2).
+        self.calls = _EarlierCalls() if earlier else _Calls()
         self.calls.write_format(record_format)
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
         for text in texts.values():
@@ -66,7 +82,8 @@ class Version:
     @classmethod
     def from_dir(cls, client: redis.Redis, label: str, folder: Path | None, record_format: int = 1) -> Version:
         read = (lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8")) if folder else load_script
-        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format)
+        return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format,
+                   earlier=folder is not None)
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -116,10 +133,10 @@ def server_usec(v: Version, calls: Sequence[Call]) -> float:
 
 
 def memory(v: Version, fingerprint: str) -> tuple[float, float]:
-    """``MEMORY USAGE`` of both records of one key named as ``bench.core`` names it: while its
+    """``MEMORY USAGE`` of every record of one key named as ``bench.core`` names it: while its
     claim is held, and once completed."""
     stem = KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345")
-    records = (KeyLayout.started(stem), KeyLayout.result(stem))
+    records = KeyLayout.records(stem)
     c = v.calls
     token = _tokens(v.run(c.claim_calls([(stem, fingerprint, "")], LEASE_MS, RETENTION_MS)))[0]
     held = sum(v.client.memory_usage(k) or 0 for k in records)
@@ -129,14 +146,17 @@ def memory(v: Version, fingerprint: str) -> tuple[float, float]:
     return float(held), float(done)
 
 
-def floor_bytes(client: redis.Redis) -> float:
-    """``MEMORY USAGE`` of a plain ``SET ... PX`` of the probe's result key name and value: the
-    floor for a completed key on this server."""
-    name = KeyLayout.result(KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345"))
-    client.set(name, VALUE, px=RESULT_TTL_MS)
-    used = client.memory_usage(name) or 0
-    client.delete(name)
-    return float(used)
+def floor_bytes(client: redis.Redis) -> dict[int, float]:
+    """``MEMORY USAGE`` of a plain ``SET ... PX`` of the probe's value at the name its outcome
+    record takes, by record format (2: the stem, 1: ``<stem>:result``): the floor for a completed
+    key on this server."""
+    stem = KeyLayout(f"bench-{uuid.uuid4().hex[:8]}").stem("memory-probe-order-00012345")
+    floors = {}
+    for record_format, name in ((2, KeyLayout.record(stem)), (1, KeyLayout.result(stem))):
+        client.set(name, VALUE, px=RESULT_TTL_MS)
+        floors[record_format] = float(client.memory_usage(name) or 0)
+        client.delete(name)
+    return floors
 
 
 def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None, int]]) -> dict[str, Any]:
@@ -171,9 +191,10 @@ def report(m: dict[str, Any], labels: Sequence[str], keys: int, rounds: int) -> 
                                                 for size in BATCHES for lb in labels))
     for lb in labels:
         (held, done), (held_fp, done_fp) = m["memory"][lb]
-        lines.append(f"  memory per key ({lb}, MEMORY USAGE of both records): completed {done:.0f} bytes, "
+        lines.append(f"  memory per key ({lb}, MEMORY USAGE of its records): completed {done:.0f} bytes, "
                      f"{done_fp:.0f} with a fingerprint; claimed {held:.0f}, {held_fp:.0f} with a fingerprint")
-    lines.append(f"  floor: a plain SET ... PX of the same key name and value takes {m['floor']:.0f} bytes")
+    lines.append(f"  floor: a plain SET ... PX of the value at the name the outcome takes: {m['floor'][2]:.0f} "
+                 f"bytes at the stem (format 2), {m['floor'][1]:.0f} at <stem>:result (format 1)")
     return "\n".join(lines)
 
 

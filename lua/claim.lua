@@ -1,15 +1,17 @@
 -- claim.lua: try to take the claim on one or more message keys (state: free -> claimed).
 --
--- KEYS[2i-1] - the started key of message i (hash: next, owner, deadline, fp, orig, w)
--- KEYS[2i]   - the result key of message i  (complete.lua's compact string, or the hash of
---              earlier releases: s, v, t, f, orig)
+-- KEYS[3i-2] - the started key of message i (hash: next, owner, deadline, fp, orig, w)
+-- KEYS[3i-1] - the stem of message i: where record format 2 keeps the outcome (complete.lua's
+--              compact string)
+-- KEYS[3i]   - the result key of message i: where record format 1 keeps the outcome (the hash
+--              of every release: s, v, t, f, orig)
 -- ARGV[1]    - lease in milliseconds
 -- ARGV[2]    - retention in milliseconds: how long the started key (and with it the token
 --              counter) outlives the lease
 -- ARGV[2i+1] - payload fingerprint of message i ('' means "do not check")
 -- ARGV[2i+2] - the original key of message i when the Redis key holds its hash, else ''
 -- ARGV[2n+3] - optional, after the last message: '2' when this worker writes record format 2 (a
---              stored result is then read as a string first, else as a hash first)
+--              stored outcome is then looked for at the stem first, else at the result key first)
 --
 -- Returns four values per message, in order:
 --   {1, token, reclaimed, false}        ACQUIRED: we own the claim under a new fencing token;
@@ -37,10 +39,12 @@
 -- Records are shared with workers running other releases of these scripts (rolling upgrades;
 -- tests/test_lua_compat.py): a field that is missing means what its empty value meant, so empty
 -- ones are not written (fp and orig here), and a free lease is one whose owner is 0 or missing,
--- whatever its deadline. A result is read in both formats complete.lua writes. The cost is Redis'
--- own time per key, so the common case is cheapest: a key with no record at all (one EXISTS of
--- both keys) is claimed with one HSET of three fields and a PEXPIREAT; a duplicate is one EXISTS
--- and one read (HMGET or GET: the format this worker writes first).
+-- whatever its deadline. An outcome is read in both formats complete.lua writes (a release before
+-- this one reads only format 1's hash, which is why format 2 is switched on only once every worker
+-- runs this release). The cost is Redis' own time per key, so the common case is cheapest: a key
+-- with no record at all (one EXISTS of its three keys) is claimed with one HSET of three fields
+-- and a PEXPIREAT; a duplicate is one EXISTS and one read (GET of the stem or HMGET of the result
+-- key: the format this worker writes first).
 local lease_ms = tonumber(ARGV[1])
 -- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
 -- Shared values are made once as strings (at the first claim taken): Redis formats every number
@@ -54,25 +58,25 @@ local function clock()
 end
 
 -- The stored outcome in either format: status, token, value, fingerprint ('' for none); nil when
--- no outcome is stored. The compact string (complete.lua): a status letter, the token as 8 bytes
--- big-endian, the value; after an upper-case letter the value is preceded by the fingerprint and
--- the original key, each after its 2-byte length. The hash (s, v, t, f, orig) of record format 1
--- makes GET answer WRONGTYPE, and a string makes HMGET do so: each is then read the other way.
-local strings_first = #ARGV == #KEYS + 3 and ARGV[#ARGV] == '2'
-local function outcome(result)
-  if not strings_first then  -- the format this worker writes is read first: no error to pay for
-    local h = redis.pcall('HMGET', result, 's', 'v', 't', 'f')
-    if type(h) == 'table' and not h.err then
-      if not h[1] then return nil end
-      return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
-    end
+-- no outcome is stored. Format 2 (complete.lua), a string at the stem: a status letter, the token
+-- as 8 bytes big-endian, the value; after an upper-case letter the value is preceded by the
+-- fingerprint and the original key, each after its 2-byte length. Format 1, the hash at the
+-- result key: s, v, t, f, orig.
+local strings_first = #ARGV == 2 * #KEYS / 3 + 3 and ARGV[#ARGV] == '2'
+local function from_hash(result)
+  local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
+  if not h[1] then return nil end
+  return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+end
+local function outcome(stem, result)
+  if not strings_first then  -- the format this worker writes is looked for first
+    local status, token, value, fp = from_hash(result)
+    if status then return status, token, value, fp end
   end
-  local raw = redis.pcall('GET', result)
-  if not raw then return nil end
-  if type(raw) == 'table' then
-    local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
-    if not h[1] then return nil end
-    return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+  local raw = redis.call('GET', stem)
+  if not raw then
+    if strings_first then return from_hash(result) end
+    return nil
   end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
@@ -104,16 +108,16 @@ local function take(started, token, fp, orig)
 end
 
 local out, n = {}, 0
-for i = 1, #KEYS / 2 do
-  local started, result = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #KEYS / 3 do
+  local started, stem, result = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local fp, orig = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  if redis.call('EXISTS', started, result) == 0 then
+  if redis.call('EXISTS', started, stem, result) == 0 then
     if not now_ms then clock() end
     -- Never claimed (or its records expired): the token is the clock, max(0 + 1, now_us).
     take(started, now_us_s, fp, orig)
     out[n + 1] = 1; out[n + 2] = now_us; out[n + 3] = false; out[n + 4] = false; n = n + 4
   else
-    local status, stored_token, value, stored_fp = outcome(result)
+    local status, stored_token, value, stored_fp = outcome(stem, result)
     if status then
       if fp ~= '' and stored_fp ~= '' and stored_fp ~= fp then
         out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4

@@ -3,9 +3,10 @@
 -- The first line lets the script run at maxmemory (Redis 7 script flags, allow-oom): finishing
 -- or giving back work must never be refused for memory. Redis 6 gets the script without it.
 --
--- KEYS[3i-2] - the started key of message i
--- KEYS[3i-1] - the result key of message i
--- KEYS[3i]   - the notice list of message i (see watch.lua)
+-- KEYS[4i-3] - the started key of message i
+-- KEYS[4i-2] - the stem of message i: where record format 2 keeps the outcome
+-- KEYS[4i-1] - the result key of message i: where record format 1 keeps the outcome
+-- KEYS[4i]   - the notice list of message i (see watch.lua)
 -- ARGV[1]    - result TTL in milliseconds
 -- ARGV[3i-1] - the fencing token of message i's claim
 -- ARGV[3i]   - status of message i: 'c' completed, 'o' completed with the body omitted,
@@ -26,33 +27,43 @@
 -- connection reset) answers 1 again: the stored result carries the same token.
 --
 -- The two formats of a result (every reader of this release reads both; a reader of an earlier
--- release meets WRONGTYPE on format 2 and fails the call, never taking the key as new):
---   format 1, a hash: s (status), v (value), t (token); f (the claim's fingerprint) and orig
---             only when the claim had them (a missing field reads as '')
---   format 2, a string written with one SET ... PX: the status letter, the token as 8 bytes
---             big-endian, the value. When the claim had a fingerprint or an original key the
---             letter is upper case and the value is preceded by the fingerprint and the
---             original key, each after its length in 2 bytes big-endian.
+-- release knows only format 1 and would take a key whose outcome is in format 2 for a new one, so
+-- format 2 is switched on only once no worker of an earlier release is left):
+--   format 1, a hash at the result key (<stem>:result): s (status), v (value), t (token); f (the
+--             claim's fingerprint) and orig only when the claim had them (a missing field reads
+--             as '')
+--   format 2, a string at the stem itself, written with one SET ... PX: the status letter, the
+--             token as 8 bytes big-endian, the value. When the claim had a fingerprint or an
+--             original key the letter is upper case and the value is preceded by the fingerprint
+--             and the original key, each after its length in 2 bytes big-endian. The stem is the
+--             shortest name a key can have, so this costs what a plain SET of it does.
 local NOTICE_TTL_MS = 10000
 local result_ttl_ms = ARGV[1]  -- passed on as the string it is: Redis formats number arguments
-local compact = #ARGV == #KEYS + 2 and ARGV[#ARGV] == '2'
+local compact = #ARGV == 3 * #KEYS / 4 + 2 and ARGV[#ARGV] == '2'
 
 local function length(s)
   return string.char(math.floor(#s / 256), #s % 256)
 end
 
--- The token a stored result carries, in either format ('' when none is stored).
-local function stored_token(result)
-  local raw = redis.pcall('GET', result)
-  if not raw then return '' end
-  if type(raw) == 'table' then return redis.call('HGET', result, 't') or '' end
+-- The token a stored result carries, in either format ('' when none is stored); the format this
+-- worker writes is looked for first.
+local function stored_token(stem, result)
+  if not compact then
+    local t = redis.call('HGET', result, 't')
+    if t then return t end
+  end
+  local raw = redis.call('GET', stem)
+  if not raw then
+    if compact then return redis.call('HGET', result, 't') or '' end
+    return ''
+  end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   return string.format('%.0f', ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8)
 end
 
 local out, n = {}, 0
-for i = 1, #KEYS / 3 do
-  local started, result, notice = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+for i = 1, #KEYS / 4 do
+  local started, stem, result, notice = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local token = ARGV[3 * i - 1]
   local st = redis.call('HMGET', started, 'owner', 'fp', 'orig', 'w')
   if st[1] and st[1] == token then
@@ -60,10 +71,10 @@ for i = 1, #KEYS / 3 do
     if fp == '' then fp = nil end
     if compact then
       if not fp and not orig then
-        redis.call('SET', result, value, 'PX', result_ttl_ms)
+        redis.call('SET', stem, value, 'PX', result_ttl_ms)
       else  -- the claim's fingerprint and original key go between the token and the value
         fp, orig = fp or '', orig or ''
-        redis.call('SET', result, string.upper(status) .. string.sub(value, 2, 9) .. length(fp) .. fp
+        redis.call('SET', stem, string.upper(status) .. string.sub(value, 2, 9) .. length(fp) .. fp
                    .. length(orig) .. orig .. string.sub(value, 10), 'PX', result_ttl_ms)
       end
     else
@@ -83,7 +94,7 @@ for i = 1, #KEYS / 3 do
     for _ = 1, waiters do redis.call('RPUSH', notice, token) end
     if waiters > 0 then redis.call('PEXPIRE', notice, NOTICE_TTL_MS) end
     out[n + 1] = 1; n = n + 1
-  elseif not st[1] and stored_token(result) == token then
+  elseif not st[1] and stored_token(stem, result) == token then
     out[n + 1] = 1; n = n + 1
   else
     out[n + 1] = 0; n = n + 1

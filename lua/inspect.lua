@@ -1,7 +1,8 @@
 -- inspect.lua: read the state of one message key without changing it (no transition).
 --
 -- KEYS[1] - the started key
--- KEYS[2] - the result key
+-- KEYS[2] - the stem: the outcome in record format 2
+-- KEYS[3] - the result key: the outcome in record format 1
 -- ARGV[1]  - optional: 'f' to also return the stored outcome's fingerprint (the replay's check)
 --
 -- Returns {state, token, remaining_ms_or_status, value}:
@@ -9,14 +10,14 @@
 --   {2, token, status, value, fp}    the same with ARGV[1] 'f' (fp '' when the claim had none)
 --   {3, owner_token, remaining_ms, false} a live lease is held
 --   {0, last_token, 0, false}        free: never claimed, released, or its lease ran out
--- Read in one script so the two keys are seen at one instant. The result is read in both
--- formats complete.lua writes.
+-- Read in one script so the keys are seen at one instant. The outcome is read in both formats
+-- complete.lua writes.
 -- The stored outcome in either format (see complete.lua): status, token, value, fingerprint
--- ('' for none); nil when no outcome is stored. A hash of earlier releases makes GET answer WRONGTYPE.
-local function outcome(result)
-  local raw = redis.pcall('GET', result)
-  if not raw then return nil end
-  if type(raw) == 'table' then
+-- ('' for none); nil when no outcome is stored. Format 2 is a string at the stem, format 1 a hash
+-- at the result key; at most one of them exists.
+local function outcome(stem, result)
+  local raw = redis.call('GET', stem)
+  if not raw then
     local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
     if not h[1] then return nil end
     return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
@@ -30,7 +31,7 @@ local function outcome(result)
   local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
   return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
-local status, token, value, fp = outcome(KEYS[2])
+local status, token, value, fp = outcome(KEYS[2], KEYS[3])
 if status then
   if ARGV[1] == 'f' then return {2, token, status, value, fp} end
   return {2, token, status, value}

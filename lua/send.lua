@@ -2,8 +2,9 @@
 -- every other answer changes nothing).
 --
 -- KEYS[1] - the started key (claim.lua's: owner, deadline, fp)
--- KEYS[2] - the result key  (complete.lua's, in either of its formats)
--- KEYS[3] - the send mark   (hash: id, until, fp)
+-- KEYS[2] - the stem        (complete.lua's outcome in record format 2)
+-- KEYS[3] - the result key  (complete.lua's outcome in record format 1)
+-- KEYS[4] - the send mark   (hash: id, until, fp)
 -- ARGV[1] - the task id of this send (recorded in the mark when it publishes)
 -- ARGV[2] - send TTL in milliseconds: how long the mark answers "queued" (countdown included)
 -- ARGV[3] - keep in milliseconds: how long the mark's task id outlives that (the result TTL),
@@ -29,11 +30,11 @@
 -- written only when non-empty (a missing field reads as '').
 local fp = ARGV[4]
 -- The stored outcome in either format (see complete.lua): status, token, value, fingerprint
--- ('' for none); nil when no outcome is stored. A hash of earlier releases makes GET answer WRONGTYPE.
-local function outcome(result)
-  local raw = redis.pcall('GET', result)
-  if not raw then return nil end
-  if type(raw) == 'table' then
+-- ('' for none); nil when no outcome is stored. Format 2 is a string at the stem, format 1 a hash
+-- at the result key; at most one of them exists.
+local function outcome(stem, result)
+  local raw = redis.call('GET', stem)
+  if not raw then
     local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
     if not h[1] then return nil end
     return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
@@ -47,15 +48,15 @@ local function outcome(result)
   local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
   return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
-local status, token, value, stored_fp = outcome(KEYS[2])
+local status, token, value, stored_fp = outcome(KEYS[2], KEYS[3])
 if status then
   if fp ~= '' and stored_fp ~= '' and stored_fp ~= fp then return {4, 0, false, false, false} end
-  return {2, token, status, value, redis.call('HGET', KEYS[3], 'id') or ''}
+  return {2, token, status, value, redis.call('HGET', KEYS[4], 'id') or ''}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local st = redis.call('HMGET', KEYS[1], 'owner', 'deadline', 'fp')
-local mark = redis.call('HMGET', KEYS[3], 'id', 'until', 'fp')
+local mark = redis.call('HMGET', KEYS[4], 'id', 'until', 'fp')
 local owner = tonumber(st[1]) or 0
 local deadline = tonumber(st[2]) or 0
 if owner > 0 and deadline > now_ms then
@@ -71,10 +72,10 @@ end
 local ttl_ms = tonumber(ARGV[2])
 local until_s = string.format('%d', now_ms + ttl_ms)
 if fp == '' then
-  redis.call('HSET', KEYS[3], 'id', ARGV[1], 'until', until_s)
-  if mark[3] then redis.call('HDEL', KEYS[3], 'fp') end
+  redis.call('HSET', KEYS[4], 'id', ARGV[1], 'until', until_s)
+  if mark[3] then redis.call('HDEL', KEYS[4], 'fp') end
 else
-  redis.call('HSET', KEYS[3], 'id', ARGV[1], 'until', until_s, 'fp', fp)
+  redis.call('HSET', KEYS[4], 'id', ARGV[1], 'until', until_s, 'fp', fp)
 end
-redis.call('PEXPIREAT', KEYS[3], string.format('%d', now_ms + ttl_ms + tonumber(ARGV[3])))
+redis.call('PEXPIREAT', KEYS[4], string.format('%d', now_ms + ttl_ms + tonumber(ARGV[3])))
 return {1, 0, ttl_ms, false, ARGV[1]}

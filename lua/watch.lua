@@ -1,7 +1,8 @@
 -- watch.lua: register a waiter on a key held by a live lease (state: claimed -> claimed, +1 waiter).
 --
 -- KEYS[1] - the started key
--- KEYS[2] - the result key
+-- KEYS[2] - the stem: the outcome in record format 2
+-- KEYS[3] - the result key: the outcome in record format 1
 -- ARGV    - none
 --
 -- Returns {held, remaining_ms}:
@@ -12,7 +13,7 @@
 -- A waiter never holds the claim; it only asks to be told. complete.lua and release.lua push one
 -- notice per counted waiter and reset the count; a waiter that gave up leaves a notice behind,
 -- which expires with the list (a later waiter woken by it just claims again).
-if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0} end
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return {0, 0} end
 local st = redis.call('HMGET', KEYS[1], 'owner', 'deadline')
 local owner = tonumber(st[1]) or 0
 local deadline = tonumber(st[2]) or 0

@@ -11,6 +11,7 @@ import redis
 import redis.asyncio
 
 from dedupe_worker import StoreUnavailable
+from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.asyncio import AsyncDeduplicator
 
 from . import services
@@ -92,7 +93,7 @@ async def test_one_callers_error_or_cancellation_leaves_the_others_alone(
     stems = [f"{namespace}:{{c{i}}}" for i in range(20)]
 
     def claim(stem: str) -> Any:
-        return runner.call("claim", [stem + ":started", stem + ":result"], [30000, 600000, "", ""])
+        return runner.call("claim", list(KeyLayout.records(stem)), [30000, 600000, "", ""])
 
     blocker = asyncio.ensure_future(claim(stems[0]))  # in flight: the others queue behind it
     await asyncio.sleep(0)

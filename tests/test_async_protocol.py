@@ -24,8 +24,9 @@ pytestmark = pytest.mark.asyncio
 
 
 def keys_of(d: AsyncDeduplicator, key: str) -> tuple[str, str]:
+    """The started key and the key the outcome is stored at in the format ``d`` writes."""
     stem = d.layout.stem(d.layout.stored_key(key)[0])
-    return KeyLayout.started(stem), KeyLayout.result(stem)
+    return KeyLayout.started(stem), (KeyLayout.record(stem) if d.store.record_format == 2 else KeyLayout.result(stem))
 
 
 async def test_first_claim_acquires_with_a_clock_token_and_records_a_lease(

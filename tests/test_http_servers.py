@@ -16,6 +16,8 @@ import httpx
 import pytest
 import redis
 
+from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.record import read_result
 from dedupe_worker._protocol.serialization import unpack
 
 from .http_servers import SERVERS, serve
@@ -233,7 +235,9 @@ def test_large_body_is_stored_compressed_and_replayed_intact(client: httpx.Clien
     again = client.post("/big", content=b"{}", headers={"Idempotency-Key": key})
     assert len(first.content) > 200_000 and again.content == first.content and replayed(again)
     r = redis.Redis.from_url(redis_url)
-    stored = [json.loads(unpack(r.hget(k, "v") or b"null")) for k in r.scan_iter(f"{server[1]}:{{http:*}}:result")]
+    stems = {KeyLayout.stem_of(name.decode()) for name in r.scan_iter(f"{server[1]}:{{http:*")}
+    outcomes = [read_result(r, stem) for stem in stems]  # in either record format
+    stored = [json.loads(unpack(o.value) or b"null") for o in outcomes if o is not None]
     r.close()
     assert any(v and v.get("z") == "deflate" and len(v["b"]) < 100_000 for v in stored)
 

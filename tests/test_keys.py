@@ -12,6 +12,7 @@ from dedupe_worker import Deduplicator, Envelope, InvalidKey, MissingKey, Outcom
 from dedupe_worker import keys as k
 from dedupe_worker._deduplicator import KEY_HARD_LIMIT
 from dedupe_worker._protocol.layout import KeyLayout
+from dedupe_worker._protocol.record import read_result
 
 
 def test_layout_shares_one_hash_slot() -> None:
@@ -19,6 +20,17 @@ def test_layout_shares_one_hash_slot() -> None:
     stem = layout.stem(layout.stored_key("order-1")[0])
     assert KeyLayout.started(stem) == "ns:{order-1}:started"
     assert KeyLayout.result(stem) == "ns:{order-1}:result"
+    assert KeyLayout.record(stem) == stem == "ns:{order-1}"
+    assert KeyLayout.records(stem) == ("ns:{order-1}:started", "ns:{order-1}", "ns:{order-1}:result")
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("ns:{order-1}", "record"), ("ns:{order-1}:result", "result"), ("ns:{order-1}:started", "started"),
+    ("ns:{order-1}:notice", "notice"), ("ns:{order-1}:sent", "sent"), ("ns:{sha256:ab12}", "record"),
+    ("ns:{order-1}:other", ""), ("ns:stray", ""), ("ns:{x}:y:result", "")])
+def test_a_scanned_name_tells_what_it_holds(name: str, kind: str) -> None:
+    """Record format 2's outcome is the only key without a suffix: SCAN tells the kinds apart."""
+    assert KeyLayout.kind(name) == kind
 
 
 @pytest.mark.parametrize("key", ["a{b}c", "with space", "tab\there", "new\nline", "x" * 201, b"\xff\xfe"])
@@ -35,7 +47,8 @@ def test_unsafe_or_long_keys_are_hashed_and_the_original_kept(
     started = KeyLayout.started(claim.stem)
     assert redis_client.hget(started, "orig") == original.encode()
     d.complete(claim, "v")
-    assert redis_client.hget(KeyLayout.result(claim.stem), "orig") == original.encode()
+    stored = read_result(redis_client, claim.stem)  # in whichever format this run writes
+    assert stored is not None and stored.original == original.encode()
     assert d.begin(key).result == "v"
 
 

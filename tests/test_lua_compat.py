@@ -3,11 +3,13 @@ one Redis, so each must read the other's records as its own.
 
 ``tests/data/lua_previous/`` holds the scripts as the previous release shipped them and
 ``tests/data/lua_older/`` those of the release before. Results change format in two phases: this
-release reads both formats and writes record format 1 (the hash every release reads) unless
-switched to format 2 (the compact string, ``DEDUPE_RECORD_FORMAT=2``), which only this release
-and later ones read. So the pairs that share a namespace during an upgrade are: previous and ours
-(phase one), older and ours (a skipped release), and ours writing format 1 with ours writing
-format 2 (phase two: the switch rolled out worker by worker, or rolled back).
+release reads both formats and writes record format 1 (the hash at ``<stem>:result`` every
+release reads) unless switched to format 2 (the compact string at the stem itself,
+``DEDUPE_RECORD_FORMAT=2``), which only this release and later ones read. So the pairs that share
+a namespace during an upgrade are: previous and ours (phase one), older and ours (a skipped
+release), and ours writing format 1 with ours writing format 2 (phase two: the switch rolled out
+worker by worker, or rolled back). An earlier release never meets a format-2 outcome if the
+phases are kept in order; what it would do with one is shown at the end (it cannot see it).
 
 Every scenario below (one message key through claims, completions, releases, renewals, expiries,
 watches, inspections and forgets) runs once with the previous scripts only, which gives the
@@ -48,14 +50,29 @@ class _Calls(StoreCalls):
     scripts = SimpleNamespace(is_cluster=False)
 
 
+class _EarlierCalls(_Calls):
+    """The calls of the releases before record format 2: their scripts take the started and
+    result keys, not the stem (the KEYS those releases' stores send)."""
+
+    @staticmethod
+    def claim_keys(stem: str) -> tuple[str, ...]:
+        return KeyLayout.started(stem), KeyLayout.result(stem)
+
+    @staticmethod
+    def complete_keys(stem: str) -> tuple[str, ...]:
+        return KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)
+
+
 class Scripts:
     """One version of the protocol scripts, called with the arguments the store sends (writing
     results in ``record_format`` where the scripts know of formats)."""
 
-    def __init__(self, client: redis.Redis, texts: dict[str, str], record_format: int = 1) -> None:
+    def __init__(self, client: redis.Redis, texts: dict[str, str], record_format: int = 1,
+                 earlier: bool = False) -> None:
         self.client = client
-        self.calls = _Calls()
+        self.calls = _EarlierCalls() if earlier else _Calls()
         self.calls.write_format(record_format)
+        self.earlier = earlier
         self.texts = texts
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
         for text in texts.values():
@@ -67,6 +84,10 @@ class Scripts:
         except redis.exceptions.NoScriptError:  # another test flushed the scripts (it ran nothing)
             self.client.script_load(self.texts[name])
             return self.client.evalsha(self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+    def state_keys(self, stem: str) -> tuple[str, ...]:
+        """The KEYS of ``inspect``/``watch`` (``forget`` adds the notice list) in this version."""
+        return (KeyLayout.started(stem), KeyLayout.result(stem)) if self.earlier else KeyLayout.records(stem)
 
     def run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> Any:
         [(name, keys, args)] = calls
@@ -80,8 +101,9 @@ class Scripts:
 def versions(redis_client: redis.Redis) -> dict[str, Scripts]:
     ours = {n: load_script(n) for n in SCRIPT_NAMES}
     return {
-        "previous": Scripts(redis_client, {n: (PREVIOUS / f"{n}.lua").read_text() for n in SCRIPT_NAMES}),
-        "older": Scripts(redis_client, {n: (OLDER / f"{n}.lua").read_text() for n in SCRIPT_NAMES}),
+        "previous": Scripts(redis_client, {n: (PREVIOUS / f"{n}.lua").read_text() for n in SCRIPT_NAMES},
+                            earlier=True),
+        "older": Scripts(redis_client, {n: (OLDER / f"{n}.lua").read_text() for n in SCRIPT_NAMES}, earlier=True),
         "ours": Scripts(redis_client, ours),
         "ours2": Scripts(redis_client, ours, record_format=2),
     }
@@ -116,7 +138,7 @@ class Run:
         v = self.versions[self.plan[self.step]]
         self.step += 1
         stem = self.stem
-        started, result, notice = KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)
+        keys, notice = v.state_keys(stem), KeyLayout.notice(stem)
         c = v.calls
         if op == "claim":
             fp, lease_ms = args[0], (args[1] if len(args) > 1 else LEASE_MS)
@@ -133,14 +155,14 @@ class Run:
         if op == "renew":
             return v.run(c.renew_calls([(stem, self.tokens[args[0]])], args[1], RETENTION_MS))
         if op == "inspect":
-            code, token, a, b = v.call("inspect", (started, result), ())
+            code, token, a, b = v.call("inspect", keys, ())
             return int(code), self.token(token), a if int(code) == 2 else int(a) > 0, b
         if op == "watch":
-            held, remaining = v.call("watch", (started, result), ())
+            held, remaining = v.call("watch", keys, ())
             return int(held), int(remaining) > 0
         if op == "forget":
             token = "" if args[0] is None else self.tokens[args[0]]
-            code, found = v.call("forget", (started, result, notice), (token, "1" if args[1] else "0"))
+            code, found = v.call("forget", (*keys, notice), (token, "1" if args[1] else "0"))
             return int(code), self.token(found)
         raise AssertionError(op)
 
@@ -152,7 +174,7 @@ class Run:
         return [self.token(t) for t in self.client.lrange(KeyLayout.notice(self.stem), 0, -1)]
 
     def originals(self) -> tuple[Any, Any]:
-        stored = read_result(self.client, KeyLayout.result(self.stem))
+        stored = read_result(self.client, self.stem)
         return (self.client.hget(KeyLayout.started(self.stem), "orig"), stored.original or None if stored else None)
 
 
@@ -242,7 +264,8 @@ def test_the_reference_runs_are_what_the_protocol_promises(
 
 
 @pytest.mark.parametrize(("writer", "reader"), [
-    (w, r) for earlier, later in PAIRS for w in (earlier, later) for r in (earlier, later)])
+    *((w, r) for earlier, later in PAIRS for w in (earlier, later) for r in (earlier, later)),
+    ("previous", "ours2")])  # phase two reads what the previous release left
 def test_a_batch_of_every_kind_of_key_reads_alike(
         writer: str, reader: str, redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
     """One claim call over keys in every state (stored, conflicting, held, released, expired, new)
@@ -317,11 +340,13 @@ def test_our_records_leave_out_empty_fields(redis_client: redis.Redis, versions:
 
 def test_format_2_is_one_string_at_the_floor_of_memory(
         redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
-    """Record format 2: the status letter, the token in 8 bytes, the value, one ``SET ... PX``; it
-    takes no more memory than a plain ``SET`` of the same key name and value."""
+    """Record format 2: the status letter, the token in 8 bytes, the value, one ``SET ... PX`` at the
+    stem itself; the completed key then holds nothing else, and takes no more memory than a plain
+    ``SET`` of the same key name and value."""
     ours2 = versions["ours2"]
     run = Run(redis_client, versions, ())
-    result = KeyLayout.result(run.stem)
+    result = KeyLayout.record(run.stem)
+    assert result == run.stem
     (reply,) = ours2.claim([(run.stem, "", "")])
     assert ours2.run(ours2.calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)],
                                                 RESULT_TTL_MS)) == [1]
@@ -329,7 +354,7 @@ def test_format_2_is_one_string_at_the_floor_of_memory(
     assert raw == b"c" + reply.token.to_bytes(8, "big") + VALUE
     assert parse_result(raw) == StoredResult(b"c", reply.token, VALUE)
     assert 55_000 < redis_client.pttl(result) <= 60_000
-    assert not redis_client.exists(KeyLayout.started(run.stem))
+    assert not redis_client.exists(KeyLayout.started(run.stem), KeyLayout.result(run.stem))
     used = redis_client.memory_usage(result)
     redis_client.set(result, VALUE, px=RESULT_TTL_MS)
     assert used <= redis_client.memory_usage(result)
@@ -337,7 +362,7 @@ def test_format_2_is_one_string_at_the_floor_of_memory(
     run = Run(redis_client, versions, ())
     (reply,) = ours2.claim([(run.stem, "fp-a", "the original key")])
     ours2.run(ours2.calls.complete_calls([(run.stem, reply.token, Stored.FAILED, b"{}")], RESULT_TTL_MS))
-    assert read_result(redis_client, KeyLayout.result(run.stem)) == StoredResult(
+    assert read_result(redis_client, run.stem) == StoredResult(
         b"f", reply.token, b"{}", b"fp-a", b"the original key")
     assert ours2.claim([(run.stem, "fp-b", "")])[0].outcome.name == "CONFLICT"
     duplicate = ours2.claim([(run.stem, "fp-a", "")])[0]
@@ -351,21 +376,26 @@ def test_format_1_reads_back_in_python_alike(redis_client: redis.Redis, versions
     (reply,) = ours.claim([(run.stem, "fp-a", "the original key")])
     ours.run(ours.calls.complete_calls([(run.stem, reply.token, Stored.OMITTED, b"")], RESULT_TTL_MS))
     assert redis_client.type(KeyLayout.result(run.stem)) == b"hash"
-    assert read_result(redis_client, KeyLayout.result(run.stem)) == StoredResult(
+    assert not redis_client.exists(run.stem)
+    assert read_result(redis_client, run.stem) == StoredResult(
         b"o", reply.token, b"", b"fp-a", b"the original key")
-    assert read_result(redis_client, KeyLayout.result(run.stem + "-none")) is None
+    assert read_result(redis_client, run.stem + "-none") is None
 
 
 @pytest.mark.parametrize("earlier", ["previous", "older"])
-def test_an_earlier_release_refuses_a_format_2_result_rather_than_run_it_again(
+def test_an_earlier_release_cannot_see_a_format_2_outcome(
         earlier: str, redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
-    """Why the switch to format 2 waits until no worker of an earlier release is left: such a
-    worker cannot read the result. It fails the call (its message is not run), and never takes
-    the key for a new one."""
+    """Why the switch to format 2 waits until no worker of an earlier release is left (the README's
+    upgrade order; ``doctor`` warns when it finds both): such a worker looks for the outcome at
+    ``<stem>:result`` only, so it takes a key completed in format 2 for a new one and would run its
+    message again. This release, writing either format, answers DUPLICATE."""
     run = Run(redis_client, versions, ())
     ours2 = versions["ours2"]
     (reply,) = ours2.claim([(run.stem, "", "")])
     ours2.run(ours2.calls.complete_calls([(run.stem, reply.token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS))
-    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        versions[earlier].claim([(run.stem, "", "")])
-    assert parse_result(redis_client.get(KeyLayout.result(run.stem))).token == reply.token
+    for ours in ("ours", "ours2"):
+        (again,) = versions[ours].claim([(run.stem, "", "")])
+        assert (again.outcome.name, again.token, again.value) == ("DUPLICATE", reply.token, VALUE)
+    (wrong,) = versions[earlier].claim([(run.stem, "", "")])
+    assert wrong.outcome.name == "ACQUIRED"
+    assert parse_result(redis_client.get(run.stem)).token == reply.token  # the outcome itself is untouched

@@ -13,6 +13,9 @@ import redis
 
 from dedupe_worker import Deduplicator, State
 from dedupe_worker._operate import diagnose
+from dedupe_worker._operate.doctor import EARLIER_CLAIM_SHAS, has_format_2_outcome
+from dedupe_worker._operate.survey import survey
+from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.cli import main
 
 from . import services
@@ -45,8 +48,14 @@ def test_inspect_reports_every_state(seeded: Deduplicator, capsys: pytest.Captur
     assert reports["failed"]["state"] == "failed" and "card declined" in reports["failed"]["result_preview"]
     assert reports["k" * 300]["original_key"] == "k" * 300 and "sha256:" in reports["k" * 300]["redis_key"]
     assert reports["free"]["state"] == "free" and reports["free"]["token"] == 0
+    stem = seeded.request("done").stem
+    assert reports["done"]["result_key"] == (KeyLayout.record(stem) if seeded.store.record_format == 2
+                                             else KeyLayout.result(stem))
+    assert reports["held"]["result_key"] == "" and reports["held"]["result_ttl_ms"] == -2
     code, text = cli(capsys, redis_url, namespace, "inspect", "held")
     assert "in_progress" in text and "lease runs" in text
+    code, text = cli(capsys, redis_url, namespace, "inspect", "done")
+    assert f"outcome {reports['done']['result_key']} ttl" in text
 
 
 def test_forget_removes_refuses_and_dry_runs(seeded: Deduplicator, capsys: pytest.CaptureFixture[str],
@@ -85,6 +94,45 @@ def test_stats_counts_by_state_and_projects_memory(seeded: Deduplicator, capsys:
     assert report["states"] == {"done": 2, "in_progress": 1, "failed": 1}
     assert report["bytes_per_key"] > 0
     assert report["projection_bytes"] == int(50 * seeded.result_ttl * report["bytes_per_key"])
+
+
+def test_stats_counts_outcomes_of_both_formats_in_one_namespace(
+        dedupe: Deduplicator, redis_client: redis.Redis, namespace: str) -> None:
+    """Through the switch to format 2 a namespace holds outcomes of both formats: the stem's
+    string and the ``:result`` hash are each one outcome, with its size and TTL; a key's other
+    records are not."""
+    dedupe.store.write_format(1)
+    dedupe.run("f1", lambda: "x" * 10)
+    failed = dedupe.begin("f1-failed")
+    dedupe.fail(failed, ValueError("declined"))
+    dedupe.store.write_format(2)
+    dedupe.run("f2", lambda: "y" * 20)
+    dedupe.begin("held")
+    dedupe.store.write_format(1)
+    dedupe.begin("held-1")  # claims are the same whatever the format
+    found = survey(redis_client, namespace, progress=None)
+    assert found.keys == 5 and found.states == {"done": 2, "failed": 1, "in_progress": 2}
+    assert sorted(found.result_bytes)[:2] == [12, 22]  # the JSON strings' lengths, read from either format
+    assert len(found.result_ttls_ms) == 3 and all(0 < ms <= 60_000 for ms in found.result_ttls_ms)
+    assert len(found.memory) == len(found.ttls_ms) == 5
+    stems = {dedupe.request(k).stem for k in ("f1", "f1-failed", "f2")}
+    names = {n.decode() for n in redis_client.scan_iter(match=f"{namespace}:*")}
+    assert {n for n in names if KeyLayout.kind(n) in ("record", "result")} == {
+        KeyLayout.record(dedupe.request("f2").stem), *(KeyLayout.result(s) for s in stems - {
+            dedupe.request("f2").stem})}
+    assert has_format_2_outcome(redis_client, namespace, limit=10**8) is True  # the shared Redis holds more
+    assert has_format_2_outcome(redis_client, namespace + "-none", limit=10**8) is False
+
+
+def test_the_earlier_releases_are_known_by_the_sha_they_load() -> None:
+    """doctor's ``records`` check tells a worker of an earlier release by its ``claim.lua``'s SHA."""
+    import hashlib
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    shas = {hashlib.sha1((data / folder / "claim.lua").read_bytes()).hexdigest()
+            for folder in ("lua_previous", "lua_older")}
+    assert shas == set(EARLIER_CLAIM_SHAS)
 
 
 @pytest.fixture
@@ -126,3 +174,24 @@ def test_doctor_projects_memory_against_maxmemory(server: services.RedisServer) 
     checks = {c.name: c for c in diagnose(redis.Redis(port=server.port), rate=1000, result_ttl=86400)}
     assert checks["memory"].mark == "FAIL" and "projection" in checks["memory"].detail
     assert checks["persistence"].mark == "WARN"  # appendfsync everysec
+
+
+@pytest.mark.parametrize("server", [("--maxmemory-policy", "noeviction", "--appendonly", "yes")], indirect=True)
+def test_doctor_warns_of_format_2_outcomes_where_an_earlier_release_runs(
+        server: services.RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    client = redis.Redis(port=server.port)
+    dedupe = Deduplicator(client, namespace="ns", lease=5.0)
+    dedupe.store.write_format(2)
+    dedupe.run("order-1", lambda: 1)
+    checks = {c.name: c for c in diagnose(client, namespace="ns")}
+    assert checks["records"].mark == "ok" and "format-2 outcomes are stored" in checks["records"].detail
+    client.script_load((Path(__file__).parent / "data" / "lua_previous" / "claim.lua").read_text())
+    checks = {c.name: c for c in diagnose(client, namespace="ns")}
+    assert checks["records"].mark == "WARN" and "0.1.0" in checks["records"].detail
+    assert {c.name: c.mark for c in diagnose(client, namespace="other")}["records"] == "ok"
+    assert main(["doctor", "--redis-url", server.url, "--namespace", "ns"]) == 0
+    out = capsys.readouterr().out
+    assert "records" in out and "DEDUPE_RECORD_FORMAT=1" in out
+    dedupe.close()

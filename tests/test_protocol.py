@@ -14,8 +14,9 @@ from .doubles import redis_or_double  # noqa: F401 - each test runs on Redis and
 
 
 def keys_of(d: Deduplicator, key: str) -> tuple[str, str]:
+    """The started key and the key the outcome is stored at in the format ``d`` writes."""
     stem = d.layout.stem(d.layout.stored_key(key)[0])
-    return KeyLayout.started(stem), KeyLayout.result(stem)
+    return KeyLayout.started(stem), (KeyLayout.record(stem) if d.store.record_format == 2 else KeyLayout.result(stem))
 
 
 def test_first_claim_acquires_with_a_clock_token_and_records_a_lease(
@@ -259,14 +260,17 @@ def test_init_takes_exactly_the_declared_fields_and_defaults(cls: str) -> None:
         instance.token = 9  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(("suffix", "says"), [("", "unreadable record"), (":result", "WRONGTYPE")])
 def test_a_record_we_never_wrote_defers_instead_of_crashing(redis_client: redis.Redis, dedupe: Deduplicator,
-                                                            namespace: str) -> None:
-    """Another program's string under our result key name: every reader says StoreUnavailable
-    (the message is deferred, never run as new), not a KeyError from the reply decoding."""
-    redis_client.set(f"{namespace}:{{garbage}}:result", b"not a record of ours")
-    with pytest.raises(StoreUnavailable, match="unreadable record"):
+                                                            namespace: str, suffix: str, says: str) -> None:
+    """Another program's string under one of our outcome key names (the stem, where format 2 keeps
+    a string we would parse, or ``:result``, where format 1 keeps a hash): every reader says
+    StoreUnavailable (the message is deferred, never run as new), not a KeyError from the reply
+    decoding."""
+    redis_client.set(f"{namespace}:{{garbage}}{suffix}", b"not a record of ours")
+    with pytest.raises(StoreUnavailable, match=says):
         dedupe.begin("garbage")
-    with pytest.raises(StoreUnavailable, match="unreadable record"):
+    with pytest.raises(StoreUnavailable, match=says):
         dedupe.status("garbage")
     ran: list[int] = []
     decision = decide(dedupe, "garbage", lambda: ran.append(1))

@@ -1,4 +1,4 @@
-"""Record format 2 (the compact string result) through the public paths: sync and asyncio, one key
+"""Record format 2 (the compact string result at the key's stem) through the public paths: sync and asyncio, one key
 and batches, the switch read from the environment. The format's layout and its rolling upgrade
 are tested in ``test_lua_compat.py``."""
 
@@ -23,13 +23,17 @@ __all__ = ["aredis"]
 
 
 def _result(client: redis.Redis, d: Deduplicator | AsyncDeduplicator, key: str) -> bytes:
-    raw = client.get(KeyLayout.result(d.request(key).stem))
+    """The format-2 record of ``key``: a string at its stem, and no format-1 hash beside it."""
+    stem = d.request(key).stem
+    raw = client.get(KeyLayout.record(stem))
     assert isinstance(raw, bytes)
+    assert not client.exists(KeyLayout.result(stem), KeyLayout.started(stem))
     return raw
 
 
 def test_the_switch_is_read_from_the_environment(
         redis_client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEDUPE_RECORD_FORMAT", raising=False)  # the suite may run with it set
     assert Deduplicator(redis_client, namespace=namespace).store.record_format == 1
     monkeypatch.setenv("DEDUPE_RECORD_FORMAT", "2")
     assert Deduplicator(redis_client, namespace=namespace).store.record_format == 2
@@ -81,8 +85,8 @@ def test_a_compressed_result_in_format_2_reads_back_in_both_formats(redis_client
     assert writer.run("big", lambda: big) == big
     stored = parse_result(_result(redis_client, writer, "big"))
     assert stored.value[:1] == MARK and len(stored.value) < 1000  # the codec's bytes, inside the record
-    reader = Deduplicator(redis_client, namespace=namespace, lease=5.0)  # writes format 1, reads both
-    assert reader.store.record_format == 1
+    reader = Deduplicator(redis_client, namespace=namespace, lease=5.0)
+    reader.store.write_format(1)  # writes format 1, reads both
     assert reader.run("big", lambda: {"ran": "again"}) == big
     writer.close()
     reader.close()
@@ -91,11 +95,13 @@ def test_a_compressed_result_in_format_2_reads_back_in_both_formats(redis_client
 def test_the_replay_reads_the_fingerprint_of_either_format_in_one_batch(
         redis_client: redis.Redis, namespace: str) -> None:
     f1 = Deduplicator(redis_client, namespace=namespace, lease=5.0)
+    f1.store.write_format(1)
     f2 = Deduplicator(redis_client, namespace=namespace, lease=5.0)
     f2.store.write_format(2)
     apply_before(f1, "one", b'{"id": 1}')
     apply_before(f2, "two", b'{"id": 2}')
-    assert redis_client.type(KeyLayout.result(f2.request("two").stem)) == b"string"
+    assert redis_client.type(KeyLayout.record(f2.request("two").stem)) == b"string"
+    assert redis_client.type(KeyLayout.result(f1.request("one").stem)) == b"hash"
     messages = [(Envelope(body=body, headers={"idempotency-key": key}), "handler_error")
                 for key, body in (("one", b'{"id": 1}'), ("two", b'{"id": 2}'),
                                   ("one", b'{"id": 9}'), ("two", b'{"id": 9}'))]

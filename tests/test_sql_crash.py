@@ -16,6 +16,8 @@ import pytest
 import redis
 from kombu import Connection
 
+from dedupe_worker._protocol.record import read_result
+
 from .kafka_fixtures import wait_until
 from .rabbitmq_fixtures import amqp, consumers_of, dead_letters, drained, publish, queue_name
 from .services import ProcessGroup
@@ -55,13 +57,14 @@ def test_a_consumer_killed_after_its_block_committed_applies_once_and_answers_th
     assert pg_balance(postgres_dsn, pg.accounts) == 5
     workers.start()
     try:
-        wait_until(lambda: redis_client.hget(f"{namespace}:{{o1}}:result", "v") is not None, 60,
+        wait_until(lambda: read_result(redis_client, f"{namespace}:{{o1}}") is not None, 60,
                    "the redelivery answered")
         wait_until(lambda: drained(amqp, queue_name) and consumers_of(amqp, queue_name) == 1, 30, "queue drained")
     except AssertionError:
         print(workers.output())
         raise
-    stored = orjson.loads(redis_client.hget(f"{namespace}:{{o1}}:result", "v") or b"null")
+    outcome = read_result(redis_client, f"{namespace}:{{o1}}")  # in either record format
+    stored = orjson.loads(outcome.value if outcome is not None else b"null")
     assert stored == {"id": "o1", "credited": 5, "pid": victim.pid}  # the committed run's result
     assert pg_balance(postgres_dsn, pg.accounts) == 5
     started = [e for e in redis_client.lrange(effects, 0, -1) if e.startswith(b"started:")]

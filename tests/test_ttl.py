@@ -13,6 +13,7 @@ import redis
 
 import dedupe_worker
 from dedupe_worker import Deduplicator, Reason, decide, decide_many, idempotent
+from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.cli import main
 
@@ -21,9 +22,15 @@ from .async_fixtures import adedupe, aredis
 __all__ = ["adedupe", "aredis"]
 
 
+def outcome_pttl(redis_client: redis.Redis, stem: str) -> int:
+    """The remaining ms of the outcome stored for ``stem``, in whichever record format it is (-2: none)."""
+    ms = int(redis_client.pttl(KeyLayout.record(stem)))
+    return ms if ms != -2 else int(redis_client.pttl(KeyLayout.result(stem)))
+
+
 def pttl(redis_client: redis.Redis, dedupe: Deduplicator | AsyncDeduplicator, key: str) -> int:
-    """The remaining ms of ``key``'s result record."""
-    return int(redis_client.pttl(dedupe.layout.result(dedupe.request(key).stem)))
+    """The remaining ms of ``key``'s outcome record."""
+    return outcome_pttl(redis_client, dedupe.request(key).stem)
 
 
 def assert_kept(ms: int, seconds: float) -> None:

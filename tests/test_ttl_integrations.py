@@ -18,6 +18,7 @@ from celery import Celery
 from dramatiq.brokers.stub import StubBroker
 
 from dedupe_worker import Deduplicator
+from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.celery import IdempotentTask
 from dedupe_worker.dramatiq import DedupeMiddleware
@@ -36,9 +37,11 @@ __all__ = ["pg", "record", "target"]  # fixtures used by name
 
 
 def result_pttls(redis_client: redis.Redis, namespace: str) -> list[int]:
-    """The PTTL of every result record in ``namespace``. The names are found first (a large
-    ``COUNT``: the shared Redis holds other tests' keys, and a slow scan would age the PTTLs)."""
-    names = list(redis_client.scan_iter(match=f"{namespace}:*:result", count=100_000))
+    """The PTTL of every outcome record in ``namespace``, of either format. The names are found
+    first (a large ``COUNT``: the shared Redis holds other tests' keys, and a slow scan would age
+    the PTTLs)."""
+    names = [name for name in redis_client.scan_iter(match=f"{namespace}:*", count=100_000)
+             if KeyLayout.kind(name.decode()) in ("record", "result")]
     return [int(redis_client.pttl(name)) for name in names]
 
 

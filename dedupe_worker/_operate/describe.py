@@ -18,7 +18,8 @@ PREVIEW = 120
 
 @dataclass(frozen=True)
 class KeyReport:
-    """``state`` is ``done``, ``failed``, ``in_progress`` or ``free``; TTLs in ms (-2: no record)."""
+    """``state`` is ``done``, ``failed``, ``in_progress`` or ``free``; TTLs in ms (-2: no record);
+    ``result_ttl_ms`` is the TTL of the outcome in whichever record format it is stored."""
 
     key: str
     state: str
@@ -29,6 +30,9 @@ class KeyReport:
     result_ttl_ms: int
     redis_key: str
     original_key: str
+    #: The Redis key holding the outcome: the stem itself (record format 2) or ``<stem>:result``
+    #: (format 1); ``""`` when none is stored.
+    result_key: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,12 +51,18 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     """Read ``key``'s records (``inspect.lua`` for the state, one pipeline for TTLs and ``orig``)."""
     request = dedupe.request(key)
     state = dedupe.store.inspect(request.stem)
+    stem = request.stem
     pipe = dedupe.store.client.pipeline(transaction=False)
-    pipe.pttl(KeyLayout.started(request.stem))
-    pipe.pttl(KeyLayout.result(request.stem))
-    pipe.hget(KeyLayout.started(request.stem), "orig")
-    started_ttl, result_ttl, orig_started = pipe.execute()
-    stored = read_result(dedupe.store.client, KeyLayout.result(request.stem)) if state.state is State.DONE else None
+    pipe.pttl(KeyLayout.started(stem))
+    pipe.pttl(KeyLayout.record(stem))
+    pipe.pttl(KeyLayout.result(stem))
+    pipe.hget(KeyLayout.started(stem), "orig")
+    started_ttl, record_ttl, hash_ttl, orig_started = pipe.execute()
+    # at most one of the two outcome records exists (-2: this one does not)
+    result_key = (KeyLayout.record(stem) if int(record_ttl) != -2
+                  else KeyLayout.result(stem) if int(hash_ttl) != -2 else "")
+    result_ttl = record_ttl if int(record_ttl) != -2 else hash_ttl
+    stored = read_result(dedupe.store.client, stem) if state.state is State.DONE else None
     orig_result = stored.original if stored is not None else b""
     name = state.state.value
     if state.state is State.DONE and state.status is Stored.FAILED:
@@ -63,4 +73,4 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     preview = value if len(value) <= PREVIEW else value[:PREVIEW] + f"... ({len(value)} chars)"
     orig = orig_result or orig_started or b""
     return KeyReport(key, name, state.token, state.remaining_ms, preview, int(started_ttl), int(result_ttl),
-                     request.stem, orig.decode("utf-8", "replace") if isinstance(orig, bytes) else str(orig))
+                     stem, orig.decode("utf-8", "replace") if isinstance(orig, bytes) else str(orig), result_key)

@@ -25,6 +25,14 @@ from .._protocol.scripts import load_script
 __all__ = ["DEFAULT_RATE", "Check", "check_at_start", "diagnose", "warn_once"]
 
 log = logging.getLogger(__name__)
+#: The SHA1 of ``claim.lua`` as releases before record format 2 load it (``SCRIPT LOAD``, then
+#: ``EVALSHA``; the text has no flags line, so the SHA is the same on every server). Such a worker
+#: reads only format 1's ``:result`` hash: it takes a key whose outcome is a format-2 string for
+#: a new one. ``tests/test_operate.py`` checks these against ``tests/data/lua_*/claim.lua``.
+EARLIER_CLAIM_SHAS = {"63bed40012503e0109b491fa9551359b4bbc4b6a": "0.1.0",
+                      "0fd57312c11b266df90e727eff381ec80a3c13c2": "before 0.1.0"}
+#: How many keys the record-format check scans at most on each node, looking for a format-2 outcome.
+FORMAT_SCAN_LIMIT = 10_000
 #: Messages/s the memory projection assumes unless told (``doctor --rate``, consumers' start-up).
 DEFAULT_RATE = 100.0
 _warned: set[str] = set()
@@ -54,19 +62,21 @@ def _config(client: Any, name: str) -> str | None:
 
 
 def diagnose(client: redis.Redis | RedisCluster, *, rate: float = DEFAULT_RATE, result_ttl: float = 86400.0,
-             bytes_per_key: int = 200) -> list[Check]:
+             bytes_per_key: int = 200, namespace: str | None = None) -> list[Check]:
     """Check ``client``'s Redis; ``rate`` (messages/s) and ``result_ttl`` give the memory projection.
+    With ``namespace``, also whether format-2 outcomes are stored where a worker of an earlier
+    release still runs (a bounded ``SCAN`` of that namespace: the ``records`` check).
 
     On a Redis Cluster the settings of every primary are checked (each holds its share of the
     projection); a topic fails when it fails on any primary, and its detail names each node."""
     if isinstance(client, RedisCluster):
         primaries = client.get_primaries()  # type: ignore[no-untyped-call]
         share = rate / max(1, len(primaries))
-        per_node = [(node.name, _node_checks(node.redis_connection, share, result_ttl, bytes_per_key))
+        per_node = [(node.name, _node_checks(node.redis_connection, share, result_ttl, bytes_per_key, namespace))
                     for node in primaries]
         checks = _merge(per_node)
     else:
-        checks = _node_checks(client, rate, result_ttl, bytes_per_key)
+        checks = _node_checks(client, rate, result_ttl, bytes_per_key, namespace)
     try:
         client.script_load("return 1")
         sha = client.script_load("return redis.call('TIME')[1]")
@@ -76,7 +86,8 @@ def diagnose(client: redis.Redis | RedisCluster, *, rate: float = DEFAULT_RATE, 
         checks.append(Check("scripts", False, f"scripts cannot run: {exc}",
                             "allow EVAL, EVALSHA and SCRIPT for this user (ACL: +@scripting)"))
     if isinstance(client, RedisCluster):
-        slot = client.cluster_keyslot("dedupe:{k}:started") == client.cluster_keyslot("dedupe:{k}:result")
+        slot = (client.cluster_keyslot("dedupe:{k}:started") == client.cluster_keyslot("dedupe:{k}:result")
+                == client.cluster_keyslot("dedupe:{k}"))
         checks.append(Check("cluster", slot, f"cluster mode, {len(primaries)} primaries; a key's records share "
                             "a hash slot" if slot else "records of one key land in different slots",
                             "" if slot else "report a bug"))
@@ -139,7 +150,57 @@ def _functions_check(client: Any) -> Check:
     return Check("functions", True, f"no library loaded yet (this release's, {ours}, is loaded by the first call)")
 
 
-def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int) -> list[Check]:
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def has_format_2_outcome(client: Any, namespace: str, limit: int = FORMAT_SCAN_LIMIT) -> bool | None:
+    """Whether ``client``'s node holds a format-2 outcome of ``namespace`` (a string at a stem,
+    ``<namespace>:{<key>}``): ``SCAN MATCH <namespace>:{*}`` until the first one, over at most
+    ``limit`` keys; ``None`` when that many were scanned without finding one nor reaching the end."""
+    cursor, scanned = 0, 0
+    while True:
+        cursor, names = client.scan(cursor, match=_glob_escape(namespace) + ":{*}", count=1000)
+        if names:
+            return True
+        scanned += 1000
+        if int(cursor) == 0:
+            return False
+        if scanned >= limit:
+            return None
+
+
+def earlier_releases_loaded(client: Any) -> list[str]:
+    """The releases before record format 2 whose ``claim.lua`` is loaded on ``client``'s node
+    (``SCRIPT EXISTS``): a worker of that release called it since the node's last restart or
+    ``SCRIPT FLUSH``. Empty where ``SCRIPT`` is refused."""
+    shas = list(EARLIER_CLAIM_SHAS)
+    try:
+        found = client.script_exists(*shas)
+    except redis.RedisError:
+        return []
+    return [EARLIER_CLAIM_SHAS[sha] for sha, there in zip(shas, found, strict=True) if there]
+
+
+def _records_check(client: Any, namespace: str) -> Check:
+    """Record format 2 is safe only once no worker of an earlier release shares the namespace:
+    those read only format 1 and would run a message whose outcome is stored in format 2 again."""
+    earlier = earlier_releases_loaded(client)
+    stored = has_format_2_outcome(client, namespace)
+    seen = {True: "format-2 outcomes are stored", False: "no format-2 outcome is stored",
+            None: f"no format-2 outcome in the first {FORMAT_SCAN_LIMIT:,} keys scanned"}[stored]
+    if stored and earlier:
+        return Check("records", True, f"namespace {namespace}: {seen}, and scripts of release "
+                     f"{', '.join(earlier)} are loaded, which read only format 1",
+                     "stop every worker of an earlier release (or set DEDUPE_RECORD_FORMAT=1 until they are "
+                     "upgraded; then SCRIPT FLUSH clears this warning): they run a message whose outcome is "
+                     "stored in format 2 again", warn=True)
+    loaded = f"; scripts of release {', '.join(earlier)} are loaded" if earlier else ""
+    return Check("records", True, f"namespace {namespace}: {seen}{loaded}")
+
+
+def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int,
+                 namespace: str | None = None) -> list[Check]:
     """The settings one Redis node is checked for: eviction, memory, persistence, replication."""
     checks: list[Check] = []
     policy = _config(client, "maxmemory-policy")
@@ -173,6 +234,8 @@ def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int
                             "turn on appendonly yes (appendfsync always or everysec): a restart without it forgets "
                             "every claim and result, and duplicates apply again"))
     checks.append(_functions_check(client))
+    if namespace is not None:
+        checks.append(_records_check(client, namespace))
     repl = client.info("replication")
     replicas = int(repl.get("connected_slaves", 0))
     min_replicas = _config(client, "min-replicas-to-write")

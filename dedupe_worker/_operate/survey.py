@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .._protocol.layout import KeyLayout
 from .._protocol.record import queue_size_read, size_from_replies
 
 __all__ = ["Survey", "survey"]
@@ -63,7 +64,9 @@ class Survey:
 def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
            progress: TextIO | None = sys.stderr) -> Survey:
     """``SCAN MATCH <namespace>:* COUNT count`` (each call bounded, so Redis never blocks); the
-    first ``sample`` records of each kind are looked at closely (state, sizes, TTL, memory)."""
+    first ``sample`` records are looked at closely (state, sizes, TTL, memory). An outcome is
+    counted in either record format: a format-2 string at the stem (a name ending in ``}``) or a
+    format-1 hash at ``<stem>:result``; ``keys`` counts every key of the namespace."""
     found = Survey()
     looked = 0
     for name in client.scan_iter(match=f"{namespace}:*", count=count):
@@ -72,11 +75,12 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
         if progress is not None and found.keys % 1000 == 0:
             progress.write(f"\rscanned {found.keys:,} keys")
             progress.flush()
-        if looked >= sample or name.endswith(":notice"):
+        kind = KeyLayout.kind(name)
+        if looked >= sample or kind == "notice":
             continue
         looked += 1
         pipe = client.pipeline(transaction=False)
-        is_result = name.endswith(":result")
+        is_result = kind in ("record", "result")
         if is_result:
             queue_size_read(pipe, name)
         else:
@@ -86,10 +90,11 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
         *reads, ttl, memory = pipe.execute(raise_on_error=False)
         if is_result:
             status, size = size_from_replies(*reads)
-            found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
-            found.result_bytes.append(size)
-            found.result_ttls_ms.append(int(ttl))
-        elif name.endswith(":started"):
+            if status:  # else it expired since the SCAN
+                found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
+                found.result_bytes.append(size)
+                found.result_ttls_ms.append(int(ttl))
+        elif kind == "started":
             owner = reads[0]
             if isinstance(owner, Exception):
                 raise owner

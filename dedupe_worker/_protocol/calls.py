@@ -20,8 +20,9 @@ from .scripts import Call
 __all__ = ["RECORD_FORMATS", "WITH_FINGERPRINT", "ClaimReply", "KeyState", "StoreCalls", "acquired_in", "block_limit",
            "key_state", "key_state_and_fingerprint", "record_format_from_env"]
 
-#: The formats ``complete.lua`` can write a result in: 1 the hash every release reads, 2 the
-#: compact string (one ``SET ... PX``) that only this release and later ones read.
+#: The formats ``complete.lua`` can write a result in: 1 the hash at ``<stem>:result`` every
+#: release reads, 2 the compact string at the stem itself (one ``SET ... PX``) that only this
+#: release and later ones read.
 RECORD_FORMATS = (1, 2)
 
 
@@ -40,8 +41,8 @@ def record_format_from_env() -> int:
     The switch of a two-phase upgrade: this release reads both formats and writes format 1 unless
     told otherwise; once every worker and producer sharing the namespace runs this release (or a
     later one), set ``DEDUPE_RECORD_FORMAT=2`` (the next release makes it the default). A worker
-    of an earlier release that meets a format-2 result fails the call with ``WRONGTYPE`` (its
-    message is not run), never taking the key as new."""
+    of an earlier release does not see a format-2 result (it reads only ``<stem>:result``): it
+    would take the key for a new one and run its message again, so the order matters."""
     raw = os.environ.get("DEDUPE_RECORD_FORMAT", "1").strip() or "1"
     if raw not in ("1", "2"):
         raise ValueError(f"DEDUPE_RECORD_FORMAT must be 1 or 2, not {raw!r}")
@@ -124,7 +125,7 @@ def acquired_in(calls: Sequence[Call], replies: Sequence[Any]) -> list[tuple[str
         if name == "claim":
             for i in range(0, len(reply), 4):
                 if int(reply[i]) == int(Outcome.ACQUIRED.value):
-                    taken.append((keys[(i // 4) * 2][: -len(":started")], int(reply[i + 1])))
+                    taken.append((keys[(i // 4) * 3][: -len(":started")], int(reply[i + 1])))
     return taken
 
 
@@ -187,13 +188,23 @@ class StoreCalls:
             return [(name, flat_keys, [*shared, *(a for args in per_item for a in args)])]
         return [(name, ks, [*shared, *args]) for ks, args in zip(keys, per_item, strict=True)]
 
+    @staticmethod
+    def claim_keys(stem: str) -> tuple[str, ...]:
+        """``claim.lua``'s KEYS for one message: the started key and the outcome in both formats."""
+        return KeyLayout.records(stem)
+
+    @staticmethod
+    def complete_keys(stem: str) -> tuple[str, ...]:
+        """``complete.lua``'s KEYS for one message: as :meth:`claim_keys`, then the notice list."""
+        return (*KeyLayout.records(stem), KeyLayout.notice(stem))
+
     def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
         if len(items) == 1:  # one message (decide, run): the same call, built without the batch's loops
             stem, fingerprint, original = items[0]
-            return [("claim", (KeyLayout.started(stem), KeyLayout.result(stem)),
+            return [("claim", self.claim_keys(stem),
                      (lease_ms, retention_ms, fingerprint, original, *self.format_args))]
-        calls = self._calls("claim", [(KeyLayout.started(s), KeyLayout.result(s)) for s, _, _ in items],
+        calls = self._calls("claim", [self.claim_keys(s) for s, _, _ in items],
                             (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
         if self.format_args:  # claim.lua reads the format this worker writes first
             return [(name, keys, [*args, *self.format_args]) for name, keys, args in calls]
@@ -203,10 +214,9 @@ class StoreCalls:
         """``items`` are ``(stem, token, status, value)``."""
         if len(items) == 1:  # one message: as claim_calls
             stem, token, status, value = items[0]
-            return [("complete", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+            return [("complete", self.complete_keys(stem),
                      (result_ttl_ms, token, _LETTER[status], self.record(token, status, value), *self.format_args))]
-        calls = self._calls("complete", [(KeyLayout.started(s), KeyLayout.result(s), KeyLayout.notice(s))
-                                         for s, _, _, _ in items],
+        calls = self._calls("complete", [self.complete_keys(s) for s, _, _, _ in items],
                             (result_ttl_ms,), [(token, _LETTER[status], self.record(token, status, value))
                                                for _, token, status, value in items])
         if self.format_args:

@@ -1,6 +1,7 @@
 """The start-up check that Redis will not evict our records (``maxmemory-policy``).
 
-An evicted ``:started`` or ``:result`` record is a key that was never seen: its next delivery runs
+An evicted ``:started`` record or outcome (the string at the stem, or the ``:result`` hash) is a
+key that was never seen: its next delivery runs
 the handler again. Every record we write has a TTL, so the ``volatile-*`` policies evict them as
 readily as the ``allkeys-*`` ones; only ``noeviction`` keeps them (Redis then refuses new claims,
 and the engine defers those messages).

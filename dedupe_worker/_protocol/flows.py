@@ -547,7 +547,7 @@ class ClientCore(ClaimCodec):
     def forget_flow(self, key: str | bytes, token: int | None, force: bool) -> Flow[bool]:
         """``forget``: remove the key's records, ownership-checked (``forget.lua``)."""
         stem = self.request(key).stem
-        keys = (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem))
+        keys = (*KeyLayout.records(stem), KeyLayout.notice(stem))
         replies = yield from self.round_trip(([("forget", keys, ("" if token is None else token,
                                                                  "1" if force else "0"))],))
         return int(replies[0][0]) == 1
@@ -555,7 +555,7 @@ class ClientCore(ClaimCodec):
     def status_flow(self, key: str | bytes) -> Flow[KeyState]:
         """``status``: the key's records, unchanged (``inspect.lua``)."""
         stem = self.request(key).stem
-        replies = yield from self.round_trip(([("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ())],))
+        replies = yield from self.round_trip(([("inspect", KeyLayout.records(stem), ())],))
         return key_state(*replies[0])
 
 

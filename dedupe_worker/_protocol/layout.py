@@ -1,12 +1,23 @@
 """Where a message's records live in Redis.
 
-Two keys per message share one Redis Cluster hash slot through the ``{...}`` hash tag::
+A message's keys share one Redis Cluster hash slot through the ``{...}`` hash tag::
 
-    <namespace>:{<key>}:started   lease owner, lease deadline, token counter, fingerprint
-    <namespace>:{<key>}:result    the stored outcome and the token that stored it
+    <namespace>:{<key>}:started   lease owner, lease deadline, token counter, fingerprint; gone
+                                  once an outcome is stored
+    <namespace>:{<key>}           the stored outcome in record format 2: one string (status,
+                                  token, value) at the stem itself, the shortest name, so a
+                                  completed key costs what a plain ``SET`` of it does
+    <namespace>:{<key>}:result    the stored outcome in record format 1 (a hash: status, value,
+                                  token), as every earlier release writes it
     <namespace>:{<key>}:notice    only while someone waits on the key: one entry per waiter
     <namespace>:{<key>}:sent      only when a producer checks before sending (``send.lua``): the
                                   task id it sent, until when that counts as queued, fingerprint
+
+At most one of the two outcome records exists: a result is written once, by the owner of the
+claim, in the format its worker writes (``DEDUPE_RECORD_FORMAT``). Readers of this release read
+both; releases before it read only ``:result``, so format 2 is switched on only once every worker
+of the namespace runs this release or a later one (see the README's upgrade section). A name that
+ends with ``}`` is a format-2 outcome (:meth:`KeyLayout.kind`): every other key has a suffix.
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
 (braces, whitespace, control characters, invalid UTF-8), is replaced by ``sha256:<hex>`` of its
@@ -70,8 +81,35 @@ class KeyLayout:
         return stem + ":started"
 
     @staticmethod
+    def record(stem: str) -> str:
+        """Where record format 2 keeps the outcome: a string at the stem itself."""
+        return stem
+
+    @staticmethod
     def result(stem: str) -> str:
+        """Where record format 1 keeps the outcome: a hash."""
         return stem + ":result"
+
+    @staticmethod
+    def records(stem: str) -> tuple[str, str, str]:
+        """``(started, record, result)``: every key a reader of a message's state looks at (the
+        claim, and the outcome in format 2 and in format 1), in the order the scripts take them."""
+        return stem + ":started", stem, stem + ":result"
+
+    @staticmethod
+    def stem_of(name: str) -> str:
+        """The stem of a key name this layout made (``<namespace>:{<key>}``, suffix or not)."""
+        return name.rpartition("}")[0] + "}"
+
+    @staticmethod
+    def kind(name: str) -> str:
+        """What the key ``name`` (found by a ``SCAN`` of the namespace) holds: ``"record"`` (a
+        format-2 outcome), ``"result"`` (a format-1 outcome), ``"started"``, ``"notice"``,
+        ``"sent"``, or ``""`` for a name this layout does not make."""
+        if name.endswith("}"):
+            return "record"
+        suffix = name.rpartition("}:")[2]
+        return suffix if suffix in ("started", "result", "notice", "sent") and "}:" in name else ""
 
     @staticmethod
     def notice(stem: str) -> str:

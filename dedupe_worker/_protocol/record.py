@@ -1,21 +1,22 @@
-"""Reading a stored outcome (a ``:result`` record) from Python, in either of its formats.
+"""Reading a stored outcome from Python, in either of its formats.
 
 The protocol scripts read results themselves; this is for the tools that look at records
 directly (``stats``, ``inspect``'s original key, the replay's fingerprint check). The formats,
-as ``lua/complete.lua`` writes them:
+as ``lua/complete.lua`` writes them (at most one of the two exists for a key):
 
-* format 1, a hash: ``s`` (status), ``v`` (value), ``t`` (token), and ``f`` (fingerprint) and
-  ``orig`` (original key) only when the claim had them;
-* format 2, a string: the status letter, the token as 8 bytes big-endian, the value; when the
-  claim had a fingerprint or an original key the letter is upper case and the value is preceded
-  by the fingerprint and the original key, each after its length in 2 bytes big-endian.
+* format 1, a hash at ``<stem>:result``: ``s`` (status), ``v`` (value), ``t`` (token), and ``f``
+  (fingerprint) and ``orig`` (original key) only when the claim had them;
+* format 2, a string at the stem itself (``<namespace>:{<key>}``): the status letter, the token
+  as 8 bytes big-endian, the value; when the claim had a fingerprint or an original key the
+  letter is upper case and the value is preceded by the fingerprint and the original key, each
+  after its length in 2 bytes big-endian.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from redis.exceptions import ResponseError
+from .layout import KeyLayout
 
 __all__ = ["StoredResult", "parse_result", "queue_size_read", "read_result", "size_from_replies"]
 
@@ -31,8 +32,12 @@ class StoredResult(NamedTuple):
     original: bytes = b""
 
 
+def _bytes(raw: bytes | str) -> bytes:
+    return raw.encode("latin-1") if isinstance(raw, str) else raw
+
+
 def parse_result(raw: bytes) -> StoredResult:
-    """A format-2 result (the string value of a ``:result`` key)."""
+    """A format-2 result (the string value at a key's stem)."""
     status, token = raw[:1], int.from_bytes(raw[1:9], "big")
     if status.islower():
         return StoredResult(status, token, raw[9:])
@@ -50,39 +55,44 @@ def _from_hash(fields: dict[Any, Any]) -> StoredResult | None:
                         fields.get("f") or b"", fields.get("orig") or b"")
 
 
-def read_result(client: Any, name: str) -> StoredResult | None:
-    """The result stored at ``name`` (``None`` when there is none): one ``GET``, and one
-    ``HGETALL`` more for a format-1 hash. Redis errors other than ``WRONGTYPE`` propagate."""
-    try:
-        raw = client.get(name)
-    except ResponseError as exc:
-        if "WRONGTYPE" not in str(exc):
-            raise
-        return _from_hash(client.hgetall(name))
-    if raw is None:
-        return None
-    return parse_result(raw.encode("latin-1") if isinstance(raw, str) else raw)
+def read_result(client: Any, stem: str) -> StoredResult | None:
+    """The outcome stored for the key whose stem is ``stem`` (``None`` when there is none), in
+    either format: one round trip (``GET`` of the stem, ``HGETALL`` of ``<stem>:result``, both in
+    the key's hash slot). Redis errors propagate (``WRONGTYPE`` when another program's key of
+    another type holds one of the names)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.get(KeyLayout.record(stem))
+    pipe.hgetall(KeyLayout.result(stem))
+    raw, fields = pipe.execute()
+    if raw is not None:
+        return parse_result(_bytes(raw))
+    return _from_hash(fields or {})
 
 
 def queue_size_read(pipe: Any, name: str) -> None:
-    """Queue on ``pipe`` (a non-transactional pipeline) what :func:`size_from_replies` needs for
-    the status and value size of the result at ``name``, in either format, without reading a
-    format-1 value: three replies, one of which is a ``WRONGTYPE`` error."""
-    pipe.hget(name, "s")
-    pipe.hstrlen(name, "v")
-    pipe.get(name)
+    """Queue on ``pipe`` what :func:`size_from_replies` needs for the status and value size of
+    the outcome record ``name`` found by a ``SCAN`` (``KeyLayout.kind(name)`` is ``"record"`` or
+    ``"result"``), without reading a format-1 value: one reply for a format-2 string (the
+    record itself), two for a format-1 hash (its status, its value's length)."""
+    if KeyLayout.kind(name) == "record":
+        pipe.get(name)
+    else:
+        pipe.hget(name, "s")
+        pipe.hstrlen(name, "v")
 
 
-def size_from_replies(status: Any, size: Any, raw: Any) -> tuple[bytes, int]:
-    """``(status, value size)`` from the three replies of :func:`queue_size_read` (read with
-    ``raise_on_error=False``); ``(b"", 0)`` when no result is stored. Raises the error when the
-    key is neither format (``WRONGTYPE`` on both reads)."""
-    if isinstance(raw, bytes):
-        stored = parse_result(raw)
+def size_from_replies(*replies: Any) -> tuple[bytes, int]:
+    """``(status, value size)`` from the replies of :func:`queue_size_read`; ``(b"", 0)`` when the
+    record is gone (it expired between the ``SCAN`` and the read). An error reply is raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    if len(replies) == 1:
+        raw = replies[0]
+        if raw is None:
+            return b"", 0
+        stored = parse_result(_bytes(raw))
         return stored.status, len(stored.value)
-    if isinstance(status, Exception):
-        if isinstance(raw, Exception):
-            raise status
-        return b"", 0
+    status, size = replies
     status = status.encode() if isinstance(status, str) else status
     return status or b"", int(size or 0)

@@ -66,7 +66,7 @@ def send_call(request: Request, task_id: str, ttl_ms: int, keep_ms: int) -> Call
     """The ``send.lua`` call for ``request`` recording ``task_id`` for ``ttl_ms``, kept ``keep_ms``
     longer to name the task after completion."""
     stem = request.stem
-    return ("send", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.sent(stem)),
+    return ("send", (*KeyLayout.records(stem), KeyLayout.sent(stem)),
             (task_id, max(1, ttl_ms), max(0, keep_ms), request.fingerprint))
 
 

@@ -56,9 +56,9 @@ class StoreBase(StoreCalls):
     # -- waiting on a held key, described once (each store makes the call, blocking or awaited) --
 
     @staticmethod
-    def watch_call(stem: str) -> tuple[str, tuple[str, str], tuple[()]]:
+    def watch_call(stem: str) -> tuple[str, tuple[str, str, str], tuple[()]]:
         """The ``watch.lua`` call that counts one waiter on ``stem``."""
-        return "watch", (KeyLayout.started(stem), KeyLayout.result(stem)), ()
+        return "watch", KeyLayout.records(stem), ()
 
     @staticmethod
     def holder_left(reply: Any) -> float:
@@ -127,12 +127,12 @@ class RedisStore(StoreBase):
         """``forget.lua``: ``(code, token)``, code 1 removed, 0 nothing there, -1 a live lease
         (not forced), -2 another token than ``token``."""
         code, found = self.scripts.call(
-            "forget", (KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)),
+            "forget", (*KeyLayout.records(stem), KeyLayout.notice(stem)),
             ("" if token is None else token, "1" if force else "0"))
         return int(code), int(found)
 
     def inspect(self, stem: str) -> KeyState:
         code, token, a, b = self.scripts.call(
-            "inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), ()
+            "inspect", KeyLayout.records(stem), ()
         )
         return key_state(code, token, a, b)

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     dedupe = deduplicator_from(args)
     try:
-        checks = diagnose(dedupe.store.client, rate=args.rate, result_ttl=dedupe.result_ttl)
+        checks = diagnose(dedupe.store.client, rate=args.rate, result_ttl=dedupe.result_ttl,
+                          namespace=dedupe.layout.namespace)
     finally:
         dedupe.close()
     for check in checks:

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             if report.result_ttl_ms > 0:
                 print(f"  kept {report.result_ttl_ms / 1000:,.1f} s more (its remaining TTL)")
             print(f"  records: {report.redis_key}:started ttl {report.started_ttl_ms} ms, "
-                  f":result ttl {report.result_ttl_ms} ms (-2 = none)")
+                  f"outcome {report.result_key or '(none)'} ttl {report.result_ttl_ms} ms (-2 = none)")
             if report.original_key:
                 print(f"  original key: {report.original_key}")
         if never_seen == len(args.keys) and namespace_is_empty(dedupe):

@@ -201,8 +201,7 @@ class Planner:
             return []
         store = self.dedupe.store
         try:
-            commands = [store.scripts.command("inspect", (KeyLayout.started(stem), KeyLayout.result(stem)),
-                                              WITH_FINGERPRINT) for stem in stems]
+            commands = [store.scripts.command("inspect", KeyLayout.records(stem), WITH_FINGERPRINT) for stem in stems]
             # Read-only commands, so the held connection's retry on a connection error is safe.
             held = store.scripts.held
             replies = held.execute_many(commands) if held is not None else BUSY
@@ -216,7 +215,7 @@ class Planner:
             try:
                 if store.scripts.ran_nothing(reply):  # scripts flushed: the single call loads them
                     reply = store.scripts.call(
-                        "inspect", (KeyLayout.started(stem), KeyLayout.result(stem)), WITH_FINGERPRINT)
+                        "inspect", KeyLayout.records(stem), WITH_FINGERPRINT)
                 if isinstance(reply, Exception):
                     found.append(StoreUnavailable(f"Redis failed reading {stem}: {reply}"))
                 else:
