@@ -55,7 +55,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faststream.exceptions import AckMessage, NackMessage
 
@@ -67,9 +67,7 @@ from .._messages.envelope import Envelope
 from .._messages.retention import header_ttl
 from ..asyncio import AsyncItem, decide_many
 from ._brokers import BrokerAdapter, adapter_for
-
-if TYPE_CHECKING:
-    from ._middleware import DedupeMiddleware
+from ._state import MiddlewareState
 
 __all__ = ["handle_batch", "is_batch"]
 
@@ -92,7 +90,7 @@ def results(value: Any, count: int) -> list[Any]:
     return [value] * count
 
 
-async def handle_batch(owner: DedupeMiddleware, call_next: Callable[[Any], Any], msg: Any, broker: Any) -> Any:
+async def handle_batch(owner: MiddlewareState, call_next: Callable[[Any], Any], msg: Any, broker: Any) -> Any:
     """Decide every record of the batch ``msg``, run the handler once on those that must run,
     and act on the verdicts as the module doc says."""
     records: Sequence[Any] = msg.raw_message
@@ -145,7 +143,7 @@ async def handle_batch(owner: DedupeMiddleware, call_next: Callable[[Any], Any],
     return await _settle(owner, adapter, msg, envelopes, keys, decided, returned, broker)
 
 
-async def _settle(owner: DedupeMiddleware, adapter: BrokerAdapter, msg: Any, envelopes: list[Envelope],
+async def _settle(owner: MiddlewareState, adapter: BrokerAdapter, msg: Any, envelopes: list[Envelope],
                   keys: list[str | None], decisions: list[Decision], returned: list[Any], broker: Any) -> Any:
     records: Sequence[Any] = msg.raw_message
     actions = [d.action for d in decisions]

@@ -66,43 +66,28 @@ from typing import Any
 from faststream import BaseMiddleware
 from faststream.exceptions import AckMessage, NackMessage, RejectMessage
 
-from .._engine import Action, Decision, Hooks, Reason, RetryPolicy, refused
+from .._engine import Action, Decision, Reason, refused
 from .._engine.dispatch import ACKED, Acted, Done, dispatch_async
 from .._errors import EvictionPolicyError, InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
-from .._messages.retention import TTL_HEADER, header_ttl
+from .._messages.retention import header_ttl
 from ..asyncio import AsyncClaimClient, decide
 from ..keys import KeyStrategy, body_fingerprint
 from ._batch import handle_batch, is_batch
 from ._brokers import BrokerAdapter, adapter_for
+from ._state import MiddlewareState
 
 __all__ = ["DedupeMiddleware", "dedupe_middleware"]
 
 log = logging.getLogger(__name__)
 
-#: Deferral counts kept per key (they only grow the backoff); past this many keys, they start over.
-MAX_TRACKED_DEFERRALS = 10_000
 
-
-class DedupeMiddleware(Hooks, RetryPolicy):
+class DedupeMiddleware(MiddlewareState):
     """The middleware factory FastStream calls once per message (``middlewares=[...]``); see the
     module doc. Hooks (:class:`~dedupe_worker.Hooks`) get FastStream's ``StreamMessage``; override
     them in a subclass. ``max_attempts``, ``retry_base`` and ``retry_cap`` are not used: handler
     errors are FastStream's ``ack_policy``'s."""
-
-    def __init__(self, dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
-                 fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
-                 dead_letter_producer: Any = None, defer_base: float | None = None, defer_cap: float | None = None,
-                 defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
-        self.dedupe = dedupe
-        self.key = key
-        self.fingerprint = fingerprint
-        #: The header holding a message's retention in seconds (``None``: not read).
-        self.ttl_header = ttl_header
-        self.dead_letter_producer = dead_letter_producer
-        self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
-        self._deferrals: dict[str, int] = {}
 
     def __call__(self, msg: Any, /, *, context: Any) -> _Scope:
         return _Scope(msg, context=context, owner=self)
@@ -155,15 +140,6 @@ class DedupeMiddleware(Hooks, RetryPolicy):
             self._deferrals.pop(key, None)  # decided: a later deferral of the key starts over
         await dispatch_async(_MessageSteps(self, adapter, envelope, key, broker), self, msg, key, decision)
         return decision.value
-
-    def next_deferral(self, key: str | None) -> int:
-        """Count one more deferral of ``key`` (kept while the key keeps being deferred)."""
-        deferrals = self._deferrals.pop(key, 0) + 1 if key is not None else 1
-        if key is not None:
-            if len(self._deferrals) >= MAX_TRACKED_DEFERRALS:
-                self._deferrals.clear()
-            self._deferrals[key] = deferrals
-        return deferrals
 
 
 class _MessageSteps:
