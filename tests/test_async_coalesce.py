@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.connection import AbstractConnection
 
 from dedupe_worker import StoreUnavailable
 from dedupe_worker.asyncio import AsyncDeduplicator
@@ -29,36 +31,31 @@ async def echo(i: int) -> int:
     return i
 
 
-def count_round_trips(client: redis.asyncio.Redis) -> list[str]:
-    """Wrap ``client`` so every single command and every pipeline sent through it is recorded
-    (one entry per round trip), independently of the runner's own counter."""
+def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every write of a ``redis.asyncio`` connection (one entry per round trip: a single
+    command, or a pipeline of several, whichever way it was sent), independently of the runner's
+    own counter: the written bytes are parsed back into commands."""
     trips: list[str] = []
-    execute_command, pipeline = client.execute_command, client.pipeline
+    send = AbstractConnection.send_packed_command
 
-    async def counted_command(*args: Any, **options: Any) -> Any:
-        trips.append(f"command {args[0]}")
-        return await execute_command(*args, **options)  # type: ignore[no-untyped-call]
+    async def counted(self: AbstractConnection, command: Any, *args: Any, **kwargs: Any) -> None:
+        reader = hiredis.Reader()
+        for chunk in [command] if isinstance(command, (bytes, str)) else command:
+            reader.feed(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+        names = []
+        while (parsed := reader.gets()) is not False:
+            names.append(parsed[0].decode().upper())
+        trips.append(f"command {names[0]}" if len(names) == 1 else f"pipeline of {len(names)}")
+        await send(self, command, *args, **kwargs)
 
-    def counted_pipeline(*args: Any, **options: Any) -> Any:
-        pipe = pipeline(*args, **options)
-        execute = pipe.execute
-
-        async def counted_execute(*a: Any, **kw: Any) -> Any:
-            trips.append(f"pipeline of {len(pipe.command_stack)}")
-            return await execute(*a, **kw)
-
-        pipe.execute = counted_execute  # type: ignore[method-assign]
-        return pipe
-
-    client.execute_command = counted_command  # type: ignore[method-assign]
-    client.pipeline = counted_pipeline  # type: ignore[method-assign]
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
     return trips
 
 
 async def test_fifty_concurrent_runs_share_round_trips(adedupe: AsyncDeduplicator,
-                                                       aredis: redis.asyncio.Redis) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     await adedupe.run("warm-up", zero)
-    trips = count_round_trips(aredis)
+    trips = count_round_trips(monkeypatch)
     calls: list[int] = []
 
     async def handler(i: int) -> str:
@@ -74,19 +71,20 @@ async def test_fifty_concurrent_runs_share_round_trips(adedupe: AsyncDeduplicato
     assert again == results and len(calls) == 50
 
 
-async def test_sequential_calls_are_sent_at_once(adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis) -> None:
+async def test_sequential_calls_are_sent_at_once(adedupe: AsyncDeduplicator, monkeypatch: pytest.MonkeyPatch) -> None:
     await adedupe.run("warm-up", zero)
-    trips = count_round_trips(aredis)
+    trips = count_round_trips(monkeypatch)
     for i in range(5):
         assert await adedupe.run(f"s{i}", echo, i) == i
     assert len(trips) == 10 and all(trip.startswith("command") for trip in trips), trips
 
 
 async def test_one_callers_error_or_cancellation_leaves_the_others_alone(
-        adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis, namespace: str) -> None:
+        adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     runner = adedupe.store.scripts
     await adedupe.run("warm-up", zero)
-    trips = count_round_trips(aredis)
+    trips = count_round_trips(monkeypatch)
     broken = f"{namespace}:{{bad}}"
     await aredis.rpush(broken + ":started", "x")  # claim.lua meets WRONGTYPE on this key
     stems = [f"{namespace}:{{c{i}}}" for i in range(20)]

@@ -34,6 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, Library, ScriptFlows
 from .._protocol.scripts import load_script
+from ._direct import DirectSender
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -81,6 +82,8 @@ class AsyncScriptRunner:
         self._flushes: set[asyncio.Task[None]] = set()
         #: Round trips sent (single commands and pipelines): tests count them.
         self.round_trips = 0
+        #: How a coalesced batch is sent: straight on a pool connection, or ``None``: a pipeline.
+        self._direct = DirectSender.for_client(client)
 
     @property
     def sha(self) -> dict[str, str]:
@@ -178,7 +181,9 @@ class AsyncScriptRunner:
         round trip: every future the same error); a cancelled caller's reply is dropped."""
         try:
             try:
-                replies = await self._pipeline([command for command, _ in batch])
+                commands = [command for command, _ in batch]
+                replies = await (self._direct.execute_many(commands) if self._direct is not None
+                                 else self._pipeline(commands))
             except (AttributeError, TypeError) as exc:
                 torn = torn_connection(exc)
                 if torn is None:
