@@ -4,6 +4,7 @@ in one event-loop turn go to Redis as one pipeline, each caller getting its own 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import hiredis
@@ -12,7 +13,7 @@ import redis
 import redis.asyncio
 from redis.asyncio.connection import AbstractConnection
 
-from dedupe_worker import StoreUnavailable
+from dedupe_worker import InProgress, StoreUnavailable
 from dedupe_worker.asyncio import AsyncDeduplicator
 
 from . import services
@@ -153,5 +154,122 @@ async def test_a_connection_drop_fails_the_whole_pipeline_and_applies_nothing_tw
     try:
         assert await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(20))) == list(range(20))
         assert sorted(calls) == list(range(20))
+    finally:
+        await d.aclose()
+
+
+def lose_first_replies(monkeypatch: pytest.MonkeyPatch, adedupe: AsyncDeduplicator) -> list[list[Any]]:
+    """Make every coalesced round trip lose its replies once: the scripts ran, then the connection
+    drops before the answers reach us, so redis-py's retry sends the whole batch again. Returns
+    the replies of each round trip that were lost."""
+    sender = adedupe.store.scripts._direct
+    assert sender is not None, "a plain redis.asyncio client sends coalesced batches directly"
+    attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("attempts")
+    execute_many, read = sender.execute_many, sender._read
+    lost: list[list[Any]] = []
+
+    async def counted(commands: Any) -> list[Any]:
+        attempts.set([0])  # one round trip: every attempt of it runs in this context
+        return await execute_many(commands)
+
+    async def lossy(connection: Any, count: int) -> list[Any]:
+        replies = await read(connection, count)  # the scripts ran and answered
+        attempt = attempts.get()
+        attempt[0] += 1
+        if attempt[0] == 1:
+            lost.append(replies)
+            await connection.disconnect()
+            raise redis.ConnectionError("connection reset before the replies were read")
+        return replies
+
+    monkeypatch.setattr(sender, "execute_many", counted)
+    monkeypatch.setattr(sender, "_read", lossy)
+    return lost
+
+
+async def test_replies_lost_mid_batch_resend_it_and_run_no_handler_twice(
+        redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # from_url: the client retries a connection error twice (redis-py's own default is no retry)
+    d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=1.0, result_ttl=60.0)
+    calls: list[int] = []
+
+    async def handler(i: int) -> int:
+        calls.append(i)
+        return i
+
+    try:
+        await d.run("warm-up", zero)
+        lost = lose_first_replies(monkeypatch, d)
+        outcomes = await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(30)), return_exceptions=True)
+        assert lost, "some calls were coalesced"
+        assert any(isinstance(outcome, InProgress) for outcome in outcomes)  # a claim was resent
+        assert any(reply == [1] for replies in lost for reply in replies)  # and a completion
+        assert not any(isinstance(outcome, BaseException) and not isinstance(outcome, InProgress)
+                       for outcome in outcomes), outcomes
+        assert len(calls) == len(set(calls))  # nothing ran twice
+        for i, outcome in enumerate(outcomes):
+            # a resent claim finds the key held by its own first attempt: InProgress, nothing run;
+            # a resent completion answers [1] again: the caller gets its value
+            if isinstance(outcome, InProgress):
+                assert i not in calls
+            else:
+                assert outcome == i and i in calls, outcome
+        monkeypatch.undo()
+        await asyncio.sleep(1.2)  # the leases taken by lost claims run out
+        again = await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(30)))
+        assert again == list(range(30))
+        assert sorted(calls) == list(range(30))  # each handler ran exactly once in all
+    finally:
+        await d.aclose()
+
+
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
+async def test_scripts_flushed_mid_run_are_reloaded_per_call(
+        adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis, flush: str) -> None:
+    await adedupe.run("warm-up", zero)
+    calls: list[int] = []
+
+    async def handler(i: int) -> int:
+        calls.append(i)
+        if i % 10 == 0:  # between claims and completions of the others: later batches miss too
+            await aredis.execute_command(flush, "FLUSH")
+        return i
+
+    await aredis.execute_command(flush, "FLUSH")  # the first batch of claims meets NOSCRIPT / no function
+    results = await asyncio.gather(*(adedupe.run(f"k{i}", handler, i) for i in range(40)))
+    assert results == list(range(40)) and sorted(calls) == list(range(40))
+    assert await asyncio.gather(*(adedupe.run(f"k{i}", handler, i) for i in range(40))) == results
+    assert len(calls) == 40
+
+
+async def test_a_run_cancelled_in_a_batch_leaves_the_others_alone(adedupe: AsyncDeduplicator) -> None:
+    await adedupe.run("warm-up", zero)
+    started = asyncio.Event()
+    calls: list[int] = []
+
+    async def handler(i: int) -> int:
+        calls.append(i)
+        if i == 7:
+            started.set()
+            await asyncio.sleep(10)
+        return i
+
+    runs = [asyncio.ensure_future(adedupe.run(f"k{i}", handler, i)) for i in range(20)]
+    await started.wait()
+    runs[7].cancel()  # inside its handler: its claim is released, in a batch with others' calls
+    outcomes = await asyncio.gather(*runs, return_exceptions=True)
+    assert isinstance(outcomes[7], asyncio.CancelledError)
+    assert [o for i, o in enumerate(outcomes) if i != 7] == [i for i in range(20) if i != 7]
+    assert await adedupe.run("k7", handler, 7) == 7  # released: claimed and run again at once
+    assert sorted(calls) == sorted([*range(20), 7])
+
+
+async def test_a_client_that_is_not_plain_redis_keeps_the_pipeline() -> None:
+    from dedupe_worker.testing import in_memory_async
+
+    d = in_memory_async()
+    assert d.store.scripts._direct is None  # fakeredis replaces the connection's reads
+    try:
+        assert await asyncio.gather(*(d.run(f"k{i}", echo, i) for i in range(20))) == list(range(20))
     finally:
         await d.aclose()
