@@ -159,17 +159,22 @@ async def test_a_connection_drop_fails_the_whole_pipeline_and_applies_nothing_tw
 
 
 def lose_first_replies(monkeypatch: pytest.MonkeyPatch, adedupe: AsyncDeduplicator) -> list[list[Any]]:
-    """Make every coalesced round trip lose its replies once: the scripts ran, then the connection
-    drops before the answers reach us, so redis-py's retry sends the whole batch again. Returns
-    the replies of each round trip that were lost."""
-    sender = adedupe.store.scripts._direct
-    assert sender is not None, "a plain redis.asyncio client sends coalesced batches directly"
+    """Make round trips lose their replies once: the scripts ran, then the connection drops before
+    the answers reach us, so redis-py's retry sends the whole round trip again. Lost: the first
+    round trip of several calls (a coalesced batch of claims) and every one carrying a completion.
+    Returns the replies of each round trip that were lost."""
+    runner = adedupe.store.scripts
+    sender = runner._direct
+    assert sender is not None, "a plain redis.asyncio client sends script calls directly"
+    completion = {f"{runner.flows.library}_complete", runner.sha.get("complete")}
     attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("attempts")
     execute_many, read = sender.execute_many, sender._read
     lost: list[list[Any]] = []
 
-    async def counted(commands: Any) -> list[Any]:
-        attempts.set([0])  # one round trip: every attempt of it runs in this context
+    async def marked(commands: Any) -> list[Any]:
+        batch = len(commands) > 1 and not any(len(replies) > 1 for replies in lost)
+        lose = batch or any(command[1] in completion for command in commands)
+        attempts.set([0 if lose else 1])  # one round trip: every attempt of it runs in this context
         return await execute_many(commands)
 
     async def lossy(connection: Any, count: int) -> list[Any]:
@@ -182,7 +187,7 @@ def lose_first_replies(monkeypatch: pytest.MonkeyPatch, adedupe: AsyncDeduplicat
             raise redis.ConnectionError("connection reset before the replies were read")
         return replies
 
-    monkeypatch.setattr(sender, "execute_many", counted)
+    monkeypatch.setattr(sender, "execute_many", marked)
     monkeypatch.setattr(sender, "_read", lossy)
     return lost
 

@@ -1,26 +1,34 @@
-"""Coalesced script calls sent straight on a connection of the client's pool, without redis-py's
-``Pipeline``.
+"""Script calls sent straight on a connection of the client's pool, without redis-py's
+``Pipeline`` or ``execute_command``.
 
 A coalesced round trip (see :mod:`dedupe_worker.asyncio._scripts`) carries the script calls of
 concurrent coroutines. Sent as a redis-py asyncio ``Pipeline``, each call was packed by redis-py's
-pure-Python ``pack_command`` and each reply read through the pipeline's parse layers: with 50
-coroutines a quarter of the client's CPU went to packing and a sixth to reading. :class:`DirectSender`
-does the same round trip with redis-py's public ``Connection`` methods: a connection from the
-client's own pool (``get_connection``/``release``), the whole batch packed by
-``hiredis.pack_command`` (only where that gives the connection's own bytes, as the sync held
-connection checks: :func:`~dedupe_worker._protocol.held._direct_packer`), one
-``send_packed_command``, and each reply read with ``read_response``, the replies read under one
-deadline of the connection's ``socket_timeout`` rather than one timer per reply.
+pure-Python ``pack_command`` and each reply read through the pipeline's parse layers and a timer
+of its own: with 50 coroutines a quarter of the client's CPU went to packing and a sixth to
+reading. :class:`DirectSender` does the same round trip with redis-py's public ``Connection``
+methods: a connection from the client's own pool (``get_connection``/``release``), the whole
+batch packed by ``hiredis.pack_command`` (only where that gives the connection's own bytes, as the
+sync held connection checks: :func:`~dedupe_worker._protocol.held.direct_packer`), one
+``send_packed_command``, and each reply read with ``read_response``, all of them under one
+deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
+call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
 
-What is kept of the pipeline: the connection's own retry policy around the whole round trip (a
-connection or timeout error disconnects, and the next attempt reconnects and sends the whole batch
-again, as ``Pipeline.execute`` does: every script of the protocol answers a resent call as it
-answered the first, see :mod:`dedupe_worker._protocol.retry`); error replies handed back as
-exception objects, each to its own caller (``raise_on_error=False``); a connection whose replies
-were not all read (a failure, a cancellation) is disconnected before it goes back to the pool.
-Only a plain ``redis.asyncio.Redis`` whose pool makes redis-py's own connections gets it
-(:meth:`DirectSender.for_client`); any other client (a cluster, a test double that replaces the
-connection's reads) keeps the pipeline.
+Why: ``python -m bench.asyncio_paths`` (a private redis-server on vCPU 1, the bench on vCPU 0,
+median of 5 alternating runs against the Pipeline/``execute_command`` code, shared machine):
+50 coroutines with a no-op handler went from 2.45x to 3.6x the sequential sync ``run()``, and
+one coroutine's sequential ``await run()`` gained about 15% (see CHANGELOG for the figures).
+
+What is kept of redis-py's own path: the connection's retry policy around the whole round trip
+(a connection or timeout error disconnects, and the next attempt reconnects and sends the whole
+batch again, as ``Pipeline.execute`` does: every script of the protocol answers a resent call
+safely, a resent claim finding its own first attempt's lease (IN_PROGRESS, nothing run) and a
+resent completion answering 1 again); error replies handed back as exception objects, each to its
+own caller (``raise_on_error=False``), or raised for a lone call; a connection whose replies were
+not all read (a failure, a cancellation) is disconnected before it goes back to the pool. Only a
+plain ``redis.asyncio.Redis`` whose pool makes connections that write and read as redis-py's own
+do gets it (:meth:`DirectSender.for_client`); any other client (a cluster, Sentinel's managed
+connections, a test double that replaces the connection's reads, a subclass) keeps redis-py's
+path.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._protocol.held import _direct_packer
+from .._protocol.held import direct_packer
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
@@ -81,13 +89,20 @@ class DirectSender:
                and connection_class.send_packed_command is AbstractConnection.send_packed_command)
         return cls(client) if own else None
 
+    async def execute(self, command: tuple[Any, ...]) -> Any:
+        """One command, its reply; an error reply raised (as ``execute_command`` would)."""
+        reply = (await self.execute_many((command,)))[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
     async def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``commands`` in one round trip, every reply in order, an error reply as its exception
         object; a connection or timeout error retried by the connection's policy, then raised."""
         connection = await self.pool.get_connection(*self._get_args)
         try:
             if self._pack is _UNSET:
-                self._pack = _direct_packer(connection)
+                self._pack = direct_packer(connection)
             pack = self._pack
             packed = ([b"".join([pack(command) for command in commands])] if pack is not None
                       else connection.pack_commands(commands))

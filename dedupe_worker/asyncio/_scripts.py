@@ -18,6 +18,10 @@ connection error fails every call of that pipeline (each caller's flow raises
 flush is left out of the pipeline, one cancelled after it has its reply dropped; no other
 caller's call changes. ``WAIT``, loads, ``INFO`` and multi-call pipelines are sent as before, and
 nothing is coalesced on a cluster (the calls of one turn go to different nodes).
+
+On a plain ``redis.asyncio.Redis``, script calls alone and coalesced batches are sent straight on a
+connection of the client's pool, packed by hiredis (:mod:`dedupe_worker.asyncio._direct`, where the
+figures are); any other client gets redis-py's ``execute_command`` and pipeline.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ class AsyncScriptRunner:
                 self._in_flight += 1
                 self.round_trips += 1
                 try:
+                    if self._direct is not None and request[0] in _COALESCED:
+                        return await self._direct.execute(request)
                     return await self.client.execute_command(*request)
                 finally:
                     self._in_flight -= 1
