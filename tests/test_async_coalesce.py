@@ -4,13 +4,16 @@ in one event-loop turn go to Redis as one pipeline, each caller getting its own 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.connection import AbstractConnection
 
-from dedupe_worker import StoreUnavailable
+from dedupe_worker import InProgress, StoreUnavailable
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker.asyncio import AsyncDeduplicator
 
@@ -30,36 +33,31 @@ async def echo(i: int) -> int:
     return i
 
 
-def count_round_trips(client: redis.asyncio.Redis) -> list[str]:
-    """Wrap ``client`` so every single command and every pipeline sent through it is recorded
-    (one entry per round trip), independently of the runner's own counter."""
+def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every write of a ``redis.asyncio`` connection (one entry per round trip: a single
+    command, or a pipeline of several, whichever way it was sent), independently of the runner's
+    own counter: the written bytes are parsed back into commands."""
     trips: list[str] = []
-    execute_command, pipeline = client.execute_command, client.pipeline
+    send = AbstractConnection.send_packed_command
 
-    async def counted_command(*args: Any, **options: Any) -> Any:
-        trips.append(f"command {args[0]}")
-        return await execute_command(*args, **options)  # type: ignore[no-untyped-call]
+    async def counted(self: AbstractConnection, command: Any, *args: Any, **kwargs: Any) -> None:
+        reader = hiredis.Reader()
+        for chunk in [command] if isinstance(command, (bytes, str)) else command:
+            reader.feed(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+        names = []
+        while (parsed := reader.gets()) is not False:
+            names.append(parsed[0].decode().upper())
+        trips.append(f"command {names[0]}" if len(names) == 1 else f"pipeline of {len(names)}")
+        await send(self, command, *args, **kwargs)
 
-    def counted_pipeline(*args: Any, **options: Any) -> Any:
-        pipe = pipeline(*args, **options)
-        execute = pipe.execute
-
-        async def counted_execute(*a: Any, **kw: Any) -> Any:
-            trips.append(f"pipeline of {len(pipe.command_stack)}")
-            return await execute(*a, **kw)
-
-        pipe.execute = counted_execute  # type: ignore[method-assign]
-        return pipe
-
-    client.execute_command = counted_command  # type: ignore[method-assign]
-    client.pipeline = counted_pipeline  # type: ignore[method-assign]
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
     return trips
 
 
 async def test_fifty_concurrent_runs_share_round_trips(adedupe: AsyncDeduplicator,
-                                                       aredis: redis.asyncio.Redis) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     await adedupe.run("warm-up", zero)
-    trips = count_round_trips(aredis)
+    trips = count_round_trips(monkeypatch)
     calls: list[int] = []
 
     async def handler(i: int) -> str:
@@ -75,19 +73,20 @@ async def test_fifty_concurrent_runs_share_round_trips(adedupe: AsyncDeduplicato
     assert again == results and len(calls) == 50
 
 
-async def test_sequential_calls_are_sent_at_once(adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis) -> None:
+async def test_sequential_calls_are_sent_at_once(adedupe: AsyncDeduplicator, monkeypatch: pytest.MonkeyPatch) -> None:
     await adedupe.run("warm-up", zero)
-    trips = count_round_trips(aredis)
+    trips = count_round_trips(monkeypatch)
     for i in range(5):
         assert await adedupe.run(f"s{i}", echo, i) == i
     assert len(trips) == 10 and all(trip.startswith("command") for trip in trips), trips
 
 
 async def test_one_callers_error_or_cancellation_leaves_the_others_alone(
-        adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis, namespace: str) -> None:
+        adedupe: AsyncDeduplicator, aredis: redis.asyncio.Redis, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     runner = adedupe.store.scripts
     await adedupe.run("warm-up", zero)
-    trips = count_round_trips(aredis)
+    trips = count_round_trips(monkeypatch)
     broken = f"{namespace}:{{bad}}"
     await aredis.rpush(broken + ":started", "x")  # claim.lua meets WRONGTYPE on this key
     stems = [f"{namespace}:{{c{i}}}" for i in range(20)]
@@ -156,5 +155,150 @@ async def test_a_connection_drop_fails_the_whole_pipeline_and_applies_nothing_tw
     try:
         assert await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(20))) == list(range(20))
         assert sorted(calls) == list(range(20))
+    finally:
+        await d.aclose()
+
+
+def lose_first_replies(monkeypatch: pytest.MonkeyPatch, adedupe: AsyncDeduplicator) -> list[list[Any]]:
+    """Make round trips lose their replies once: the scripts ran, then the connection drops before
+    the answers reach us, so redis-py's retry sends the whole round trip again. Lost: the first
+    round trip of several calls (a coalesced batch of claims) and every one carrying a completion.
+    Returns the replies of each round trip that were lost."""
+    runner = adedupe.store.scripts
+    sender = runner._direct
+    assert sender is not None, "a plain redis.asyncio client sends script calls directly"
+    completion = {f"{runner.flows.library}_complete", runner.sha.get("complete")}
+    attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("attempts")
+    execute_many, read = sender.execute_many, sender._read
+    lost: list[list[Any]] = []
+
+    async def marked(commands: Any) -> list[Any]:
+        batch = len(commands) > 1 and not any(len(replies) > 1 for replies in lost)
+        lose = batch or any(command[1] in completion for command in commands)
+        attempts.set([0 if lose else 1])  # one round trip: every attempt of it runs in this context
+        return await execute_many(commands)
+
+    async def lossy(connection: Any, count: int) -> list[Any]:
+        replies = await read(connection, count)  # the scripts ran and answered
+        attempt = attempts.get()
+        attempt[0] += 1
+        if attempt[0] == 1:
+            lost.append(replies)
+            await connection.disconnect()
+            raise redis.ConnectionError("connection reset before the replies were read")
+        return replies
+
+    monkeypatch.setattr(sender, "execute_many", marked)
+    monkeypatch.setattr(sender, "_read", lossy)
+    return lost
+
+
+async def test_replies_lost_mid_batch_resend_it_and_run_no_handler_twice(
+        redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # from_url: the client retries a connection error twice (redis-py's own default is no retry)
+    d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=1.0, result_ttl=60.0)
+    calls: list[int] = []
+
+    async def handler(i: int) -> int:
+        calls.append(i)
+        return i
+
+    try:
+        await d.run("warm-up", zero)
+        lost = lose_first_replies(monkeypatch, d)
+        outcomes = await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(30)), return_exceptions=True)
+        assert lost, "some calls were coalesced"
+        assert any(isinstance(outcome, InProgress) for outcome in outcomes)  # a claim was resent
+        assert any(reply == [1] for replies in lost for reply in replies)  # and a completion
+        assert not any(isinstance(outcome, BaseException) and not isinstance(outcome, InProgress)
+                       for outcome in outcomes), outcomes
+        assert len(calls) == len(set(calls))  # nothing ran twice
+        for i, outcome in enumerate(outcomes):
+            # a resent claim finds the key held by its own first attempt: InProgress, nothing run;
+            # a resent completion answers [1] again: the caller gets its value
+            if isinstance(outcome, InProgress):
+                assert i not in calls
+            else:
+                assert outcome == i and i in calls, outcome
+        monkeypatch.undo()
+        await asyncio.sleep(1.2)  # the leases taken by lost claims run out
+        again = await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(30)))
+        assert again == list(range(30))
+        assert sorted(calls) == list(range(30))  # each handler ran exactly once in all
+    finally:
+        await d.aclose()
+
+
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
+async def test_scripts_flushed_mid_run_are_reloaded_per_call(
+        redis_url: str, namespace: str, flush: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if flush == "SCRIPT":  # EVALSHA, as on Redis 6 (Redis 7 would call the function library)
+        monkeypatch.setenv("DEDUPE_SCRIPTS", "eval")
+    d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=5.0, result_ttl=60.0)
+    sender = d.store.scripts._direct
+    assert sender is not None
+    read = sender._read
+    missing: list[str] = []  # the error replies that coalesced round trips met
+
+    async def recorded(connection: Any, count: int) -> list[Any]:
+        replies = await read(connection, count)
+        missing.extend(f"{type(reply).__name__}: {reply}" for reply in replies if isinstance(reply, Exception))
+        return replies
+
+    monkeypatch.setattr(sender, "_read", recorded)
+    calls: list[int] = []
+    claimed = asyncio.Event()
+
+    async def handler(i: int) -> int:
+        calls.append(i)
+        if len(calls) == 40:  # every claim is in: flushed again, the batches of completions miss
+            await d.store.client.execute_command(flush, "FLUSH")
+            claimed.set()
+        await claimed.wait()
+        return i
+
+    try:
+        await d.run("warm-up", zero)
+        await d.store.client.execute_command(flush, "FLUSH")  # the first batch of claims misses
+        results = await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(40)))
+        assert results == list(range(40)) and sorted(calls) == list(range(40))
+        assert missing and all(("NoScriptError" if flush == "SCRIPT" else "Function not found") in error
+                               for error in missing), missing
+        assert await asyncio.gather(*(d.run(f"k{i}", handler, i) for i in range(40))) == results
+        assert len(calls) == 40
+    finally:
+        claimed.set()
+        await d.aclose()
+
+
+async def test_a_run_cancelled_in_a_batch_leaves_the_others_alone(adedupe: AsyncDeduplicator) -> None:
+    await adedupe.run("warm-up", zero)
+    started = asyncio.Event()
+    calls: list[int] = []
+
+    async def handler(i: int) -> int:
+        calls.append(i)
+        if i == 7 and not started.is_set():  # the first time only: cancelled in there
+            started.set()
+            await asyncio.sleep(10)
+        return i
+
+    runs = [asyncio.ensure_future(adedupe.run(f"k{i}", handler, i)) for i in range(20)]
+    await started.wait()
+    runs[7].cancel()  # inside its handler: its claim is released, in a batch with others' calls
+    outcomes = await asyncio.gather(*runs, return_exceptions=True)
+    assert isinstance(outcomes[7], asyncio.CancelledError)
+    assert [o for i, o in enumerate(outcomes) if i != 7] == [i for i in range(20) if i != 7]
+    assert await adedupe.run("k7", handler, 7) == 7  # released: claimed and run again at once
+    assert sorted(calls) == sorted([*range(20), 7])
+
+
+async def test_a_client_that_is_not_plain_redis_keeps_the_pipeline() -> None:
+    from dedupe_worker.testing import in_memory_async
+
+    d = in_memory_async()
+    assert d.store.scripts._direct is None  # fakeredis replaces the connection's reads
+    try:
+        assert await asyncio.gather(*(d.run(f"k{i}", echo, i) for i in range(20))) == list(range(20))
     finally:
         await d.aclose()

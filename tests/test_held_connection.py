@@ -209,15 +209,16 @@ def test_a_child_forked_while_a_call_was_running_is_not_locked_out(held: Dedupli
     assert held_id(held) == parent
 
 
-def test_the_held_path_uses_only_public_redis_py_names() -> None:
+@pytest.mark.parametrize("module", ["dedupe_worker._protocol.held", "dedupe_worker.asyncio._direct"])
+def test_the_held_path_uses_only_public_redis_py_names(module: str) -> None:
     """A minor redis-py release may change anything with a leading underscore: the held path
-    reads none of it (the attributes it reads off other objects are all public)."""
+    and the asyncio direct sender read none of it (the attributes they read off other objects are
+    all public)."""
     import ast
+    import importlib
     from pathlib import Path
 
-    import dedupe_worker._protocol.held as held_module
-
-    tree = ast.parse(Path(held_module.__file__).read_text())
+    tree = ast.parse(Path(importlib.import_module(module).__file__ or "").read_text())
     private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
                       and node.attr.startswith("_") and not node.attr.startswith("__")
                       and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "held"))})
@@ -232,7 +233,7 @@ def test_the_direct_packer_is_used_only_where_it_packs_as_the_connection(redis_u
     gives; a connection whose packer differs keeps its own."""
     import hiredis
 
-    from dedupe_worker._protocol.held import _direct_packer
+    from dedupe_worker._protocol.held import direct_packer
 
     class Lower:  # a custom command_packer (redis-py's public Connection option): lower-case names
         def pack(self, *args: Any) -> list[bytes]:
@@ -242,11 +243,11 @@ def test_the_direct_packer_is_used_only_where_it_packs_as_the_connection(redis_u
     plain = redis.Redis.from_url(redis_url, single_connection_client=True)
     custom = redis.Redis.from_url(redis_url, single_connection_client=True, command_packer=Lower())
     try:
-        direct = _direct_packer(plain.connection)
+        direct = direct_packer(plain.connection)
         assert direct is not None
         command = ("EVALSHA", "ab" * 20, 1, "k", 5, b"v")
         assert [direct(command)] == [b"".join(plain.connection.pack_command(*command))]
-        assert _direct_packer(custom.connection) is None
+        assert direct_packer(custom.connection) is None
         assert custom.ping()  # the custom packer is a working one
     finally:
         plain.close()

@@ -39,7 +39,7 @@ try:
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
     hiredis_pack = None
 
-__all__ = ["BUSY", "MIN_POOL_SIZE", "HeldConnection"]
+__all__ = ["BUSY", "MIN_POOL_SIZE", "HeldConnection", "direct_packer"]
 
 #: Returned by :class:`HeldConnection` when another thread holds the connection.
 BUSY: Any = object()
@@ -72,7 +72,7 @@ class HeldConnection:
         self._holder: redis.Redis | None = None
         self._pid = os.getpid()
         #: ``hiredis.pack_command`` where it packs exactly as the connection does (see
-        #: :func:`_direct_packer`), else ``None``: redis-py's ``pack_command``.
+        #: :func:`direct_packer`), else ``None``: redis-py's ``pack_command``.
         self._pack: Any = None
 
     @classmethod
@@ -214,7 +214,7 @@ class HeldConnection:
             if pool is None:  # pragma: no cover - the registry drops us with the pool
                 raise ConnectionError("the connection pool is gone")
             holder = self._holder = redis.Redis(connection_pool=pool, single_connection_client=True)
-            self._pack = _direct_packer(holder.connection)
+            self._pack = direct_packer(holder.connection)
             return holder.connection
         connection: Any = holder.connection
         try:
@@ -236,11 +236,11 @@ class HeldConnection:
 
 
 #: Every kind of argument the protocol sends (and a non-ASCII text, a float): the probe
-#: :func:`_direct_packer` packs both ways.
+#: :func:`direct_packer` packs both ways.
 _PROBE = ("EVALSHA", "0" * 40, 2, "ns:{k\u00e9}:started", b"\x00\xffv", -12, 30000, 0.5, "")
 
 
-def _direct_packer(connection: Any) -> Any:
+def direct_packer(connection: Any) -> Any:
     """``hiredis.pack_command`` when it packs :data:`_PROBE` byte for byte as ``connection``'s
     own (public) ``pack_command`` does, else ``None``. Called straight it skips redis-py's pass
     over the arguments (about 4 µs a command; a batch has hundreds of arguments); a connection

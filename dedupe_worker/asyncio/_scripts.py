@@ -18,6 +18,10 @@ connection error fails every call of that pipeline (each caller's flow raises
 flush is left out of the pipeline, one cancelled after it has its reply dropped; no other
 caller's call changes. ``WAIT``, loads, ``INFO`` and multi-call pipelines are sent as before, and
 nothing is coalesced on a cluster (the calls of one turn go to different nodes).
+
+On a plain ``redis.asyncio.Redis``, script calls alone and coalesced batches are sent straight on a
+connection of the client's pool, packed by hiredis (:mod:`dedupe_worker.asyncio._direct`, where the
+figures are); any other client gets redis-py's ``execute_command`` and pipeline.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, Library, ScriptFlows
 from .._protocol.scripts import load_script
+from ._direct import DirectSender
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -81,6 +86,8 @@ class AsyncScriptRunner:
         self._flushes: set[asyncio.Task[None]] = set()
         #: Round trips sent (single commands and pipelines): tests count them.
         self.round_trips = 0
+        #: How a coalesced batch is sent: straight on a pool connection, or ``None``: a pipeline.
+        self._direct = DirectSender.for_client(client)
 
     @property
     def sha(self) -> dict[str, str]:
@@ -117,6 +124,8 @@ class AsyncScriptRunner:
                 self._in_flight += 1
                 self.round_trips += 1
                 try:
+                    if self._direct is not None and request[0] in _COALESCED:
+                        return await self._direct.execute(request)
                     return await self.client.execute_command(*request)
                 finally:
                     self._in_flight -= 1
@@ -178,7 +187,9 @@ class AsyncScriptRunner:
         round trip: every future the same error); a cancelled caller's reply is dropped."""
         try:
             try:
-                replies = await self._pipeline([command for command, _ in batch])
+                commands = [command for command, _ in batch]
+                replies = await (self._direct.execute_many(commands) if self._direct is not None
+                                 else self._pipeline(commands))
             except (AttributeError, TypeError) as exc:
                 torn = torn_connection(exc)
                 if torn is None:

@@ -1,0 +1,143 @@
+"""Script calls sent straight on a connection of the client's pool, without redis-py's
+``Pipeline`` or ``execute_command``.
+
+A coalesced round trip (see :mod:`dedupe_worker.asyncio._scripts`) carries the script calls of
+concurrent coroutines. Sent as a redis-py asyncio ``Pipeline``, each call was packed by redis-py's
+pure-Python ``pack_command`` and each reply read through the pipeline's parse layers and a timer
+of its own: with 50 coroutines a quarter of the client's CPU went to packing and a sixth to
+reading. :class:`DirectSender` does the same round trip with redis-py's public ``Connection``
+methods: a connection from the client's own pool (``get_connection``/``release``), the whole
+batch packed by ``hiredis.pack_command`` (only where that gives the connection's own bytes, as the
+sync held connection checks: :func:`~dedupe_worker._protocol.held.direct_packer`), one
+``send_packed_command``, and each reply read with ``read_response``, all of them under one
+deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
+call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
+
+Why: ``python -m bench.asyncio_paths`` (a private redis-server on vCPU 1, the bench on vCPU 0,
+median of 5 runs alternating with the ``Pipeline``/``execute_command`` code, a shared machine,
+2026-11-25): 50 coroutines with a no-op handler went from 2.68x to 4.15x the sequential sync
+``run()`` (11,214 to 20,750 msg/s), and one coroutine's sequential ``await run()`` from 2,827 to
+3,481 msg/s.
+
+What is kept of redis-py's own path: the connection's retry policy around the whole round trip
+(a connection or timeout error disconnects, and the next attempt reconnects and sends the whole
+batch again, as ``Pipeline.execute`` does: every script of the protocol answers a resent call
+safely, a resent claim finding its own first attempt's lease (IN_PROGRESS, nothing run) and a
+resent completion answering 1 again); error replies handed back as exception objects, each to its
+own caller (``raise_on_error=False``), or raised for a lone call; a connection whose replies were
+not all read (a failure, a cancellation) is disconnected before it goes back to the pool. Only a
+plain ``redis.asyncio.Redis`` whose pool makes connections that write and read as redis-py's own
+do gets it (:meth:`DirectSender.for_client`); any other client (a cluster, Sentinel's managed
+connections, a test double that replaces the connection's reads, a subclass) keeps redis-py's
+path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._protocol.held import direct_packer
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as deadline
+else:  # pragma: no cover - redis-py depends on async-timeout below 3.11.3
+    from async_timeout import timeout as deadline
+
+__all__ = ["DirectSender"]
+
+#: An unset packer: decided from the first connection.
+_UNSET: Any = object()
+
+
+def _takes_no_command_name(pool: Any) -> bool:
+    """Whether ``pool.get_connection()`` is called without a command name (redis-py 5.3 made it
+    optional and warns when one is given; before, it was required)."""
+    try:
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):  # pragma: no cover - not introspectable: assume the current form
+        return True
+    return parameter is None or parameter.default is not inspect.Parameter.empty
+
+
+class DirectSender:
+    """Sends a batch of commands on a connection of a ``redis.asyncio.Redis`` client's pool, in one
+    write, every reply read in order (an error reply as its exception object)."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.pool: Any = client.connection_pool
+        self._get_args: tuple[str, ...] = () if _takes_no_command_name(self.pool) else ("EVALSHA",)
+        self._pack: Any = _UNSET
+
+    @classmethod
+    def for_client(cls, client: Any) -> DirectSender | None:
+        """A sender for ``client``, or ``None`` when it is not a plain ``redis.asyncio.Redis`` whose
+        pool makes connections that write and read as redis-py's own do."""
+        if type(client) is not redis.asyncio.Redis:  # a subclass may route or count commands itself
+            return None
+        connection_class = getattr(getattr(client, "connection_pool", None), "connection_class", None)
+        if not isinstance(connection_class, type) or not issubclass(connection_class, AbstractConnection):
+            return None
+        own = (connection_class.read_response is AbstractConnection.read_response
+               and connection_class.send_packed_command is AbstractConnection.send_packed_command)
+        return cls(client) if own else None
+
+    async def execute(self, command: tuple[Any, ...]) -> Any:
+        """One command, its reply; an error reply raised (as ``execute_command`` would)."""
+        reply = (await self.execute_many((command,)))[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one round trip, every reply in order, an error reply as its exception
+        object; a connection or timeout error retried by the connection's policy, then raised."""
+        connection = await self.pool.get_connection(*self._get_args)
+        try:
+            if self._pack is _UNSET:
+                self._pack = direct_packer(connection)
+            pack = self._pack
+            packed = ([b"".join([pack(command) for command in commands])] if pack is not None
+                      else connection.pack_commands(commands))
+            count = len(commands)
+
+            async def round_trip() -> list[Any]:
+                await connection.send_packed_command(packed)
+                return await self._read(connection, count)
+
+            async def failed(_error: Exception) -> None:
+                await connection.disconnect()
+
+            return await connection.retry.call_with_retry(round_trip, failed)  # type: ignore[no-any-return]
+        except BaseException:
+            await connection.disconnect(nowait=True)  # replies may be left unread: never reuse it
+            raise
+        finally:
+            await self.pool.release(connection)
+
+    @staticmethod
+    async def _read(connection: Any, count: int) -> list[Any]:
+        """``count`` replies, all within one ``socket_timeout`` (none: no deadline); a timeout
+        raised as redis-py's ``TimeoutError`` (retried by its policy), the connection dropped."""
+        replies: list[Any] = []
+        try:
+            async with deadline(connection.socket_timeout):
+                for _ in range(count):
+                    try:  # math.inf: no timer of its own, the deadline above bounds the reads
+                        replies.append(await connection.read_response(timeout=_NO_TIMER))
+                    except ResponseError as exc:
+                        replies.append(exc)
+        except asyncio.TimeoutError as exc:  # the deadline's: read_response dropped the connection
+            raise RedisTimeoutError(f"Timeout reading {count} replies") from exc
+        return replies
+
+
+_NO_TIMER = float("inf")
