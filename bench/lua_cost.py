@@ -28,15 +28,14 @@ import statistics
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import redis
 
 from dedupe_worker._protocol import Stored
-from dedupe_worker._protocol.calls import StoreCalls
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker._protocol.scripts import SCRIPT_NAMES, Call, load_script
+from tests.lua_releases import EarlierCalls, StandaloneCalls
 
 BATCHES = (1, 100, 500)
 LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 30_000, 600_000, 600_000
@@ -44,25 +43,6 @@ VALUE = b'{"status":"charged","amount":1250}'
 FINGERPRINT = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 CASES = ("claim new", "claim new, fp", "claim duplicate", "claim in progress", "claim released",
          "complete", "renew", "release")
-
-
-class _Calls(StoreCalls):
-    """The calls ``RedisStore`` sends for a standalone server (one call per batch)."""
-
-    scripts = SimpleNamespace(is_cluster=False)
-
-
-class _EarlierCalls(_Calls):
-    """The calls of releases before record format 2 (the baseline's scripts): their scripts take
-    the started and result keys only, not the stem."""
-
-    @staticmethod
-    def claim_keys(stem: str) -> tuple[str, ...]:
-        return KeyLayout.started(stem), KeyLayout.result(stem)
-
-    @staticmethod
-    def complete_keys(stem: str) -> tuple[str, ...]:
-        return KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)
 
 
 class Version:
@@ -73,7 +53,7 @@ class Version:
         self.client, self.label = client, label
         #: The calls the store sends, writing results in ``record_format`` (``earlier``: the
         #: calls of a release before record format 2).
-        self.calls = _EarlierCalls() if earlier else _Calls()
+        self.calls = EarlierCalls() if earlier else StandaloneCalls()
         self.calls.write_format(record_format)
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
         for text in texts.values():

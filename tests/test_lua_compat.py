@@ -26,17 +26,17 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 
 from dedupe_worker import Stored
-from dedupe_worker._protocol.calls import StoreCalls
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker._protocol.record import StoredResult, parse_result, read_result
 from dedupe_worker._protocol.scripts import SCRIPT_NAMES, load_script
+
+from .lua_releases import EarlierCalls, StandaloneCalls
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
 OLDER = Path(__file__).parent / "data" / "lua_older"
@@ -46,23 +46,6 @@ LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 5000, 60_000, 60_000
 VALUE = b'{"status":"charged","amount":1250}'
 
 
-class _Calls(StoreCalls):
-    scripts = SimpleNamespace(is_cluster=False)
-
-
-class _EarlierCalls(_Calls):
-    """The calls of the releases before record format 2: their scripts take the started and
-    result keys, not the stem (the KEYS those releases' stores send)."""
-
-    @staticmethod
-    def claim_keys(stem: str) -> tuple[str, ...]:
-        return KeyLayout.started(stem), KeyLayout.result(stem)
-
-    @staticmethod
-    def complete_keys(stem: str) -> tuple[str, ...]:
-        return KeyLayout.started(stem), KeyLayout.result(stem), KeyLayout.notice(stem)
-
-
 class Scripts:
     """One version of the protocol scripts, called with the arguments the store sends (writing
     results in ``record_format`` where the scripts know of formats)."""
@@ -70,7 +53,7 @@ class Scripts:
     def __init__(self, client: redis.Redis, texts: dict[str, str], record_format: int = 1,
                  earlier: bool = False) -> None:
         self.client = client
-        self.calls = _EarlierCalls() if earlier else _Calls()
+        self.calls = EarlierCalls() if earlier else StandaloneCalls()
         self.calls.write_format(record_format)
         self.earlier = earlier
         self.texts = texts
@@ -94,7 +77,7 @@ class Scripts:
         return self.call(name, keys, args)
 
     def claim(self, items: Sequence[tuple[str, str, str]], lease_ms: int = LEASE_MS) -> list[Any]:
-        return _Calls.claim_replies(self.run(self.calls.claim_calls(items, lease_ms, RETENTION_MS)))
+        return StandaloneCalls.claim_replies(self.run(self.calls.claim_calls(items, lease_ms, RETENTION_MS)))
 
 
 @pytest.fixture
