@@ -424,3 +424,15 @@ def test_fail_open_with_redis_down_runs_a_key_once_and_defers_its_copy() -> None
         dedupe.close()
     assert runs == ["a", "b"]  # without deduplication, but never twice in one batch
     assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.APPLIED, Reason.STORE_UNAVAILABLE]
+
+
+def test_a_long_run_of_duplicates_keeps_claiming_whole_batches() -> None:
+    """Every sub-chunk of duplicates halves the share of claims that run a handler; after a few
+    dozen batches of them it is so small that ``flush_after`` divided by it overflowed (an
+    OverflowError out of ``decide_many``, which never raises, around batch 60 of a replay)."""
+    for mean in (None, 1e-6):
+        pacing = Pacing()
+        pacing.mean = mean
+        for n in range(1100 * 16):  # sub-chunks of 32 duplicates, 16 per batch of 500
+            pacing.claimed(32, 0)
+            assert pacing.chunk(500) == 500 or n < 16

@@ -240,6 +240,11 @@ class _Batch:
         observed = observer.enabled
         items, pacing = self.items, self.pacing
         perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
+        # The sync driver would perform the Handler effect as a plain call, so the handler is
+        # called here: its exception (or BaseException) reaches the same handlers below as when the
+        # driver throws it in. Kept for its figure: ~0.45 us less client CPU per handler (an effect
+        # through Steps and three generator frames, timeit, pinned, shared machine).
+        inline = self.dedupe.calls_handlers
         last = len(acquired) - 1
         for n, (i, claim) in enumerate(acquired):
             began = perf()
@@ -247,7 +252,9 @@ class _Batch:
             try:
                 if observed:
                     with observer.span("dedupe.handler", attributes(claim, self.integration)):
-                        value = yield Handler(items[i][2])
+                        value = items[i][2]() if inline else (yield Handler(items[i][2]))
+                elif inline:
+                    value = items[i][2]()
                 else:
                     value = yield Handler(items[i][2])
             except Exception as exc:

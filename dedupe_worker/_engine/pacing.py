@@ -45,6 +45,6 @@ class Pacing:
         if remaining <= 1:
             return remaining
         per_message = (self.mean if self.mean is not None else self.flush_after) * self.acquired
-        if per_message <= 0:
-            return remaining
+        if per_message * remaining <= self.flush_after:  # also after a long run of duplicates, when
+            return remaining  # ``acquired`` is so small that flush_after / per_message overflows
         return max(1, min(remaining, int(self.flush_after / per_message)))

@@ -81,6 +81,7 @@ class ClaimClient(ClientCore):
 
     store: RedisStore
     renewer: LeaseRenewer
+    calls_handlers = True  # a Handler effect is a plain call here: the batch engine calls it itself
 
     def __init__(
         self,

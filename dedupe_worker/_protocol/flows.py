@@ -192,6 +192,10 @@ class ClientCore(ClaimCodec):
 
     store: StoreCalls
     renewer: Leases
+    #: Whether a flow may call a handler itself instead of yielding :class:`Handler`: true where
+    #: the driver would perform that effect as a plain call (the sync client), false where it
+    #: awaits it (asyncio). The flow's logic around the call is the same either way.
+    calls_handlers: bool = False
 
     def __init__(
         self,

@@ -199,6 +199,32 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 tps.append(tp)
         outcomes = self._outcomes(live, tps)
         acked, self._acked = self._acked, []
+        if outcomes.count(DONE) == len(outcomes):  # the common batch: everything decided
+            self._commit(self._commits_past(live, tps))
+        else:
+            self._plan(live, tps, outcomes)
+        for msg, key, decision in acked:  # the commit past them is done (or follows a hold): their hooks
+            report(self, msg, key, decision, ACKED, None, _where)
+
+    def _commits_past(self, live: Sequence[Message], tps: Sequence[TP]) -> list[TopicPartition]:
+        """The commits of a batch whose every message is decided: per partition, past its highest
+        offset (what :func:`plan_partition` answers when every outcome is DONE, without a row, a
+        sort and a plan per message: ~0.3 us less client CPU per message, bench.kafka_consumer)."""
+        highest: dict[TP, int] = {}
+        get = highest.get
+        for msg, tp in zip(live, tps, strict=True):
+            offset = msg.offset() or 0
+            if offset > get(tp, -1):
+                highest[tp] = offset
+        commits = []
+        for tp, offset in highest.items():
+            state = self._partitions[tp]
+            plan_partition(state, [(offset, DONE)])  # forgets what is below, ends the partition's holds
+            commits.append(TopicPartition(tp[0], tp[1], offset + 1))
+        return commits
+
+    def _plan(self, live: Sequence[Message], tps: Sequence[TP], outcomes: Sequence[Any]) -> None:
+        """Commit, per partition, past what is decided before its first hold, and rewind to that hold."""
         rows: dict[TP, list[tuple[int, Any]]] = {}
         for msg, tp, outcome in zip(live, tps, outcomes, strict=True):
             row = rows.get(tp)
@@ -220,8 +246,6 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                     assert hold.decision is not None
                     report(self, held, hold.key, hold.decision, acted, self.tally, _where)
         self._commit(commits)
-        for msg, key, decision in acked:  # the commit past them is done (or follows a hold): their hooks
-            report(self, msg, key, decision, ACKED, None, _where)
 
     def _hold(self, tp: TP, state: PartitionState, msg: Message, hold: Hold) -> Acted | None:
         """The broker step of a message not decided (deferred, or a handler error to retry): rewind
@@ -245,7 +269,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         """``DONE`` or a :class:`Hold` per message (``tps``: the partition of each)."""
         outcomes: list[Any] = [None] * len(live)
         letters: list[tuple[int, DeadLetter]] = []
-        keyed: list[tuple[int, str]] = []
+        indices: list[int] = []  # of the keyed messages (parallel lists, not a tuple per message)
+        keys: list[str] = []
         items: list[tuple[str, Any, Callable[[], Any]]] = []
         ttls: list[float | None] = []
         handler = self.handler or _batched
@@ -266,17 +291,18 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 self.stats[decision.reason.value] += 1
                 letters.append((i, DeadLetter(msg, decision)))
                 continue
-            keyed.append((i, key))
+            indices.append(i)
+            keys.append(key)
             items.append((key, fp, partial(handler, msg)))
             ttls.append(ttl)
-        decisions = self.decide_batch(items, [live[i] for i, _ in keyed], ttl=ttls)
+        decisions = self.decide_batch(items, [live[i] for i in indices], ttl=ttls)
         self.stats.update([decision.reason._value_ for decision in decisions])
         # ACK hooks run after the batch's commit (process()); not collected when both are no-ops
         hooked = not (is_noop(self.on_applied, Hooks.on_applied) and is_noop(self.on_duplicate, Hooks.on_duplicate))
         acked = self._acked
         debug = log.isEnabledFor(logging.DEBUG)
         applied = duplicates = 0
-        for (i, key), decision in zip(keyed, decisions, strict=True):
+        for i, key, decision in zip(indices, keys, decisions, strict=True):
             reason = decision.reason
             if reason is _APPLIED or reason is _DUPLICATE or reason is _PREVIOUSLY_FAILED:  # ACK
                 if reason is _APPLIED:

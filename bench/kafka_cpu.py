@@ -1,0 +1,147 @@
+"""Client CPU per message of the Kafka consumer's own work, without a broker in the measured span.
+
+    python -m bench.kafka_cpu [--redis-url URL] [--messages N] [--rounds R] [--gc on|off|frozen]
+
+Where :mod:`bench.kafka_consumer` times the whole loop against a broker, this prices the parts:
+``consumer`` is :meth:`DedupeKafkaConsumer.process` on records built in memory (batches of 500
+over 4 partitions, the default key header and body fingerprint; the commit is not sent), and
+``engine`` is :func:`~dedupe_worker.decide_many` alone on the same keys (one pacing kept across
+batches, as the consumer keeps one). Each is timed on new keys, then again on the same keys
+(all duplicates), with ``time.process_time``; the handler does nothing. Besides the medians it
+counts the garbage collections that ran in the measured spans and their time: a full collection
+walks every object of the process, so its cost depends on the heap of the application as much
+as on what a message allocates. ``--gc off`` runs the measured spans with the collector off
+(the cost of the code alone); ``--gc frozen`` calls ``gc.freeze()`` once before them, as a server
+may after start-up, so full collections skip everything that existed then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from confluent_kafka import Message
+
+from dedupe_worker import Deduplicator, decide_many
+from dedupe_worker._engine import Pacing
+from dedupe_worker.kafka import DedupeKafkaConsumer
+from dedupe_worker.kafka._positions import PartitionState
+
+PARTITIONS = 4
+BATCH = 500
+
+
+class Offline(DedupeKafkaConsumer):
+    """The consumer with its commit left out (there is no group to commit to)."""
+
+    def _commit(self, offsets: list[Any]) -> None:
+        self.stats["committed"] += 1
+
+
+class Collections:
+    """Counts garbage collections by generation, and their time, while ``on``."""
+
+    def __init__(self) -> None:
+        self.count: Counter[int] = Counter()
+        self.seconds: Counter[int] = Counter()
+        self.on = False
+        self._began = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.count[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.process_time() - self._began
+
+
+def records(namespace: str, count: int, first_offset: int) -> list[Message]:
+    return [Message(topic="bench", partition=i % PARTITIONS, offset=first_offset + i // PARTITIONS,
+                    key=str(i).encode(), value=b'{"amount": 1}',
+                    headers=[("idempotency-key", f"{namespace}-{i}".encode())]) for i in range(count)]
+
+
+def timed(run: Callable[[], None], count: int, collections: Collections, mode: str) -> float:
+    """Client CPU µs per message of ``run()``."""
+    if mode == "off":
+        gc.disable()
+    collections.on = True
+    began = time.process_time()
+    try:
+        run()
+    finally:
+        spent = time.process_time() - began
+        collections.on = False
+        gc.enable()
+    return 1e6 * spent / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--bootstrap", default="127.0.0.1:1",
+                        help="only given to librdkafka's constructor (nothing is consumed)")
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--gc", choices=("on", "off", "frozen"), default="on")
+    args = parser.parse_args()
+    client = redis.Redis.from_url(args.redis_url)
+    count = args.messages
+    collections = Collections()
+    samples: dict[str, list[float]] = {}
+    config = {"bootstrap.servers": args.bootstrap, "group.id": "bench-kafka-cpu", "log_level": 0}
+    if args.gc == "frozen":
+        gc.collect()
+        gc.freeze()
+    for round_ in range(args.rounds):
+        namespace = f"bench-{uuid.uuid4().hex[:8]}"
+        dedupe = Deduplicator(client, namespace=namespace, result_ttl=300)
+        consumer = Offline(config, ["bench"], lambda message: None, dedupe)
+        for partition in range(PARTITIONS):
+            consumer._partitions[("bench", partition)] = PartitionState()
+        batch = records(namespace, count, round_ * count)
+
+        def consume(batch: list[Message] = batch, consumer: Offline = consumer) -> None:
+            for start in range(0, count, BATCH):
+                consumer.process(batch[start:start + BATCH])
+
+        for case in ("consumer, new keys", "consumer, duplicates"):
+            samples.setdefault(case, []).append(timed(consume, count, collections, args.gc))
+        assert consumer.stats["applied"] == count and consumer.stats["duplicate"] == count, consumer.stats
+        consumer.consumer.close()
+        dedupe.close()
+
+        engine = Deduplicator(client, namespace=namespace + "-engine", result_ttl=300)
+        pacing = Pacing()
+        items = [(f"{namespace}-{i}", None, (lambda: None)) for i in range(count)]
+
+        def decide(items: list[Any] = items, engine: Deduplicator = engine, pacing: Pacing = pacing) -> None:
+            for start in range(0, count, BATCH):
+                decide_many(engine, items[start:start + BATCH], pacing=pacing)
+
+        for case in ("engine alone, new keys", "engine alone, duplicates"):
+            samples.setdefault(case, []).append(timed(decide, count, collections, args.gc))
+        engine.close()
+    print(f"Kafka consumer client CPU without a broker (pid {os.getpid()}, cpus {sorted(os.sched_getaffinity(0))}, "
+          f"gc {args.gc}, {count} messages in batches of {BATCH}, median of {args.rounds})")
+    for case, values in samples.items():
+        print(f"  {case:26} {statistics.median(values):5.2f} µs/msg  ({' / '.join(f'{v:.2f}' for v in values)})")
+    spans = sum(len(values) for values in samples.values()) * count
+    print("  garbage collections in the measured spans: "
+          + ", ".join(f"gen {g}: {collections.count[g]} ({1e6 * collections.seconds[g] / spans:.2f} µs/msg)"
+                      for g in sorted(collections.count)))
+
+
+if __name__ == "__main__":
+    main()
