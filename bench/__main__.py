@@ -29,11 +29,13 @@ import tempfile
 import time
 
 BENCHES = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
-           "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.frameworks", "bench.replay",
-           "bench.settle", "bench.durability", "bench.http_middleware", "bench.sql_outcomes", "bench.compression")
+           "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.kafka_cpu",
+           "bench.frameworks", "bench.replay", "bench.settle", "bench.durability", "bench.http_middleware",
+           "bench.sql_outcomes", "bench.compression")
 #: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
 TAKES_REDIS_URL = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths",
                    "bench.celery_tasks", "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer",
+                   "bench.kafka_cpu",
                    "bench.frameworks", "bench.replay", "bench.settle", "bench.http_middleware", "bench.sql_outcomes",
                    "bench.compression")
 #: The benches that print a ``--label`` (where they ran).
