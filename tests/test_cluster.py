@@ -83,8 +83,9 @@ def getkeys_calls(ports: list[int]) -> int:
 
 def test_script_calls_are_routed_without_asking_the_server_for_their_keys(
         cluster_dedupe: Deduplicator, cluster_ports: list[int]) -> None:
-    """redis-py 6+ would ask a primary for the keys of every pipelined FCALL or EVALSHA (and of a
-    single FCALL): one COMMAND GETKEYS round trip per call. The library routes its calls itself."""
+    """redis-py would ask a primary for the keys of every FCALL, single or pipelined (and redis-py
+    8.1 for those of every pipelined EVALSHA): one COMMAND GETKEYS round trip per call. The library
+    routes its calls itself."""
     d = cluster_dedupe
     d.begin("warm-up")  # the scripts or the function library loaded
     before = getkeys_calls(cluster_ports)

@@ -97,9 +97,9 @@ class ClusterPath(PoolPath):
     """A ``RedisCluster``: every script call carries its target, the primary of its first key's
     slot (every key of one call shares that slot: one ``{...}`` hash tag per message).
 
-    Why: redis-py 6+ finds the keys of a pipelined ``FCALL`` or ``EVALSHA`` (and of a single
-    ``FCALL``) by asking the server (``COMMAND GETKEYS``, one round trip per call, sent before the
-    pipeline), so a batch of 500 keys cost about a thousand round trips. Measured with redis-py
+    Why: redis-py finds the keys of an ``FCALL`` (5.0.1 and 8.1 checked), and redis-py 8.1 those of
+    a pipelined ``EVALSHA`` too, by asking the server (``COMMAND GETKEYS``, one round trip per call,
+    sent before the pipeline), so a batch of 500 keys cost about a thousand round trips. Measured with redis-py
     8.1 on a private three-primary cluster, 2026-11-25, on a machine shared with other work:
     ``begin_many`` + ``complete_many`` of 500 keys went from 3,235 to 29,496 msg/s (4.0 socket reads
     per message on the primaries to 0.02), and ``python -m bench.kafka_consumer --cluster 3``
