@@ -129,15 +129,18 @@ class ClusterPath(PoolPath):
         target = self._target(command)
         if not target:
             return super().execute(command)
-        reply = self.execute_many([command])[0]
+        reply = self._pipelined([(command, target)])[0]
         if isinstance(reply, Exception):
             raise reply
         return reply
 
     def execute_many(self, commands: Sequence[Command]) -> list[Any]:
+        return self._pipelined([(command, self._target(command)) for command in commands])
+
+    def _pipelined(self, routed: Sequence[tuple[Command, dict[str, Any]]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command, **self._target(command))
+        for command, target in routed:
+            pipe.execute_command(*command, **target)
         return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
 

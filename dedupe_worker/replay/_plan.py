@@ -59,7 +59,6 @@ from .._messages.envelope import Envelope
 from .._protocol.calls import WITH_FINGERPRINT, KeyState, key_state_and_fingerprint
 from .._protocol.claim import State, Stored
 from .._protocol.fingerprint import request_fingerprint
-from .._protocol.held import BUSY
 from .._protocol.layout import KeyLayout
 from ..keys import KeyStrategy, body_fingerprint
 
@@ -202,11 +201,10 @@ class Planner:
         store = self.dedupe.store
         try:
             commands = [store.scripts.command("inspect", KeyLayout.records(stem), WITH_FINGERPRINT) for stem in stems]
-            # Read-only commands, so the held connection's retry on a connection error is safe.
-            held = store.scripts.held
-            replies = held.execute_many(commands) if held is not None else BUSY
-            if replies is BUSY:  # the pool path (on a cluster, each call routed to its slot's primary)
-                replies = store.scripts.path.execute_many(commands)
+            # Read-only commands, so the held connection's retry on a connection error is safe. The
+            # path tries the held connection and takes the pool when it is busy (on a cluster, each
+            # call routed to its slot's primary).
+            replies = store.scripts.path.execute_many(commands)
         except (RedisError, StoreUnavailable) as exc:
             failed = StoreUnavailable(f"Redis failed reading {len(stems)} keys: {exc}")
             return [failed] * len(stems)
