@@ -302,3 +302,61 @@ async def test_a_client_that_is_not_plain_redis_keeps_the_pipeline() -> None:
         assert await asyncio.gather(*(d.run(f"k{i}", echo, i) for i in range(20))) == list(range(20))
     finally:
         await d.aclose()
+
+
+async def test_sequential_calls_share_one_held_connection_given_back_on_close(
+        redis_url: str, namespace: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    pool = client.connection_pool
+    d = AsyncDeduplicator(client, namespace=namespace, lease=5.0, result_ttl=60.0)
+    sender = d.store.scripts._direct
+    assert sender is not None
+    try:
+        for i in range(20):
+            assert await d.run(f"k{i}", echo, i) == i
+        held = sender._held
+        assert held is not None and held in pool._in_use_connections  # kept out of the pool
+        for i in range(20):
+            assert await d.run(f"k{i}", echo, -1) == i  # duplicates: the same connection
+        assert sender._held is held
+    finally:
+        await d.aclose()
+    assert sender._held is None and held in pool._available_connections  # given back
+    assert not pool._in_use_connections
+    await client.aclose()
+
+
+async def test_a_call_cancelled_on_the_held_connection_drops_it_and_the_next_reconnects(
+        adedupe: AsyncDeduplicator) -> None:
+    await adedupe.run("warm-up", zero)
+    sender = adedupe.store.scripts._direct
+    assert sender is not None and sender._held is not None
+    read = sender._read
+    stalled = asyncio.Event()
+
+    async def stall(connection: Any, count: int) -> list[Any]:
+        stalled.set()
+        await asyncio.sleep(10)  # the reply is never read
+        return await read(connection, count)
+
+    sender._read = stall  # type: ignore[method-assign]
+    claim = asyncio.ensure_future(adedupe.begin("k-cancelled"))
+    await stalled.wait()
+    claim.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await claim
+    assert not sender._held.is_connected  # an unread reply: never sent on again as it is
+    del sender._read
+    assert await adedupe.run("k-next", echo, 7) == 7  # reconnected, in step
+    assert sender._held is not None and sender._held.is_connected
+
+
+async def test_a_small_pool_keeps_no_connection(redis_url: str, namespace: str) -> None:
+    client = redis.asyncio.Redis.from_pool(redis.asyncio.ConnectionPool.from_url(redis_url, max_connections=4))
+    d = AsyncDeduplicator(client, namespace=namespace, lease=5.0, result_ttl=60.0)
+    try:
+        assert await d.run("k", echo, 1) == 1
+        assert d.store.scripts._direct is not None and d.store.scripts._direct._held is None
+    finally:
+        await d.aclose()
+        await client.aclose()

@@ -96,10 +96,12 @@ class AsyncClaimClient(ClientCore):
         return self.waiter
 
     async def close(self) -> None:
-        """Cancel the lease renewer and key waiter tasks, and close the Redis client if
+        """Cancel the lease renewer and key waiter tasks, give the held connection back to the
+        client's pool (a later call takes one again), and close the Redis client if
         :meth:`from_url` built it. Claims still held are no longer renewed: their leases run out."""
         await self.renewer.aclose()
         await self.waiter.aclose()
+        await self.store.scripts.release_held()
         if self.owns_redis:
             await self.store.client.aclose()
 

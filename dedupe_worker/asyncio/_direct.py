@@ -13,6 +13,23 @@ sync held connection checks: :func:`~dedupe_worker._protocol.held.direct_packer`
 deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
 call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
 
+**The held connection.** As the sync client does (:mod:`dedupe_worker._protocol.held`), the sender
+takes one connection of the pool with its first round trip and keeps it, instead of getting one
+from the pool and giving it back each time: redis-py 8.1's asyncio pool takes an ``asyncio.Lock``
+twice, records four connection counts and dispatches an event per round trip. One round trip at a
+time is sent on it (a flag, no lock: the loop runs one step at a time); one that finds it busy
+takes a connection of the pool as before. Before each use it is checked as the pool checks a
+connection given back (``should_reconnect``) and one it hands out (``ensure_connection``:
+reconnected when idle data or a closed socket says it is out of step); a round trip that fails
+or is cancelled disconnects it, and the next reconnects. ``AsyncClaimClient.close`` gives it
+back. Not kept on a pool of fewer than :data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`
+connections. Why: ``python -m bench.frameworks``'s FastStream path, measured alone (a private
+redis-server on vCPU 0, the client on vCPU 1, a shared machine, 2026-11-25, medians of 15
+alternating rounds): a lone ``EVALSHA`` cost 41 µs of client CPU more than the bare
+``send_packed_command``/``read_response`` through the pool, 4 µs on the held connection; a
+sequential ``decide()`` (claim and completion) 69 µs less CPU on the held connection, 11
+alternating rounds.
+
 Why: ``python -m bench.asyncio_paths`` (a private redis-server on vCPU 1, the bench on vCPU 0,
 median of 5 runs alternating with the ``Pipeline``/``execute_command`` code, a shared machine,
 2026-11-25): 50 coroutines with a no-op handler went from 2.68x to 4.15x the sequential sync
@@ -45,7 +62,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._protocol.held import direct_packer
+from .._protocol.held import MIN_POOL_SIZE, direct_packer
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
@@ -76,6 +93,18 @@ class DirectSender:
         self.pool: Any = client.connection_pool
         self._get_args: tuple[str, ...] = () if _takes_no_command_name(self.pool) else ("EVALSHA",)
         self._pack: Any = _UNSET
+        size = getattr(self.pool, "max_connections", None)
+        #: Whether this sender keeps one connection of the pool (the held connection): not on a
+        #: pool too small to spare one (:data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`), nor
+        #: where the pool has no public check for a connection it hands out (redis-py before 5.1).
+        self._hold = (size is None or size >= MIN_POOL_SIZE) and hasattr(self.pool, "ensure_connection")
+        #: Whether connections can be marked for reconnection (maintenance notifications), as the
+        #: pool checks when one is given back.
+        self._marks = hasattr(getattr(self.pool, "connection_class", None), "should_reconnect")
+        #: The held connection: taken from the pool by the first round trip and kept.
+        self._held: Any = None
+        #: A round trip is on the held connection (one at a time; others take the pool's).
+        self._held_busy = False
 
     @classmethod
     def for_client(cls, client: Any) -> DirectSender | None:
@@ -99,29 +128,60 @@ class DirectSender:
 
     async def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``commands`` in one round trip, every reply in order, an error reply as its exception
-        object; a connection or timeout error retried by the connection's policy, then raised."""
+        object; a connection or timeout error retried by the connection's policy, then raised.
+        Sent on the held connection when it is free, else on one of the pool."""
+        if self._hold and not self._held_busy:
+            self._held_busy = True
+            try:
+                connection = self._held
+                if connection is None:
+                    connection = self._held = await self.pool.get_connection(*self._get_args)
+                else:  # checked as the pool checks a connection given back, then one it hands out
+                    if self._marks and connection.should_reconnect():
+                        await connection.disconnect()
+                    await self.pool.ensure_connection(connection)
+                return await self._round_trip(connection, commands)
+            except BaseException:
+                if self._held is not None:  # replies may be left unread: the next call reconnects
+                    await self._held.disconnect(nowait=True)
+                raise
+            finally:
+                self._held_busy = False
         connection = await self.pool.get_connection(*self._get_args)
         try:
-            if self._pack is _UNSET:
-                self._pack = direct_packer(connection)
-            pack = self._pack
-            packed = ([b"".join([pack(command) for command in commands])] if pack is not None
-                      else connection.pack_commands(commands))
-            count = len(commands)
-
-            async def round_trip() -> list[Any]:
-                await connection.send_packed_command(packed)
-                return await self._read(connection, count)
-
-            async def failed(_error: Exception) -> None:
-                await connection.disconnect()
-
-            return await connection.retry.call_with_retry(round_trip, failed)  # type: ignore[no-any-return]
+            return await self._round_trip(connection, commands)
         except BaseException:
             await connection.disconnect(nowait=True)  # replies may be left unread: never reuse it
             raise
         finally:
             await self.pool.release(connection)
+
+    async def release_held(self) -> None:
+        """Give the held connection back to the pool (a later call takes one again); one a call is
+        still using is disconnected first (that call fails as on a lost connection)."""
+        connection, self._held = self._held, None
+        if connection is not None:
+            if self._held_busy:
+                await connection.disconnect(nowait=True)
+            await self.pool.release(connection)
+
+    async def _round_trip(self, connection: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one write on ``connection``, every reply read, under its retry policy."""
+        if self._pack is _UNSET:
+            self._pack = direct_packer(connection)
+        pack = self._pack
+        packed = ([b"".join([pack(command) for command in commands])] if pack is not None
+                  else connection.pack_commands(commands))
+        count = len(commands)
+
+        async def round_trip() -> list[Any]:
+            await connection.send_packed_command(packed)
+            return await self._read(connection, count)
+
+        async def failed(_error: Exception) -> None:
+            await connection.disconnect()
+
+        return await connection.retry.call_with_retry(round_trip, failed)  # type: ignore[no-any-return]
 
     @staticmethod
     async def _read(connection: Any, count: int) -> list[Any]:

@@ -20,8 +20,9 @@ caller's call changes. ``WAIT``, loads, ``INFO`` and multi-call pipelines are se
 nothing is coalesced on a cluster (the calls of one turn go to different nodes).
 
 On a plain ``redis.asyncio.Redis``, script calls alone and coalesced batches are sent straight on a
-connection of the client's pool, packed by hiredis (:mod:`dedupe_worker.asyncio._direct`, where the
-figures are); any other client gets redis-py's ``execute_command`` and pipeline.
+connection of the client's pool, the one the runner holds when it is free, packed by hiredis
+(:mod:`dedupe_worker.asyncio._direct`, where the figures are); any other client gets redis-py's
+``execute_command`` and pipeline.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ class AsyncScriptRunner:
         self.round_trips = 0
         #: How a coalesced batch is sent: straight on a pool connection, or ``None``: a pipeline.
         self._direct = DirectSender.for_client(client)
+
+    async def release_held(self) -> None:
+        """Give the held connection of lone calls back to the client's pool (see
+        :mod:`dedupe_worker.asyncio._direct`); a later call takes one again."""
+        if self._direct is not None:
+            await self._direct.release_held()
 
     @property
     def sha(self) -> dict[str, str]:
