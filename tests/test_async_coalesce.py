@@ -360,3 +360,34 @@ async def test_a_small_pool_keeps_no_connection(redis_url: str, namespace: str) 
     finally:
         await d.aclose()
         await client.aclose()
+
+
+async def test_a_write_that_outlasts_socket_timeout_fails_as_redis_does(redis_url: str) -> None:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from dedupe_worker.asyncio._direct import DirectSender
+
+    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    sender = DirectSender.for_client(client)
+    assert sender is not None
+    try:
+        assert await sender.execute(("PING",)) == b"PONG"
+        connection = sender._held
+        send = connection.send_packed_command
+
+        async def stuck(packed: Any, check_health: bool = True) -> None:
+            await asyncio.sleep(5)  # a full socket buffer: the write never completes
+
+        connection.send_packed_command = stuck
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(redis.TimeoutError):
+            await sender.execute(("PING",))
+        assert asyncio.get_running_loop().time() - began < 2  # bounded by socket_timeout
+        assert connection.socket_timeout == 0.2  # set back after the call
+        connection.send_packed_command = send
+        assert await sender.execute(("PING",)) == b"PONG"
+        assert connection.socket_timeout == 0.2
+    finally:
+        await sender.release_held()
+        await client.aclose()
