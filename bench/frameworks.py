@@ -35,11 +35,12 @@ CPU: the vCPU idle, or running another process), and that CPU into:
 CPU is ``time.thread_time`` on Dramatiq's worker thread; on asyncio, the wall time of each step
 our coroutine (or the connection's) runs between two suspensions, which is CPU: nothing blocks
 inside a step. The event loop's own work for the Redis socket (``epoll``, the transport's read
-callback, waking the coroutine) runs outside those steps: on FastStream it is in ``left``. The timers run only in ``--timed-rounds`` extra rounds of each dedupe case after
-the others (their rate is printed: the timers' own cost), never in the rounds of the ratios. The
-floor, measured in the same run with the same wrapper on a client of the same type
-(``redis.asyncio.Redis``; ``redis.Redis`` on the held connection, Dramatiq's path), nothing else
-running: one ``PING`` and one ``EVALSHA`` of ``return 1``, medians of :data:`FLOOR_CALLS`.
+callback, waking the coroutine) runs outside those steps: on FastStream it is in ``left``. The
+timers run only in ``--timed-rounds`` extra rounds of each dedupe case after the others (their
+rate is printed: the timers' own cost), never in the rounds of the ratios. The floor, measured in
+the same run with the same wrapper on a client of the same type (``redis.asyncio.Redis``;
+``redis.Redis`` on the held connection, Dramatiq's path), nothing else running: one ``PING`` and
+one ``EVALSHA`` of ``return 1``, medians of :data:`FLOOR_CALLS`.
 """
 
 from __future__ import annotations

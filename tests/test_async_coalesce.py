@@ -314,14 +314,22 @@ async def test_sequential_calls_share_one_held_connection_given_back_on_close(
     try:
         for i in range(20):
             assert await d.run(f"k{i}", echo, i) == i
-        held = sender._held
+        assert sender._held is not None
+        held = sender._held.connection
         assert held is not None and held in pool._in_use_connections  # kept out of the pool
         for i in range(20):
             assert await d.run(f"k{i}", echo, -1) == i  # duplicates: the same connection
-        assert sender._held is held
+        assert sender._held.connection is held
+        other = AsyncDeduplicator(client, namespace=namespace + "-other", lease=5.0, result_ttl=60.0)
+        assert await other.run("k-other", echo, 3) == 3
+        assert other.store.scripts._direct._held is sender._held  # one held connection per pool
+        assert len(pool._in_use_connections) == 1
+        await other.aclose()
+        assert held in pool._in_use_connections  # still ours
+        assert await d.run("k-after", echo, 4) == 4 and sender._held.connection is held
     finally:
         await d.aclose()
-    assert sender._held is None and held in pool._available_connections  # given back
+    assert sender._held is None and held in pool._available_connections  # given back by the last one
     assert not pool._in_use_connections
     await client.aclose()
 
@@ -330,7 +338,7 @@ async def test_a_call_cancelled_on_the_held_connection_drops_it_and_the_next_rec
         adedupe: AsyncDeduplicator) -> None:
     await adedupe.run("warm-up", zero)
     sender = adedupe.store.scripts._direct
-    assert sender is not None and sender._held is not None
+    assert sender is not None and sender._held is not None and sender._held.connection is not None
     read = sender._read
     stalled = asyncio.Event()
 
@@ -345,10 +353,10 @@ async def test_a_call_cancelled_on_the_held_connection_drops_it_and_the_next_rec
     claim.cancel()
     with pytest.raises(asyncio.CancelledError):
         await claim
-    assert not sender._held.is_connected  # an unread reply: never sent on again as it is
+    assert not sender._held.connection.is_connected  # an unread reply: never sent on again as it is
     del sender._read
     assert await adedupe.run("k-next", echo, 7) == 7  # reconnected, in step
-    assert sender._held is not None and sender._held.is_connected
+    assert sender._held.connection.is_connected
 
 
 async def test_a_small_pool_keeps_no_connection(redis_url: str, namespace: str) -> None:
@@ -357,6 +365,7 @@ async def test_a_small_pool_keeps_no_connection(redis_url: str, namespace: str) 
     try:
         assert await d.run("k", echo, 1) == 1
         assert d.store.scripts._direct is not None and d.store.scripts._direct._held is None
+        assert not client.connection_pool._in_use_connections
     finally:
         await d.aclose()
         await client.aclose()
@@ -373,7 +382,7 @@ async def test_a_write_that_outlasts_socket_timeout_fails_as_redis_does(redis_ur
     assert sender is not None
     try:
         assert await sender.execute(("PING",)) == b"PONG"
-        connection = sender._held
+        connection = sender._held.connection
         send = connection.send_packed_command
 
         async def stuck(packed: Any, check_health: bool = True) -> None:

@@ -13,28 +13,29 @@ sync held connection checks: :func:`~dedupe_worker._protocol.held.direct_packer`
 deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
 call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
 
-**The held connection.** As the sync client does (:mod:`dedupe_worker._protocol.held`), the sender
-takes one connection of the pool with its first round trip and keeps it, instead of getting one
-from the pool and giving it back each time: redis-py 8.1's asyncio pool takes an ``asyncio.Lock``
-twice, records four connection counts and dispatches an event per round trip. One round trip at a
-time is sent on it (a flag, no lock: the loop runs one step at a time); one that finds it busy
-takes a connection of the pool as before. Before each use it is checked as the pool checks a
-connection given back (``should_reconnect``) and one it hands out (``ensure_connection``:
-reconnected when idle data or a closed socket says it is out of step); a round trip that fails
-or is cancelled disconnects it, and the next reconnects. ``AsyncClaimClient.close`` gives it
-back. Not kept on a pool of fewer than :data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`
+Why: ``python -m bench.asyncio_paths`` (a private redis-server on vCPU 1, the bench on vCPU 0,
+median of 5 runs alternating with the ``Pipeline``/``execute_command`` code, a shared machine,
+2026-11-25): 50 coroutines with a no-op handler went from 2.68x to 4.15x the sequential sync
+``run()`` (11,214 to 20,750 msg/s), and one coroutine's sequential ``await run()`` from 2,827 to
+3,481 msg/s.
+
+**The held connection.** As the sync client does (:mod:`dedupe_worker._protocol.held`), the
+senders on a pool take one connection of it with their first round trip and keep it (one per pool,
+however many clients use the pool), instead of getting one from the pool and giving it back each
+time: redis-py 8.1's asyncio pool takes an ``asyncio.Lock`` twice, records four connection counts
+and dispatches an event per round trip. One round trip at a time is sent on it (a flag, no lock:
+the loop runs one step at a time); one that finds it busy takes a connection of the pool as
+before. Before each use it is checked as the pool checks a connection given back
+(``should_reconnect``) and one it hands out (``ensure_connection``: reconnected when idle data or
+a closed socket says it is out of step); a round trip that fails or is cancelled disconnects it,
+and the next reconnects. ``AsyncClaimClient.close`` gives it back once no other client on the
+pool uses it. Not kept on a pool of fewer than :data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`
 connections. Why: ``python -m bench.frameworks``'s FastStream path, measured alone (a private
 redis-server on vCPU 0, the client on vCPU 1, a shared machine, 2026-11-25, medians of 15
 alternating rounds): a lone ``EVALSHA`` cost 41 µs of client CPU more than the bare
 ``send_packed_command``/``read_response`` through the pool, 4 µs on the held connection; a
 sequential ``decide()`` (claim and completion) 69 µs less CPU on the held connection, 11
 alternating rounds.
-
-Why: ``python -m bench.asyncio_paths`` (a private redis-server on vCPU 1, the bench on vCPU 0,
-median of 5 runs alternating with the ``Pipeline``/``execute_command`` code, a shared machine,
-2026-11-25): 50 coroutines with a no-op handler went from 2.68x to 4.15x the sequential sync
-``run()`` (11,214 to 20,750 msg/s), and one coroutine's sequential ``await run()`` from 2,827 to
-3,481 msg/s.
 
 What is kept of redis-py's own path: the connection's retry policy around the whole round trip
 (a connection or timeout error disconnects, and the next attempt reconnects and sends the whole
@@ -54,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,18 +95,11 @@ class DirectSender:
         self.pool: Any = client.connection_pool
         self._get_args: tuple[str, ...] = () if _takes_no_command_name(self.pool) else ("EVALSHA",)
         self._pack: Any = _UNSET
-        size = getattr(self.pool, "max_connections", None)
-        #: Whether this sender keeps one connection of the pool (the held connection): not on a
-        #: pool too small to spare one (:data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`), nor
-        #: where the pool has no public check for a connection it hands out (redis-py before 5.1).
-        self._hold = (size is None or size >= MIN_POOL_SIZE) and hasattr(self.pool, "ensure_connection")
         #: Whether connections can be marked for reconnection (maintenance notifications), as the
         #: pool checks when one is given back.
         self._marks = hasattr(getattr(self.pool, "connection_class", None), "should_reconnect")
-        #: The held connection: taken from the pool by the first round trip and kept.
-        self._held: Any = None
-        #: A round trip is on the held connection (one at a time; others take the pool's).
-        self._held_busy = False
+        #: The pool's held connection (shared with every sender on the pool), or ``None``.
+        self._held = _Held.join(self.pool)
 
     @classmethod
     def for_client(cls, client: Any) -> DirectSender | None:
@@ -130,23 +125,24 @@ class DirectSender:
         """``commands`` in one round trip, every reply in order, an error reply as its exception
         object; a connection or timeout error retried by the connection's policy, then raised.
         Sent on the held connection when it is free, else on one of the pool."""
-        if self._hold and not self._held_busy:
-            self._held_busy = True
+        held = self._held
+        if held is not None and not held.busy:
+            held.busy = True
             try:
-                connection = self._held
+                connection = held.connection
                 if connection is None:
-                    connection = self._held = await self.pool.get_connection(*self._get_args)
+                    connection = held.connection = await self.pool.get_connection(*self._get_args)
                 else:  # checked as the pool checks a connection given back, then one it hands out
                     if self._marks and connection.should_reconnect():
                         await connection.disconnect()
                     await self.pool.ensure_connection(connection)
                 return await self._round_trip(connection, commands)
             except BaseException:
-                if self._held is not None:  # replies may be left unread: the next call reconnects
-                    await self._held.disconnect(nowait=True)
+                if held.connection is not None:  # replies may be left unread: the next call reconnects
+                    await held.connection.disconnect(nowait=True)
                 raise
             finally:
-                self._held_busy = False
+                held.busy = False
         connection = await self.pool.get_connection(*self._get_args)
         try:
             return await self._round_trip(connection, commands)
@@ -157,13 +153,20 @@ class DirectSender:
             await self.pool.release(connection)
 
     async def release_held(self) -> None:
-        """Give the held connection back to the pool (a later call takes one again); one a call is
-        still using is disconnected first (that call fails as on a lost connection)."""
-        connection, self._held = self._held, None
-        if connection is not None:
-            if self._held_busy:
-                await connection.disconnect(nowait=True)
-            await self.pool.release(connection)
+        """Stop using the pool's held connection (later calls take connections of the pool), and
+        give it back to the pool when no other sender uses it; one a call is still using is
+        disconnected first (that call fails as on a lost connection)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        held.users -= 1
+        connection = held.connection
+        if held.users > 0 or connection is None:
+            return
+        held.connection = None
+        if held.busy:
+            await connection.disconnect(nowait=True)
+        await self.pool.release(connection)
 
     async def _round_trip(self, connection: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``commands`` in one write on ``connection``, every reply read, under its retry policy."""
@@ -225,6 +228,37 @@ class DirectSender:
 
 
 _NO_TIMER = float("inf")
+
+class _Held:
+    """The held connection of one pool: at most one per pool, shared by every sender on it (so
+    that clients created on one pool and never closed cannot take its connections away), used by
+    one round trip at a time (``busy``; the event loop runs one step at a time)."""
+
+    __slots__ = ("__weakref__", "busy", "connection", "users")
+
+    def __init__(self) -> None:
+        self.connection: Any = None
+        self.busy = False
+        #: Senders using it; the last one to :meth:`DirectSender.release_held` gives it back.
+        self.users = 0
+
+    @staticmethod
+    def join(pool: Any) -> _Held | None:
+        """The held connection of ``pool``, counting one more user; ``None`` on a pool too small
+        to spare one (:data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`) or without a public
+        check for a connection it hands out (``ensure_connection``, redis-py before 5.1)."""
+        size = getattr(pool, "max_connections", None)
+        if (size is not None and size < MIN_POOL_SIZE) or not hasattr(pool, "ensure_connection"):
+            return None
+        held = _by_pool.get(pool)
+        if held is None:
+            held = _by_pool[pool] = _Held()
+        held.users += 1
+        return held
+
+
+#: The held connection of each pool (kept while the pool lives).
+_by_pool: weakref.WeakKeyDictionary[Any, _Held] = weakref.WeakKeyDictionary()
 
 #: Whether ``asyncio.wait_for`` runs its awaitable as a task of its own (before Python 3.12).
 _WAIT_FOR_TASK = sys.version_info < (3, 12)
