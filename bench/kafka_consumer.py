@@ -72,9 +72,19 @@ class Timed(DedupeKafkaConsumer):
 class Plain(Timed):
     """The earlier (stubbed) baseline: our loop, handler run directly, nothing claimed in Redis."""
 
-    def decide_batch(self, items: Sequence[tuple[str, Any, Callable[[], Any]]],
-                     messages: Sequence[Message], *, ttl: Sequence[float | None] | None = None) -> list[Decision]:
-        return [Decision(Reason.APPLIED, None, handler()) for _, _, handler in items]
+    def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,
+                     ttl: Sequence[float | None] | None = None) -> Any:
+        handler = self.handler
+        assert handler is not None
+        return Ran([Decision(Reason.APPLIED, None, handler(message)) for message in messages])
+
+
+class Ran(list[Decision]):
+    """The stubbed baseline's verdicts: what the consumer reads of the engine's ``Verdicts``."""
+
+    @property
+    def reasons(self) -> list[Reason]:
+        return [decision.reason for decision in self]
 
 
 @contextmanager

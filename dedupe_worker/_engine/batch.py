@@ -37,18 +37,24 @@ Copies: a later copy of a key in the batch is claimed once its first copy is dec
 next round trip, so it gets the store's answer (DUPLICATE from the outcome just stored, or the
 other worker's IN_PROGRESS or CONFLICT); a copy of one whose handler failed or whose outcome could
 not be stored is deferred as IN_PROGRESS without a claim.
+
+Bookkeeping is kept per batch, in columns (one list per field, indexed by item), not in objects
+per message: a duplicate costs list slots and no object at all, and the :class:`Decision` of an
+ACK (APPLIED or DUPLICATE) is built only when a caller asks for it (:class:`Verdicts`): the Kafka
+consumer asks only for those its hooks or its dead letters need, :func:`decide_many` for all.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from .._errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
-from .._protocol.claim import Claim, Outcome, Stored
+from .._protocol.calls import ClaimItem, stored_status
+from .._protocol.claim import OMITTED, Claim, Outcome, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.codec import Request, ttl_ms
 from .._protocol.context import _current as current
@@ -60,7 +66,7 @@ from .decision import Decision, Reason, in_progress, poison, settle
 from .pacing import FLUSH_AFTER, Pacing
 from .single import attributes, failure_reason, unavailable_flow
 
-__all__ = ["FLUSH_AFTER", "Item", "Pacing", "batch_flow", "decide_many"]
+__all__ = ["FLUSH_AFTER", "Item", "Pacing", "Verdicts", "batch_flow", "decide_many", "verdicts_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -82,33 +88,63 @@ _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAIL
 
 
 #: A handler that finished, its outcome going out with the next round trip:
-#: ``(index, claim, decision, record)``, ``record`` the ``(status, data)`` to store, or ``None``
-#: to release the claim. (A tuple: one is made per message.)
-_Done = tuple[int, Claim, Decision, "tuple[Stored, bytes] | None"]
+#: ``(index, claim, decision, record)``: ``decision`` is ``None`` for APPLIED (the value is in
+#: the batch's ``values``: built when asked for), ``record`` the ``(status, data)`` to store, or
+#: ``None`` to release the claim. (A tuple: one is made per message.)
+_Done = tuple[int, Claim, "Decision | None", "tuple[Stored, bytes] | None"]
 
 _ACQUIRED = Outcome.ACQUIRED
+_ACQUIRED_CODE, _DUPLICATE_CODE = Outcome.ACQUIRED.value, Outcome.DUPLICATE.value
+_COMPLETED, _OMITTED = Stored.COMPLETED, Stored.OMITTED
 _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
+def _called(handler: Callable[[], Any]) -> Any:
+    """The ``call`` of :func:`verdicts_flow` for items that carry their own handlers."""
+    return handler()
+
+
 class _Batch:
-    def __init__(self, dedupe: ClientCore, items: Sequence[Item], pacing: Pacing,
+    """One batch's state, a column per field (see the module doc)."""
+
+    def __init__(self, dedupe: ClientCore, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
+                 call: Callable[[Any], Any], subjects: Sequence[Any], pacing: Pacing,
                  run_batch: Callable[[list[int]], Any] | None, integration: str = "run",
                  ttl: float | Sequence[float | None] | None = None) -> None:
+        count = len(keys)
+        if (fingerprints is not None and len(fingerprints) != count) or len(subjects) != count:
+            raise ValueError("keys, fingerprints and handlers must match one to one")
         self.dedupe = dedupe
         #: Each item's ttl (seconds its outcome is kept), ``None`` when all use ``result_ttl``.
-        self.ttls = _ttls(ttl, len(items))
+        self.ttls = _ttls(ttl, count)
         self.integration = integration
-        self.items = items
+        self.given_keys = keys
+        self.fingerprints = fingerprints
+        #: An item's handler is ``call(subjects[i])``.
+        self.call = call
+        self.subjects = subjects
         self.pacing = pacing
         self.run_batch = run_batch
-        self.decisions: list[Decision | None] = [None] * len(items)
-        self.requests: list[Request | None] = [None] * len(items)
+        # the columns: what was asked (the key as text, its stem, its fingerprint and original as sent) ...
+        self.texts: list[str] = [""] * count
+        self.stems: list[str] = [""] * count
+        self.fps: list[str] = [""] * count
+        self.origs: list[str] = [""] * count
+        # ... and what was decided: the reason once decided, the Decision once built, and what a
+        # Decision built later is made of (APPLIED: the claim and the handler's value; DUPLICATE:
+        # the token and the stored value, or OMITTED)
+        self.reasons: list[Reason | None] = [None] * count
+        self.decisions: list[Decision | None] = [None] * count
+        self.claims: list[Claim | None] = [None] * count
+        self.tokens: list[int] = [0] * count
+        self.values: list[Any] = [None] * count
         self.queue: list[int] = []  # first copies not claimed yet, in order
         self.copies: dict[int, list[int]] = {}  # first copy -> later copies waiting for it
         self.ready: list[int] = []  # copies whose first copy is decided: claim them next
         self.done: list[_Done] = []  # finished, outcome not stored yet
         self.done_seconds = 0.0  # handler time of ``done``
         self.releases: list[Claim] = []  # claims given back before their handler started
+        self.held: list[int] = []  # the lease groups of the claims taken since the last round trip
         self.outage: StoreUnavailable | None = None  # set once a round trip failed
         self.chunk: list[int] = []  # what the current round trip claims
         self.stopped = False  # the chunk stopped: its claims not started are given back
@@ -117,16 +153,18 @@ class _Batch:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def decide(self) -> Flow[list[Decision]]:
+    def decide(self) -> Flow[Verdicts]:
         first: dict[str, int] = {}  # stem -> index of its first copy
-        request, requests, decisions, queue = self.dedupe.request, self.requests, self.decisions, self.queue
-        for i, (key, fingerprint, _) in enumerate(self.items):
+        prepare, fingerprints, queue = self.dedupe.prepare, self.fingerprints, self.queue
+        texts, stems, fps, origs = self.texts, self.stems, self.fps, self.origs
+        for i, key in enumerate(self.given_keys):
             try:
-                r = requests[i] = request(key, fingerprint)
+                texts[i], stem, fps[i], origs[i] = prepare(key, None if fingerprints is None else fingerprints[i])
             except InvalidKey as exc:
-                decisions[i] = poison(exc)
+                self.verdict(i, poison(exc))
                 continue
-            seen = first.setdefault(r.stem, i)
+            stems[i] = stem
+            seen = first.setdefault(stem, i)
             if seen == i:
                 queue.append(i)
             else:
@@ -146,42 +184,70 @@ class _Batch:
                 break
         for waiting in self.copies.values():  # copies behind a first copy that was never decided
             for i in waiting:
-                if decisions[i] is None:
-                    decisions[i] = in_progress(self.key(i), 0.0)
-        verdicts = cast("list[Decision]", decisions)  # every index is decided by now
+                if self.reasons[i] is None:
+                    self.verdict(i, in_progress(texts[i], 0.0))
         if observer.enabled:
-            for decision in verdicts:
-                observer.decided(self.integration, decision.reason.value)
-        return verdicts
+            for reason in self.reasons:
+                observer.decided(self.integration, reason.value)  # type: ignore[union-attr]
+        return Verdicts(self)
 
-    def key(self, i: int) -> str:
-        request = self.requests[i]
-        assert request is not None
-        return request.key
+    def verdict(self, i: int, decision: Decision) -> None:
+        """Record ``i``'s verdict, built now; its copies are claimed next when its key now has a
+        record (:meth:`decided`)."""
+        self.decisions[i] = decision
+        self.reasons[i] = decision.reason
+        if self.copies:
+            self.decided(i, decision.reason, decision.retry_after)
 
-    def claimed(self, start: int, claims: list[Claim]) -> Flow[None]:
-        """Claims for ``self.chunk[start:]`` came in: settle those not ACQUIRED and run the others'
-        handlers, unless the chunk was stopped (``flush_after`` reached, or interrupted): then
-        they are given back (released with the next round trip, and queued again)."""
+    def request(self, i: int) -> Request:
+        return Request(self.texts[i], self.stems[i], self.fps[i], self.origs[i])
+
+    def handler(self, i: int) -> Callable[[], Any]:
+        """Item ``i``'s handler as a call without arguments (for a :class:`Handler` effect)."""
+        call, subject = self.call, self.subjects[i]
+        return subject if call is _called else functools.partial(call, subject)
+
+    def claimed(self, start: int, flat: list[Any]) -> Flow[None]:
+        """``claim.lua``'s flat reply for ``self.chunk[start:]`` came in: settle the keys not
+        ACQUIRED and run the others' handlers, unless the chunk was stopped (``flush_after``
+        reached, or interrupted): then they are given back (released with the next round trip, and
+        queued again). A duplicate of a stored outcome is noted in the columns; its Decision (and
+        the stored value, decoded) is built only when asked for."""
         acquired = []
-        decisions, copies, ttls = self.decisions, self.copies, self.ttls
-        for i, claim in zip(self.chunk[start:start + len(claims)], claims, strict=True):
-            if ttls is not None and ttls[i] is not None:
-                claim = dataclasses.replace(claim, ttl=ttls[i])
-            if claim.outcome is _ACQUIRED:
-                acquired.append((i, claim))
+        texts, stems, fps, reasons, tokens, values = (self.texts, self.stems, self.fps, self.reasons, self.tokens,
+                                                      self.values)
+        copies, ttls = self.copies, self.ttls
+        indices = self.chunk[start:start + len(flat) // 4]
+        if len(flat) != 4 * len(indices):
+            raise ValueError(f"{len(flat)} reply values for {len(indices)} claims")
+        for i, code, token, status, value in zip(indices, flat[0::4], flat[1::4], flat[2::4], flat[3::4],
+                                                 strict=True):
+            if code == _ACQUIRED_CODE:
+                acquired.append((i, Claim(texts[i], _ACQUIRED, token, None, 0.0, False, None, stems[i], fps[i],
+                                          status == 1, None if ttls is None else ttls[i])))
                 continue
+            stored = stored_status(status) if code == _DUPLICATE_CODE else None
+            if stored is _COMPLETED or stored is _OMITTED:
+                tokens[i], values[i], reasons[i] = token, OMITTED if stored is _OMITTED else value, _DUPLICATE
+                if copies:
+                    self.decided(i, _DUPLICATE, 0.0)
+                continue
+            try:
+                claim = self.dedupe.claim_of(self.request(i), code, token, status, value)
+            except StoreUnavailable as exc:  # a record we cannot read: as when Redis is down, never run as new
+                self.verdict(i, (yield from unavailable_flow(self.dedupe, exc, [(texts[i], self.handler(i))]))[0])
+                continue
+            if ttls is not None and ttls[i] is not None:
+                claim = self.dedupe.with_ttl([claim], ttls[i])[0]
             decision = settle(claim)
             assert decision is not None
-            if copies:
-                self.decided(i, decision)
-            else:
-                decisions[i] = decision
-        self.pacing.claimed(len(claims), len(acquired))
+            self.verdict(i, decision)
+        self.pacing.claimed(len(indices), len(acquired))
         if not acquired:
             return
         # each lease is renewed from its claim until its outcome is stored or its claim released
-        self.dedupe.renewer.track_many([(claim.stem, claim.token) for _, claim in acquired])
+        # (the next round trip: every claim of a chunk is stored or released by it)
+        self.held.append(self.dedupe.renewer.track_group([claim for _, claim in acquired]))
         if recorded.outcomes_of(self.dedupe) is not None:
             acquired = yield from self.found_before(acquired)
         if self.stopped:
@@ -224,7 +290,7 @@ class _Batch:
             self.interrupt, self.stopped = exc, True
             finished = {d[0] for d in self.done}
             self.releases.extend(claim for i, claim in acquired
-                                 if i not in finished and self.decisions[i] is None)
+                                 if i not in finished and self.reasons[i] is None)
 
     def stop(self) -> Flow[None]:
         """After an interrupt: store what finished, free what did not, and raise it."""
@@ -238,7 +304,7 @@ class _Batch:
     def call_each(self, acquired: list[tuple[int, Claim]]) -> Flow[None]:
         """The handlers one after the other, until those that finished reach ``flush_after``."""
         observed = observer.enabled
-        items, pacing = self.items, self.pacing
+        call, subjects, pacing = self.call, self.subjects, self.pacing
         perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
         # The sync driver would perform the Handler effect as a plain call, so the handler is
         # called here: its exception (or BaseException) reaches the same handlers below as when the
@@ -252,11 +318,11 @@ class _Batch:
             try:
                 if observed:
                     with observer.span("dedupe.handler", attributes(claim, self.integration)):
-                        value = items[i][2]() if inline else (yield Handler(items[i][2]))
+                        value = call(subjects[i]) if inline else (yield Handler(self.handler(i)))
                 elif inline:
-                    value = items[i][2]()
+                    value = call(subjects[i])
                 else:
-                    value = yield Handler(items[i][2])
+                    value = yield Handler(self.handler(i))
             except Exception as exc:
                 self.failed(i, claim, exc)
             else:
@@ -293,9 +359,11 @@ class _Batch:
         """A handler returned ``value``: APPLIED (UNSERIALIZABLE_RESULT when JSON cannot hold it,
         stored as omitted), stored with the next round trip."""
         status, data, problem = self.dedupe.encode(claim, value)
-        decision = (Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem) if problem is not None
-                    else Decision(_APPLIED, claim, value))
-        self.done.append((i, claim, decision, (status, data)))
+        if problem is not None:
+            self.done.append((i, claim, Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem), (status, data)))
+        else:
+            self.values[i] = value
+            self.done.append((i, claim, None, (status, data)))
 
     def failed(self, i: int, claim: Claim, exc: Exception) -> None:
         """A handler raised ``exc``: its claim is released, or the failure stored when permanent.
@@ -319,9 +387,14 @@ class _Batch:
         done is then STORE_UNAVAILABLE (stored or not, we cannot tell) and the rest deferred."""
         done, self.done, self.done_seconds = self.done, [], 0.0
         releases, self.releases = self.releases, []
+        held, self.held = self.held, []  # settled by this round trip
+        renewer = self.dedupe.renewer
+        for group in held:
+            renewer.settle_group(group)
         outcomes = [(claim, *record) for _, claim, _, record in done if record is not None]
         freed = [*(claim for _, claim, _, record in done if record is None), *releases]
-        requests = cast("list[Request]", [self.requests[i] for i in chunk])
+        stems, fps, origs = self.stems, self.fps, self.origs
+        claims: list[ClaimItem] = [(stems[i], fps[i], origs[i]) for i in chunk]
         self.chunk, self.stopped, self.given_back = chunk, False, []
         # One call for the batch handler's chunk. Streamed otherwise, but only while ``flush_after``
         # is well inside the lease: a sub-chunk's claims are not renewed until their reply is read,
@@ -330,21 +403,23 @@ class _Batch:
         step = STREAM_STEP if streams else max(1, len(chunk))
         try:
             if observer.enabled:  # the same Redis calls as below, timed and in a span
-                stored, released = yield from self.observed_flush(outcomes, freed, requests, step)
+                stored, released = yield from self.observed_flush(outcomes, freed, claims, step)
             else:
-                stored, released = yield Stream(outcomes, freed, requests, self.claimed, step)
-            self.settled(done, releases, stored, freed, released)
+                stored, released = yield Stream(outcomes, freed, claims, self.claimed, step)
+            self.untrack(held)
+            self.settled(done, stored, freed, released)
         except StreamCut as exc:  # some claims came in (and their handlers ran), the rest did not
             self.outage = exc
-            self.settled(done, releases, exc.stored, freed, exc.released)
+            self.untrack(held)
+            self.settled(done, exc.stored, freed, exc.released)
             ready, self.ready = self.ready, []
             yield from self.unavailable([*chunk[exc.claimed:], *self.requeue(), *ready])
             self.queue.clear()
             return True  # what ran is stored (or found STORE_UNAVAILABLE) by the next round trip
         except StoreUnavailable as exc:
-            self.untrack(done, releases)
+            self.untrack(held)
             for i, claim, _, _ in done:
-                self.decided(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
+                self.verdict(i, Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=self.dedupe.lease))
             self.outage = exc
             yield from self.unavailable([*chunk, *reversed(self.queue)])
             return False
@@ -354,25 +429,25 @@ class _Batch:
         return True
 
     def observed_flush(self, outcomes: list[tuple[Claim, Stored, bytes]], freed: list[Claim],
-                       requests: list[Request], step: int) -> Flow[tuple[list[bool], list[bool]]]:
-        """:meth:`flush`'s round trip with observers on: the same ``settle_and_stream`` call, in a
+                       claims: list[ClaimItem], step: int) -> Flow[tuple[list[bool], list[bool]]]:
+        """:meth:`flush`'s round trip with observers on: the same ``stream_claims`` call, in a
         ``dedupe.flush`` span (the handlers run while its replies stream in are its children) and
         timed without the time spent in those handlers."""
-        op = "complete_and_claim" if outcomes and requests else ("claim" if requests else "complete")
+        op = "complete_and_claim" if outcomes and claims else ("claim" if claims else "complete")
         inside = 0.0
 
-        def claimed(start: int, claims: list[Claim]) -> Flow[None]:
+        def claimed(start: int, flat: list[Any]) -> Flow[None]:
             nonlocal inside
             began = time.perf_counter()
             try:
-                yield from self.claimed(start, claims)
+                yield from self.claimed(start, flat)
             finally:
                 inside += time.perf_counter() - began
 
         with observer.span("dedupe.flush", {"dedupe.integration": self.integration,
-                                            "dedupe.stored": len(outcomes), "dedupe.claimed": len(requests)}):
+                                            "dedupe.stored": len(outcomes), "dedupe.claimed": len(claims)}):
             began = time.perf_counter()
-            settled: tuple[list[bool], list[bool]] = yield Stream(outcomes, freed, requests, claimed, step)
+            settled: tuple[list[bool], list[bool]] = yield Stream(outcomes, freed, claims, claimed, step)
             observer.round_trip(op, time.perf_counter() - began - inside)
         return settled
 
@@ -383,51 +458,120 @@ class _Batch:
         self.given_back = []
         return self.queue[::-1]
 
-    def settled(self, done: list[_Done], releases: list[Claim], stored: list[bool], freed: list[Claim],
-                released: list[bool]) -> None:
+    def settled(self, done: list[_Done], stored: list[bool], freed: list[Claim], released: list[bool]) -> None:
         """The verdicts of ``done`` once Redis answered whether their outcomes were ``stored``."""
-        self.untrack(done, releases)
         ok = iter(stored)
-        decisions, copies = self.decisions, self.copies
+        reasons, claims, copies = self.reasons, self.claims, self.copies
         for i, claim, decision, record in done:
             if record is not None and not next(ok):
                 lost = LeaseLost(claim.key, claim.token)
                 decision = Decision(_LEASE_LOST, claim, error=lost, retry_after=self.dedupe.lease)
+            if decision is not None:
+                self.verdict(i, decision)
+                continue
+            claims[i], reasons[i] = claim, _APPLIED  # its Decision is built when asked for
             if copies:
-                self.decided(i, decision)
-            else:
-                decisions[i] = decision
+                self.decided(i, _APPLIED, 0.0)
         for claim, ok_release in zip(freed, released, strict=True):
             if not ok_release:
                 log.warning("release found lease lost key=%s token=%s", claim.key, claim.token)
 
-    def untrack(self, done: Sequence[_Done], releases: Sequence[Claim]) -> None:
-        self.dedupe.renewer.untrack_many([*((claim.stem, claim.token) for _, claim, _, _ in done),
-                                          *((claim.stem, claim.token) for claim in releases)])
+    def untrack(self, groups: list[int]) -> None:
+        """Stop renewing the claims of ``groups``: their outcomes are stored, or they were released
+        (or the round trip that did so failed, and their leases run out)."""
+        renewer = self.dedupe.renewer
+        for group in groups:
+            renewer.untrack_group(group)
 
-    def decided(self, i: int, decision: Decision) -> None:
-        """Record ``i``'s verdict; its copies are claimed next when its key now has a record."""
-        self.decisions[i] = decision
-        waiting = self.copies.pop(i, None) if self.copies else None
-        if waiting and decision.reason in _ASK_STORE:
+    def decided(self, i: int, reason: Reason, retry_after: float) -> None:
+        """``i`` is decided (``reason``): its copies are claimed next when its key now has a
+        record, else deferred."""
+        waiting = self.copies.pop(i, None)
+        if waiting and reason in _ASK_STORE:
             self.ready.extend(waiting)
         elif waiting:
             for copy in waiting:
-                self.decisions[copy] = in_progress(self.key(copy), decision.retry_after)
+                self.decisions[copy] = decision = in_progress(self.texts[copy], retry_after)
+                self.reasons[copy] = decision.reason
 
     def unavailable(self, unclaimed: list[int]) -> Flow[None]:
         """Redis failed: defer ``unclaimed`` (or, ``fail_open``, run them) and the copies waiting."""
         assert self.outage is not None
-        runs = [(self.key(i), self.items[i][2]) for i in unclaimed]
+        runs = [(self.texts[i], self.handler(i)) for i in unclaimed]
         for i, decision in zip(unclaimed, (yield from unavailable_flow(self.dedupe, self.outage, runs)), strict=True):
-            self.decided(i, decision)
+            self.verdict(i, decision)
         # the copies still waiting, and (fail_open) those of the first copies just run, which would
         # be claimed next: deferred, so one batch never runs a key twice
         ready, self.ready = self.ready, []
         for copy in [*ready, *(copy for waiting in self.copies.values() for copy in waiting)]:
-            if self.decisions[copy] is None:
+            if self.reasons[copy] is None:
                 self.decisions[copy] = Decision(Reason.STORE_UNAVAILABLE, error=self.outage, retry_after=1.0)
+                self.reasons[copy] = Reason.STORE_UNAVAILABLE
         self.copies.clear()
+
+    # -- verdicts built when asked for ----------------------------------------------------------
+
+    def built(self, i: int) -> Decision:
+        """Item ``i``'s :class:`Decision`: the one made when it was decided, or (an APPLIED or a
+        DUPLICATE kept in the columns) built now, once."""
+        decision = self.decisions[i]
+        if decision is not None:
+            return decision
+        if self.reasons[i] is _APPLIED:
+            claim = self.claims[i]
+            assert claim is not None
+            decision = Decision(_APPLIED, claim, self.values[i])
+        else:  # DUPLICATE of a stored outcome, from claim.lua's reply
+            key, token, value = self.texts[i], self.tokens[i], self.values[i]
+            result = value if value is OMITTED else self.dedupe.stored_result(key, token, value)
+            claim = Claim(key, Outcome.DUPLICATE, token, result, stem=self.stems[i], fingerprint=self.fps[i],
+                          ttl=None if self.ttls is None else self.ttls[i])
+            decision = Decision(_DUPLICATE, claim, result)
+        self.decisions[i] = decision
+        return decision
+
+
+class Verdicts(Sequence[Decision]):
+    """The verdicts of a batch, in the order of its items. :attr:`reasons` holds every item's
+    :class:`Reason` at once; ``verdicts[i]`` is its :class:`Decision`, built the first time it is
+    asked for (an ACK's is never built when nobody asks: a consumer that only acks pays for none).
+    Read-only; iterating builds them all."""
+
+    __slots__ = ("_batch", "reasons")
+
+    def __init__(self, batch: _Batch) -> None:
+        self._batch = batch
+        #: Each item's reason.
+        self.reasons: list[Reason] = batch.reasons  # type: ignore[assignment]  # every item is decided
+
+    def __len__(self) -> int:
+        return len(self.reasons)
+
+    def __getitem__(self, i: int) -> Decision:  # type: ignore[override]
+        if not -len(self.reasons) <= i < len(self.reasons):
+            raise IndexError(i)
+        return self._batch.built(i % len(self.reasons))
+
+    def __iter__(self) -> Iterator[Decision]:
+        built = self._batch.built
+        return (built(i) for i in range(len(self.reasons)))
+
+    def all(self) -> list[Decision]:
+        """Every verdict, built."""
+        built = self._batch.built
+        return [built(i) for i in range(len(self.reasons))]
+
+
+def verdicts_flow(dedupe: ClientCore, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
+                  call: Callable[[Any], Any], subjects: Sequence[Any], *,
+                  run_batch: Callable[[list[int]], Any] | None = None, pacing: Pacing | None = None,
+                  integration: str = "run", ttl: float | Sequence[float | None] | None = None) -> Flow[Verdicts]:
+    """The batch engine over columns: item ``i`` is ``keys[i]`` with ``fingerprints[i]`` (``None``:
+    none for any), handled by ``call(subjects[i])`` (a consumer's handler and its messages: no
+    callable per message); its :class:`Verdicts` build a Decision only when asked for. What
+    :func:`batch_flow` and the consumers run, on either driver."""
+    return _Batch(dedupe, keys, fingerprints, call, subjects, pacing or Pacing(FLUSH_AFTER), run_batch, integration,
+                  ttl).decide()
 
 
 def batch_flow(dedupe: ClientCore, items: Sequence[Item], run_batch: Callable[[list[int]], Any] | None = None,
@@ -439,7 +583,10 @@ def batch_flow(dedupe: ClientCore, items: Sequence[Item], run_batch: Callable[[l
         pacing = Pacing(FLUSH_AFTER if flush_after is None else flush_after)
     elif flush_after is not None:
         pacing.flush_after = flush_after
-    return _Batch(dedupe, items, pacing, run_batch, integration, ttl).decide()
+    verdicts = yield from verdicts_flow(dedupe, [key for key, _, _ in items], [fp for _, fp, _ in items], _called,
+                                        [handler for _, _, handler in items], run_batch=run_batch, pacing=pacing,
+                                        integration=integration, ttl=ttl)
+    return verdicts.all()
 
 
 def decide_many(

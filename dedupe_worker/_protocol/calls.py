@@ -8,7 +8,7 @@ round trip is made differs.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -17,8 +17,12 @@ from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call
 
-__all__ = ["RECORD_FORMATS", "WITH_FINGERPRINT", "ClaimReply", "KeyState", "StoreCalls", "acquired_in", "block_limit",
-           "key_state", "key_state_and_fingerprint", "record_format_from_env"]
+__all__ = ["RECORD_FORMATS", "WITH_FINGERPRINT", "ClaimItem", "ClaimReply", "KeyState", "StoreCalls", "acquired_in",
+           "block_limit", "key_state", "key_state_and_fingerprint", "record_format_from_env", "stored_status"]
+
+#: One claim as ``claim.lua`` takes it: ``(stem, fingerprint, original)`` (the original key when
+#: the stem holds its hash, else ``""``).
+ClaimItem = tuple[str, str, str]
 
 #: The formats ``complete.lua`` can write a result in: 1 the hash at ``<stem>:result`` every
 #: release reads, 2 the compact string at the stem itself (one ``SET ... PX``) that only this
@@ -51,6 +55,12 @@ def record_format_from_env() -> int:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stored_status(letter: Any) -> Stored | None:
+    """The :class:`Stored` of a record's status letter as Redis returned it, ``None`` for a letter
+    we never write."""
+    return _STORED.get(letter)
 
 
 def _status(letter: Any) -> Stored:
@@ -188,17 +198,12 @@ class StoreCalls:
             return [(name, flat_keys, [*shared, *(a for args in per_item for a in args)])]
         return [(name, ks, [*shared, *args]) for ks, args in zip(keys, per_item, strict=True)]
 
-    @staticmethod
-    def claim_keys(stem: str) -> tuple[str, ...]:
-        """``claim.lua``'s KEYS for one message: the started key and the outcome in both formats."""
-        return KeyLayout.records(stem)
+    #: ``claim.lua``'s KEYS for one message: the started key and the outcome in both formats.
+    claim_keys: Callable[[str], tuple[str, ...]] = staticmethod(KeyLayout.records)
+    #: ``complete.lua``'s KEYS for one message: as :attr:`claim_keys`, then the notice list.
+    complete_keys: Callable[[str], tuple[str, ...]] = staticmethod(KeyLayout.completion)
 
-    @staticmethod
-    def complete_keys(stem: str) -> tuple[str, ...]:
-        """``complete.lua``'s KEYS for one message: as :meth:`claim_keys`, then the notice list."""
-        return (*KeyLayout.records(stem), KeyLayout.notice(stem))
-
-    def claim_calls(self, items: Sequence[tuple[str, str, str]], lease_ms: int, retention_ms: int) -> list[Call]:
+    def claim_calls(self, items: Sequence[ClaimItem], lease_ms: int, retention_ms: int) -> list[Call]:
         """``items`` are ``(stem, fingerprint, original_key)``."""
         if len(items) == 1:  # one message (decide, run): the same call, built without the batch's loops
             stem, fingerprint, original = items[0]
@@ -235,10 +240,10 @@ class StoreCalls:
         if not self.scripts.is_cluster:  # one call built flat, as claim_calls (~0.2 us less per key)
             keys: list[str] = []
             args: list[Any] = [result_ttl_ms]
-            complete_keys, record = self.complete_keys, self.record
+            complete_keys, record = self.complete_keys, self.record if self.format_args else None
             for stem, token, status, value in items:
                 keys += complete_keys(stem)
-                args += (token, _LETTER[status], record(token, status, value))
+                args += (token, _LETTER[status], value if record is None else record(token, status, value))
             return [("complete", keys, [*args, *self.format_args])]
         calls = self._calls("complete", [self.complete_keys(s) for s, _, _, _ in items],
                             (result_ttl_ms,), [(token, _LETTER[status], self.record(token, status, value))

@@ -26,12 +26,12 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
-from .calls import KeyState
+from .calls import ClaimItem, KeyState
 from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import C, ClientCore, Either, Flow, Steps, T, _log_claims, leases_of
+from .flows import C, ClientCore, Either, Flow, Steps, T, leases_of
 from .renewer import LeaseRenewer
 from .scripts import StreamCut
 from .serialization import Serializer
@@ -279,36 +279,52 @@ class ClaimClient(ClientCore):
         after those may have been claimed or not. For ``step`` requests or fewer, with ``WAIT``
         (``wait_replicas``), on a cluster, or while another thread holds the connection, the round
         trip is :meth:`settle_and_claim`'s and the claims are handed on after it."""
+        def claimed(start: int, flat: list[Any]) -> None:
+            claims = self.claims_from(requests[start:start + len(flat) // 4], flat)
+            each(start, claims)
+
+        return self.stream_claims(outcomes, releases, [(r[1], r[2], r[3]) for r in requests], claimed, step)
+
+    def stream_claims(
+        self,
+        outcomes: Sequence[tuple[Claim, Stored, bytes]],
+        releases: Sequence[Claim],
+        claims: Sequence[ClaimItem],
+        each: Callable[[int, list[Any]], None],
+        step: int,
+    ) -> tuple[list[bool], list[bool]]:
+        """:meth:`settle_and_stream` with ``claims`` as ``(stem, fingerprint, original)`` and each
+        call's reply handed to ``each(start, flat)`` as ``claim.lua`` returned it (four values a
+        claim, read by :meth:`~.codec.ClaimCodec.claims_of`): the batch engine's round trip
+        (the :class:`~.flows.Stream` effect), which builds objects only for the claims that need
+        them."""
         store = self.store
-        if len(requests) <= step or store.durability is not None or store.scripts.held is None:
-            return self.drive(self.handed_on_flow(outcomes, releases, requests, each, step))
-        parts = [requests[start:start + step] for start in range(0, len(requests), step)]
+        if len(claims) <= step or store.durability is not None or store.scripts.held is None:
+            return self.drive(self.handed_on_flow(outcomes, releases, claims, each, step))
         completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:
             self.renewer.settle(leases_of(outcomes, releases))
         if not self.store_checked:
             self.check_store()
         head = [*completes, *frees]
-        calls = [*head, *(call for part in parts for call in store.claim_calls(
-            [(r[1], r[2], r[3]) for r in part], self._lease_ms, self._retention_ms))]
+        lease_ms, retention_ms = self._lease_ms, self._retention_ms
+        calls = [*head, *(call for start in range(0, len(claims), step)
+                          for call in store.claim_calls(claims[start:start + step], lease_ms, retention_ms))]
         answered = 0
 
         def deliver(reply: Any) -> None:
             nonlocal answered
-            part = parts[answered]
-            claims = self._claims(part, reply)
-            _log_claims(claims)
             answered += 1
-            each((answered - 1) * step, claims)
+            each((answered - 1) * step, reply)
 
         try:
             replies = store.scripts.call_streamed(calls, len(head), deliver)
         except StreamCut as exc:
             exc.stored, exc.released = self.settled(outcomes, *_head(outcomes, releases, exc.head))
-            exc.claimed = min(len(requests), answered * step)
+            exc.claimed = min(len(claims), answered * step)
             raise
         except StoreUnavailable as exc:  # before any claim was handed on
-            return self.drive(self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests))
+            return self.drive(self.settle_failed_flow(exc, outcomes, releases, completes, frees, claims))
         return self.settled(outcomes, *_head(outcomes, releases, replies))
 
     def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:

@@ -140,6 +140,11 @@ class ClaimCodec:
 
     def request(self, key: str | bytes, fingerprint: Any = None) -> Request:
         """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
+        return Request(*self.prepare(key, fingerprint))
+
+    def prepare(self, key: str | bytes, fingerprint: Any = None) -> tuple[str, str, str, str]:
+        """:meth:`request`'s fields as a plain tuple ``(key, stem, fingerprint, original)``: what a
+        batch keeps in its columns, without a :class:`Request` per key."""
         if (type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and not _unsafe(key)
                 and not key.startswith(HASHED_PREFIX)):
             # the common key (what check_key and KeyLayout.stem would give, a batch's worth cheaper)
@@ -150,8 +155,8 @@ class ClaimCodec:
             if not isinstance(key, str):
                 key = key.decode("utf-8", "backslashreplace")
         if type(fingerprint) is str and len(fingerprint) <= 64:
-            return Request(key, stem, fingerprint, original)
-        return Request(key, stem, request_fingerprint(fingerprint), original)
+            return key, stem, fingerprint, original
+        return key, stem, request_fingerprint(fingerprint), original
 
     def _claims(self, requests: Sequence[Request], flat: Sequence[Any]) -> list[Claim]:
         """The claims of ``requests`` from ``claim.lua``'s flat reply (four values per key): what
@@ -173,6 +178,11 @@ class ClaimCodec:
                 append(self._claim(r, _claim_reply(code, token, status, value)))
         return claims
 
+    def claim_of(self, request: Request, code: Any, token: Any, a: Any, b: Any) -> Claim:
+        """The claim of ``request`` from its four values of ``claim.lua``'s reply. Raises
+        :class:`~dedupe_worker.StoreUnavailable` for a stored record we cannot read."""
+        return self._claim(request, _claim_reply(code, token, a, b))
+
     def _claim(self, request: Request, reply: ClaimReply) -> Claim:
         key, stem, fp = request.key, request.stem, request.fingerprint
         outcome = reply.outcome
@@ -188,14 +198,18 @@ class ClaimCodec:
         return Claim(key, outcome, reply.token, stem=stem, fingerprint=fp, reclaimed=reply.reclaimed)
 
     def _stored(self, key: str, reply: ClaimReply) -> Any:
+        return self.stored_result(key, reply.token, reply.value)
+
+    def stored_result(self, key: str, token: int, data: bytes | str | None) -> Any:
         """Decode a stored value. One that does not parse (written by something else, or
         corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
         executed or unpickled."""
+        if data == b"null" and type(self.serializer) is JsonSerializer:
+            return None  # the common no-op result, without a loads call
         try:
-            return self.decode(reply.value or b"null")
+            return self.decode(data or b"null")
         except Exception as exc:
-            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s",
-                      key, reply.token, exc)
+            log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s", key, token, exc)
             return OMITTED
 
     def decode(self, data: bytes | str) -> Any:

@@ -26,8 +26,9 @@ Effects (the result the driver sends back):
   or releases it or ``timeout`` passes; ``None``.
 - :class:`CheckStore`: check, once, the store's eviction policy (``check_store``); ``None``.
 - :class:`Either` ``(sync, asynchronous)``: ``sync()``, or ``await asynchronous()`` on asyncio.
-- :class:`Stream` ``(outcomes, releases, requests, each, step)``: ``settle_and_stream``, the flow
-  ``each`` run for the claims as they come in (the batch engine's round trip).
+- :class:`Stream` ``(outcomes, releases, claims, each, step)``: ``settle_and_stream``'s round
+  trip, the flow ``each`` run for ``claim.lua``'s replies as they come in (the batch engine's
+  round trip).
 - :class:`Handler` ``(fn)``: the handler's value (``fn()``, or ``await fn()`` on asyncio); its
   exception is thrown into the flow.
 """
@@ -38,12 +39,12 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
 from .._settings import DedupeSettings
-from .calls import KeyState, StoreCalls, acquired_in, key_state
+from .calls import ClaimItem, KeyState, StoreCalls, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
@@ -93,14 +94,17 @@ class Handler(NamedTuple):
 
 
 class Stream(NamedTuple):
-    """Store ``outcomes``, release ``releases`` and claim ``requests`` in one round trip, running
-    the flow ``each(start, claims)`` for every ``step`` claims (``settle_and_stream``: on the sync
-    client, while Redis still claims the later ones); answered with ``(stored, released)``."""
+    """Store ``outcomes``, release ``releases`` and claim ``claims`` (``(stem, fingerprint,
+    original)``, as :meth:`~.calls.StoreCalls.claim_calls` takes them) in one round trip, running
+    the flow ``each(start, flat)`` for every ``step`` claims with their flat ``claim.lua`` reply
+    (four values a claim), on the sync client while Redis still claims the later ones; answered
+    with ``(stored, released)``. The replies are handed on raw so that a batch builds objects
+    only for the claims that need them."""
 
     outcomes: Sequence[tuple[Claim, Stored, bytes]]
     releases: Sequence[Claim]
-    requests: Sequence[Request]
-    each: Callable[[int, list[Claim]], Flow[None]]
+    claims: Sequence[ClaimItem]
+    each: Callable[[int, list[Any]], Flow[None]]
     step: int
 
 
@@ -180,6 +184,9 @@ class Leases(Protocol):
     def untrack(self, stem: str, token: int) -> None: ...
     def track_many(self, leases: Iterable[tuple[str, int]]) -> None: ...
     def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None: ...
+    def track_group(self, claims: Sequence[Any]) -> int: ...
+    def settle_group(self, group: int) -> None: ...
+    def untrack_group(self, group: int) -> None: ...
     def settle(self, leases: Iterable[tuple[str, int]]) -> None: ...
     def is_lost(self, stem: str, token: int) -> bool: ...
     def last_renewal(self) -> float: ...
@@ -270,13 +277,13 @@ class ClientCore(ClaimCodec):
         for an effect's type and sends its value into the flow; ``drive_async`` awaits it (on the
         asyncio client the store's calls, the handler, the sleep, the wait and the store check
         return awaitables). What differs is the client's: ``_sleep``, ``_wait``, ``_either``,
-        ``_drive`` (its driver), ``check_store`` and ``settle_and_stream``."""
+        ``_drive`` (its driver), ``check_store`` and ``stream_claims``."""
         client: Any = self
         return {
             Send: lambda e: client.store.scripts.call_all(e.calls, e.wait),
             Handler: lambda e: e.fn(),
-            Stream: lambda e: client.settle_and_stream(
-                e.outcomes, e.releases, e.requests, lambda start, claims: client._drive(e.each(start, claims)), e.step),
+            Stream: lambda e: client.stream_claims(
+                e.outcomes, e.releases, e.claims, lambda start, flat: client._drive(e.each(start, flat)), e.step),
             Either: client._either,
             Sleep: lambda e: client._sleep(e.seconds),
             Wait: lambda e: client._wait(*e),
@@ -362,9 +369,7 @@ class ClientCore(ClaimCodec):
             yield CHECK_STORE
         replies = yield from self.round_trip((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
                                                     self._lease_ms, self.retention_ms(ttl)),))
-        claims = self.with_ttl(self._claims(requests, replies[0]), ttl)
-        _log_claims(claims)
-        return claims
+        return self.claims_from(requests, replies[0], ttl)
 
     # -- settling a batch and claiming the next chunk -------------------------------------------
 
@@ -373,36 +378,49 @@ class ClientCore(ClaimCodec):
                               ) -> Flow[tuple[list[bool], list[bool], list[Claim]]]:
         """``settle_and_claim``: store ``outcomes``, release ``releases``, claim ``requests``
         (carrying ``ttl``), in one round trip; see ``ClaimClient.settle_and_claim`` for the errors."""
+        stored, released, flat = yield from self.settle_and_claim_raw_flow(
+            outcomes, releases, [(r[1], r[2], r[3]) for r in requests], ttl)
+        return stored, released, self.claims_from(requests, flat, ttl)
+
+    def claims_from(self, requests: Sequence[Request], flat: Sequence[Any], ttl: float | None = None) -> list[Claim]:
+        """The claims of ``requests`` from ``claim.lua``'s flat reply, carrying ``ttl`` (logged at DEBUG)."""
+        claims = self.with_ttl(self._claims(requests, flat), ttl)
+        _log_claims(claims)
+        return claims
+
+    def settle_and_claim_raw_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                                  claims: Sequence[ClaimItem], ttl: float | None = None
+                                  ) -> Flow[tuple[list[bool], list[bool], list[Any]]]:
+        """:meth:`settle_and_claim_flow`'s round trip, the claims' replies returned flat and
+        unread (four values a claim; ``ttl`` only lengthens the started keys' retention)."""
         completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:
             self.renewer.settle(leases_of(outcomes, releases))
-        if requests and not self.store_checked:
+        if claims and not self.store_checked:
             yield CHECK_STORE
-        claim_calls = self.store.claim_calls([(r[1], r[2], r[3]) for r in requests], self._lease_ms,
-                                             self.retention_ms(ttl))
+        claim_calls = self.store.claim_calls(claims, self._lease_ms, self.retention_ms(ttl))
         try:
             stored, released, replies = yield from self.round_trip((completes, frees, claim_calls))
         except StoreUnavailable as exc:
-            settled = yield from self.settle_failed_flow(exc, outcomes, releases, completes, frees, requests)
+            settled = yield from self.settle_failed_flow(exc, outcomes, releases, completes, frees, claims)
             return (*settled, [])
-        claims = self.with_ttl(self._claims(requests, replies), ttl)
-        _log_claims(claims)
-        return (*self.settled(outcomes, stored, released), claims)
+        return (*self.settled(outcomes, stored, released), replies)
 
     def handed_on_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
-                       requests: Sequence[Request], each: Callable[[int, list[Claim]], Any],
+                       claims: Sequence[ClaimItem], each: Callable[[int, list[Any]], Any],
                        step: int) -> Flow[tuple[list[bool], list[bool]]]:
-        """``settle_and_stream`` without a stream: :meth:`settle_and_claim_flow`'s round trip, then
-        its claims handed to ``each(start, claims)`` (called, or awaited on asyncio) ``step`` at a
-        time. Returns whether each outcome was stored and each claim released."""
-        stored, released, claims = yield from self.settle_and_claim_flow(outcomes, releases, requests)
-        for start in range(0, len(claims), step):
-            yield Handler(functools.partial(each, start, claims[start:start + step]))
+        """``stream_claims`` without a stream: :meth:`settle_and_claim_raw_flow`'s round trip, then
+        the claims' flat replies handed to ``each(start, flat)`` (called, or awaited on asyncio)
+        ``step`` claims at a time. Returns whether each outcome was stored and each claim released."""
+        stored, released, flat = yield from self.settle_and_claim_raw_flow(outcomes, releases, claims)
+        width = 4 * step
+        for start in range(0, len(flat), width):
+            yield Handler(functools.partial(each, start // 4, flat[start:start + width]))
         return stored, released
 
     def settle_failed_flow(self, error: StoreUnavailable, outcomes: Sequence[tuple[Claim, Stored, bytes]],
                            releases: Sequence[Claim], completes: list[Call], frees: list[Call],
-                           requests: Sequence[Request]) -> Flow[tuple[list[bool], list[bool]]]:
+                           requests: Sequence[Any]) -> Flow[tuple[list[bool], list[bool]]]:
         """A round trip that stores ``outcomes``, releases ``releases`` and claims ``requests``
         failed with ``error``. The outcomes and releases are settled anyway: read from the
         replies when their calls answered (a claim after them failed, e.g. refused at
@@ -430,10 +448,14 @@ class ClientCore(ClaimCodec):
         """The script calls that store ``outcomes`` and release ``releases``, in their order; each
         outcome kept for its claim's ``ttl`` (one call list per run of equal ttls)."""
         store = self.store
-        completes: list[Call] = []
-        for ttl, run in itertools.groupby(outcomes, key=_ttl_of):
-            completes += store.complete_calls([(c.stem, c.token, status, data) for c, status, data in run],
-                                              self.result_ttl_ms(ttl))
+        if not any(c.ttl is not None for c, _, _ in outcomes):  # the common case: one list, one call
+            completes = store.complete_calls([(c.stem, c.token, status, data) for c, status, data in outcomes],
+                                             self._result_ttl_ms)
+        else:
+            completes = []
+            for ttl, run in itertools.groupby(outcomes, key=_ttl_of):
+                completes += store.complete_calls([(c.stem, c.token, status, data) for c, status, data in run],
+                                                  self.result_ttl_ms(ttl))
         return (completes, store.release_calls([(c.stem, c.token) for c in releases],
                                                self.retention_ms(max_ttl(releases))))
 
@@ -585,9 +607,10 @@ class KeptLeases:
         self.__exit__()
 
 
-def leases_of(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> list[tuple[str, int]]:
-    """``(stem, token)`` of every claim settled by ``outcomes`` and ``releases``."""
-    return [*((c.stem, c.token) for c, _, _ in outcomes), *((c.stem, c.token) for c in releases)]
+def leases_of(outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim]) -> Iterator[tuple[str, int]]:
+    """``(stem, token)`` of every claim settled by ``outcomes`` and ``releases`` (made as they are
+    read: the renewer reads none when it tracks no lease of its own, a batch's being in groups)."""
+    return itertools.chain(((c.stem, c.token) for c, _, _ in outcomes), ((c.stem, c.token) for c in releases))
 
 
 def _ttl_of(outcome: tuple[Claim, Stored, bytes]) -> float | None:

@@ -33,9 +33,11 @@ import re
 
 from .._errors import InvalidKey
 
-__all__ = ["KeyLayout"]
+__all__ = ["NOTICE", "RESULT", "SENT", "STARTED", "KeyLayout"]
 
 _UNSAFE = re.compile(r"[{}\s\x00-\x1f\x7f]")
+#: The suffixes of a message's keys after its stem (the format-2 record is the stem itself).
+STARTED, RESULT, NOTICE, SENT = ":started", ":result", ":notice", ":sent"
 #: How a stored key that holds a hash begins; a literal key beginning so is hashed too.
 HASHED_PREFIX = "sha256:"
 
@@ -78,7 +80,7 @@ class KeyLayout:
 
     @staticmethod
     def started(stem: str) -> str:
-        return stem + ":started"
+        return stem + STARTED
 
     @staticmethod
     def record(stem: str) -> str:
@@ -88,13 +90,19 @@ class KeyLayout:
     @staticmethod
     def result(stem: str) -> str:
         """Where record format 1 keeps the outcome: a hash."""
-        return stem + ":result"
+        return stem + RESULT
 
     @staticmethod
     def records(stem: str) -> tuple[str, str, str]:
         """``(started, record, result)``: every key a reader of a message's state looks at (the
         claim, and the outcome in format 2 and in format 1), in the order the scripts take them."""
-        return stem + ":started", stem, stem + ":result"
+        return stem + STARTED, stem, stem + RESULT
+
+    @staticmethod
+    def completion(stem: str) -> tuple[str, str, str, str]:
+        """``(started, record, result, notice)``: what a completion touches, in the order
+        ``complete.lua`` takes them (the records, then the list its waiters are woken on)."""
+        return stem + STARTED, stem, stem + RESULT, stem + NOTICE
 
     @staticmethod
     def stem_of(name: str) -> str:
@@ -114,9 +122,9 @@ class KeyLayout:
     @staticmethod
     def notice(stem: str) -> str:
         """The list a waiter blocks on until the holder completes or releases (``watch.lua``)."""
-        return stem + ":notice"
+        return stem + NOTICE
 
     @staticmethod
     def sent(stem: str) -> str:
         """The mark a producer leaves when it publishes work for the key (``send.lua``)."""
-        return stem + ":sent"
+        return stem + SENT

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..observe._base import current as observer
@@ -32,14 +32,27 @@ Lease = tuple[str, int]
 
 
 class LeaseBook:
-    """Tracked leases (a count of holders each), those renewal found lost, those settling."""
+    """Tracked leases (a count of holders each), those renewal found lost, those settling.
 
-    __slots__ = ("live", "lost", "settling")
+    A batch tracks its claims as a *group*: the claims of one round trip, kept and given up
+    together (:meth:`track_group`, :meth:`settle_group`, :meth:`untrack_group`), so a message
+    costs the book nothing of its own; a renewal round still renews each of them, and a refused
+    one is marked lost like any other."""
+
+    __slots__ = ("groups", "live", "lost", "next_group", "settling", "settling_groups")
 
     def __init__(self) -> None:
         self.live: dict[Lease, int] = {}
         self.lost: set[Lease] = set()
         self.settling: set[Lease] = set()
+        #: Group id -> its claims (anything with ``stem`` and ``token``).
+        self.groups: dict[int, Sequence[Any]] = {}
+        self.settling_groups: set[int] = set()
+        self.next_group = 0
+
+    def holds(self) -> bool:
+        """Whether any lease is tracked."""
+        return bool(self.live or self.groups)
 
     def track(self, lease: Lease) -> None:
         self.live[lease] = self.live.get(lease, 0) + 1
@@ -54,22 +67,53 @@ class LeaseBook:
             self.lost.discard(lease)
             self.settling.discard(lease)
 
+    def track_group(self, claims: Sequence[Any]) -> int:
+        """Track the leases of ``claims`` as one group, until :meth:`untrack_group`; returns its id."""
+        group = self.next_group = self.next_group + 1
+        self.groups[group] = claims
+        return group
+
+    def settle_group(self, group: int) -> None:
+        """As :meth:`settle`, for every claim of ``group``."""
+        if group in self.groups:
+            self.settling_groups.add(group)
+
+    def untrack_group(self, group: int) -> None:
+        """Forget ``group`` (lost marks of its claims included)."""
+        claims = self.groups.pop(group, ())
+        self.settling_groups.discard(group)
+        if self.lost:
+            for claim in claims:
+                self.lost.discard((claim.stem, claim.token))
+
     def settle(self, leases: Iterable[Lease]) -> None:
         """A completion or release of ``leases`` is about to be sent: from now until they are
-        untracked, a refused renewal is that write's doing, not a loss."""
+        untracked, a refused renewal is that write's doing, not a loss. (Leases of a group are
+        settled with :meth:`settle_group`.)"""
         live = self.live
-        self.settling.update(lease for lease in leases if lease in live)
+        if live:  # else ``leases`` is not even iterated: a batch's are in groups
+            self.settling.update(lease for lease in leases if lease in live)
 
     def due(self) -> list[Lease]:
         """The leases to renew now."""
         lost = self.lost
-        return [lease for lease in self.live if lease not in lost]
+        due = [lease for lease in self.live if lease not in lost]
+        for claims in self.groups.values():
+            due += [lease for lease in ((c.stem, c.token) for c in claims) if lease not in lost]
+        return due
 
     def refused(self, lease: Lease) -> bool:
         """Renewal of ``lease`` was refused: mark it lost, unless it is no longer tracked or its
         completion or release is in flight. True when it is now marked lost."""
-        if lease not in self.live or lease in self.settling:
-            return False
+        if lease in self.live:
+            if lease in self.settling:
+                return False
+        else:  # in a group? (a scan, on this rare path only)
+            stem, token = lease
+            group = next((g for g, claims in self.groups.items()
+                          if any(c.token == token and c.stem == stem for c in claims)), None)
+            if group is None or group in self.settling_groups:
+                return False
         self.lost.add(lease)
         return True
 
@@ -78,6 +122,8 @@ class LeaseBook:
         self.live.clear()
         self.lost.clear()
         self.settling.clear()
+        self.groups.clear()
+        self.settling_groups.clear()
 
 
 def round_of(items: list[Lease]) -> bool:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .flows import Renewed
 from .leases import Lease, LeaseBook, forget_after_fork
@@ -77,6 +78,25 @@ class LeaseRenewer:
                 live[lease] = live.get(lease, 0) + 1
             if self._thread is None or self._closed or self._pid != os.getpid():
                 self._start()
+
+    def track_group(self, claims: Sequence[Any]) -> int:
+        """Keep the leases of ``claims`` (a batch's, with ``stem`` and ``token``) alive as one
+        group until :meth:`untrack_group`; returns the group's id (see :class:`.leases.LeaseBook`)."""
+        with self._lock:
+            group = self._book.track_group(claims)
+            if self._thread is None or self._closed or self._pid != os.getpid():
+                self._start()
+        return group
+
+    def settle_group(self, group: int) -> None:
+        """:meth:`settle` for every claim of ``group``."""
+        with self._lock:
+            self._book.settle_group(group)
+
+    def untrack_group(self, group: int) -> None:
+        """Stop renewing the claims of ``group``."""
+        with self._lock:
+            self._book.untrack_group(group)
 
     def untrack_many(self, leases: Iterable[tuple[str, int]]) -> None:
         """Stop renewing ``(stem, token)`` leases (each once per :meth:`track`)."""

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
-from .._protocol.calls import KeyState
+from .._protocol.calls import ClaimItem, KeyState
 from .._protocol.claim import Claim, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
@@ -189,7 +189,19 @@ class AsyncClaimClient(ClientCore):
         """:meth:`settle_and_claim`, the claims handed to ``await each(start, claims)`` ``step`` at
         a time once the round trip is read (asyncio has no held connection to stream replies on);
         as :meth:`ClaimClient.settle_and_stream <dedupe_worker.ClaimClient.settle_and_stream>`."""
-        return await self.drive_async(self.handed_on_flow(outcomes, releases, requests, each, step))
+        async def claimed(start: int, flat: list[Any]) -> None:
+            claims = self.claims_from(requests[start:start + len(flat) // 4], flat)
+            await each(start, claims)
+
+        return await self.stream_claims(outcomes, releases, [(r[1], r[2], r[3]) for r in requests], claimed, step)
+
+    async def stream_claims(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
+                            claims: Sequence[ClaimItem], each: Callable[[int, list[Any]], Awaitable[None]],
+                            step: int) -> tuple[list[bool], list[bool]]:
+        """:meth:`settle_and_stream` with ``claims`` as ``(stem, fingerprint, original)`` and the
+        flat ``claim.lua`` replies handed to ``await each(start, flat)``; as
+        :meth:`ClaimClient.stream_claims <dedupe_worker.ClaimClient.stream_claims>`."""
+        return await self.drive_async(self.handed_on_flow(outcomes, releases, claims, each, step))
 
     async def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key, kept

@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._protocol.flows import Renewed
 from .._protocol.leases import Lease, LeaseBook, forget_after_fork
@@ -84,6 +85,26 @@ class AsyncLeaseRenewer:
         for stem, token in leases:
             self.track(stem, token)
 
+    def track_group(self, claims: Sequence[Any]) -> int:
+        """Keep the leases of ``claims`` (a batch's) alive as one group until
+        :meth:`untrack_group`; returns its id (see :class:`~dedupe_worker._protocol.leases.LeaseBook`)."""
+        leases = self._leases()
+        group = leases.book.track_group(claims)
+        if leases.task is None or leases.task.done():
+            leases.task = asyncio.get_running_loop().create_task(self._renew_while_held(leases),
+                                                                 name="dedupe-lease-renewer")
+        return group
+
+    def settle_group(self, group: int) -> None:
+        """:meth:`settle` for every claim of ``group``."""
+        leases = self._loops.get(asyncio.get_running_loop())
+        if leases is not None:
+            leases.book.settle_group(group)
+
+    def untrack_group(self, group: int) -> None:
+        """Stop renewing the claims of ``group``."""
+        self._leases().book.untrack_group(group)
+
     def untrack_many(self, leases: Iterable[Lease]) -> None:
         """:meth:`untrack` for each ``(stem, token)``."""
         for stem, token in leases:
@@ -122,7 +143,7 @@ class AsyncLeaseRenewer:
     async def _renew_while_held(self, leases: _LoopLeases) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while leases.book.live:
+            while leases.book.holds():
                 await asyncio.sleep(self.interval)
                 try:
                     await self.renew_now()
