@@ -12,7 +12,9 @@ SOAK_DURATION ?= 1200
 SOAK_SEED ?= 1
 SOAK_INTEGRATIONS ?= celery,rabbitmq,kafka,replay
 # `make test-oldest`: the suite again in a second venv on the oldest redis-py pyproject.toml
-# admits (the floor of its `redis[hiredis]>=X` line), so a redis-py change we depend on is caught.
+# admits (the floor of its `redis[hiredis]>=X` line), so a redis-py change we depend on is caught,
+# and with DEDUPE_PURE_PYTHON=1, so the fallback that packs commands with hiredis instead of the
+# compiled dedupe_worker._resp is tested every run too (`make test` tests the compiled one).
 VENV_OLDEST  ?= .venv-oldest
 REDIS_FLOOR  := $(shell sed -n 's/.*"redis\[hiredis\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 STAMP_OLDEST  = $(VENV_OLDEST)/.installed-redis-$(REDIS_FLOOR)
@@ -20,7 +22,10 @@ EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,e
 
 .PHONY: install test test-oldest lint typecheck bench demo soak clean
 
-$(STAMP): pyproject.toml
+# The editable install compiles dedupe_worker/_resp.c beside it (hatch_build.py): again when they change.
+BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c
+
+$(STAMP): $(BUILT_FROM)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
@@ -28,7 +33,7 @@ $(STAMP): pyproject.toml
 
 # kombu[redis]: the tests use Redis as a Celery broker, so kombu (and Celery) must be releases
 # whose Redis transport still takes the oldest redis-py (kombu 5.7 wants redis-py 6.1+).
-$(STAMP_OLDEST): pyproject.toml
+$(STAMP_OLDEST): $(BUILT_FROM)
 	test -n "$(REDIS_FLOOR)"
 	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
 	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
@@ -43,13 +48,14 @@ test: $(STAMP)
 
 test-oldest: $(STAMP_OLDEST)
 	$(VENV_OLDEST)/bin/python -c "import redis; assert redis.__version__ == '$(REDIS_FLOOR)', redis.__version__"
-	$(VENV_OLDEST)/bin/python -m pytest $(PYTEST_ARGS)
+	DEDUPE_PURE_PYTHON=1 $(VENV_OLDEST)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check dedupe_worker tests bench
+	$(BIN)/ruff check dedupe_worker tests bench hatch_build.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy hatch_build.py
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak --duration $(SOAK_DURATION) --seed $(SOAK_SEED) --integrations $(SOAK_INTEGRATIONS)

@@ -31,7 +31,7 @@ import time
 BENCHES = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
            "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.kafka_cpu",
            "bench.frameworks", "bench.replay", "bench.settle", "bench.durability", "bench.http_middleware",
-           "bench.sql_outcomes", "bench.compression")
+           "bench.sql_outcomes", "bench.compression", "bench.packing")
 #: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
 TAKES_REDIS_URL = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths",
                    "bench.celery_tasks", "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer",

@@ -1,10 +1,12 @@
-"""The wheel ships the Lua scripts, and the public names are the intended ones."""
+"""The wheel ships the Lua scripts and the compiled packer, and the public names are the intended ones."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -14,16 +16,43 @@ import dedupe_worker
 from dedupe_worker._protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The compiled packer's file name for this interpreter, as the wheel and an editable install hold it.
+EXTENSION = "dedupe_worker/_resp" + str(sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def build(out: Path, *what: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m build`` of the project into ``out`` (``--no-isolation``: hatchling and setuptools
+    come from the test extra, no download), asserted to succeed."""
+    built = subprocess.run([sys.executable, "-m", "build", *what, "--no-isolation", "--outdir", str(out), str(ROOT)],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    assert built.returncode == 0, built.stdout + built.stderr
+    return built
+
+
+def compiled_expected() -> bool:
+    """Whether this machine's builds carry the compiled packer: unless ``DEDUPE_NO_EXTENSIONS`` is
+    set, always in CI, and elsewhere where the editable install compiled it (a C compiler exists)."""
+    if os.environ.get("DEDUPE_NO_EXTENSIONS", "").strip() not in ("", "0"):
+        return False
+    if os.environ.get("CI") == "true":
+        return True
+    try:
+        import dedupe_worker._resp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def wheel_tag(wheel: Path) -> str:
+    """The wheel's ``.dist-info/WHEEL`` file (``Root-Is-Purelib``, ``Tag``)."""
+    archive = zipfile.ZipFile(wheel)
+    return archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    built = subprocess.run(  # --no-isolation: hatchling comes from the test extra, no download
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
+    build(out, "--wheel")
     (found,) = out.glob("dedupe_worker-*.whl")
     return found
 
@@ -35,6 +64,46 @@ def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
     assert "dedupe_worker/py.typed" in names
     assert any(n.endswith("entry_points.txt") for n in names)
     assert {"dedupe_worker/sql/ddl/postgresql.sql", "dedupe_worker/sql/ddl/mysql.sql"} <= names  # atomic()'s DDL
+    assert {"dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi"} <= names
+
+
+def test_the_wheel_carries_the_compiled_packer_and_is_tagged_for_it(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    if not compiled_expected():
+        pytest.skip("no compiled packer expected here (DEDUPE_NO_EXTENSIONS, or no C compiler outside CI)")
+    assert EXTENSION in names
+    assert [n for n in names if n.endswith((".so", ".pyd"))] == [EXTENSION]  # not a stale one from the tree
+    tag = wheel_tag(wheel)
+    assert "Root-Is-Purelib: false" in tag
+    assert f"Tag: cp{sys.version_info.major}{sys.version_info.minor}-" in tag and "-none-any" not in wheel.name
+
+
+@pytest.mark.parametrize("env", [{"DEDUPE_NO_EXTENSIONS": "1"}, {"CC": "/nonexistent/cc"}],
+                         ids=["DEDUPE_NO_EXTENSIONS", "no-compiler"])
+def test_a_wheel_without_the_extension_still_builds_pure(env: dict[str, str], tmp_path: Path) -> None:
+    """Asked to skip it, or without a working C compiler, the build succeeds: a pure-Python wheel
+    (hiredis packs), the C source still in it, no compiled file (an editable install's, beside the
+    sources, is git-ignored and so never packed)."""
+    built = build(tmp_path, "--wheel", **env)
+    (found,) = tmp_path.glob("dedupe_worker-*-py3-none-any.whl")
+    names = set(zipfile.ZipFile(found).namelist())
+    assert "dedupe_worker/_resp.c" in names and not [n for n in names if n.endswith((".so", ".pyd"))]
+    assert "Root-Is-Purelib: true" in wheel_tag(found)
+    if "CC" in env:
+        assert "was not compiled" in built.stdout + built.stderr  # said, not silent
+
+
+def test_the_sdist_builds_a_wheel_with_the_compiled_packer(tmp_path: Path) -> None:
+    """The sdist carries the C source and the build hook; the wheel built from it (``python -m
+    build`` builds the wheel from the sdist) carries the extension."""
+    build(tmp_path)
+    (sdist,) = tmp_path.glob("dedupe_worker-*.tar.gz")
+    names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    assert {"hatch_build.py", "dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi"} <= names
+    assert not [n for n in names if n.endswith((".so", ".pyd"))]
+    (found,) = tmp_path.glob("dedupe_worker-*.whl")
+    if compiled_expected():
+        assert EXTENSION in zipfile.ZipFile(found).namelist()
 
 
 def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> None:
@@ -52,13 +121,19 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
         "from importlib import resources;"
         "print(dedupe_worker.__file__);"
         "print(all(resources.files('dedupe_worker').joinpath('lua', n + '.lua').is_file() for n in SCRIPT_NAMES));"
-        "print(load_script('claim').splitlines()[0])"
+        "print(load_script('claim').splitlines()[0]);"
+        "import hiredis, sys; from dedupe_worker._protocol import held; command = ('GET', 'k\u00e9', 1, 0.5);"
+        "print(held.compiled_pack is not None and held.compiled_pack(command) == hiredis.pack_command(command));"
+        "print(getattr(sys.modules.get('dedupe_worker._resp'), '__file__', None))"
     )
-    out = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
-    location, packaged, first_line = out.splitlines()
+    out = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "DEDUPE_PURE_PYTHON"}).stdout
+    location, packaged, first_line, packs, compiled = out.splitlines()
     assert location.startswith(str(venv))
     assert packaged == "True"
     assert first_line.startswith("-- claim.lua")
+    if compiled_expected():  # the wheel's own compiled packer, imported from the venv, packing
+        assert packs == "True" and compiled.startswith(str(venv)), out
 
 
 def test_public_names() -> None:
@@ -123,13 +198,13 @@ def test_an_integration_without_its_extra_names_the_extra_to_install(module: str
 
 def test_the_layers_import_only_downwards() -> None:
     """_protocol < _messages < _engine, each importing only its own layer, the ones below, and the
-    leaves (_errors, _settings, _extras, observe): so no import cycle runs through them."""
+    leaves (_errors, _settings, _extras, observe, the compiled _resp): so no import cycle runs through them."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
     rank = {"_protocol": 1, "_messages": 2, "_engine": 3}
-    leaves = {"_errors", "_settings", "_extras", "observe"}
+    leaves = {"_errors", "_settings", "_extras", "observe", "_resp"}  # _resp: compiled, imports nothing
     for layer, own in rank.items():
         for path in (root / layer).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):

@@ -5,8 +5,8 @@ readiness check and bookkeeping around both; on a loopback round trip that is a 
 of the client's CPU (figures in :mod:`.paths`, which chooses this path or the pool's).
 :class:`HeldConnection` keeps one connection of the client's own pool and sends on it with
 redis-py's public ``Connection`` methods (``pack_command``, ``send_packed_command``,
-``read_response``, ``can_read``; packed by ``hiredis.pack_command`` straight where that gives the
-connection's own bytes).
+``read_response``, ``can_read``; packed straight where that gives the connection's own bytes, see
+:func:`direct_packer`).
 
 What is guaranteed: the same connection settings as the client (it is the client's pool that
 made the connection: ``Redis(connection_pool=..., single_connection_client=True)``); one
@@ -20,10 +20,20 @@ pool. An error reply (``NOSCRIPT``, a script error) is a whole reply: the connec
 step and is kept. A streamed round trip hands each reply on as soon as it is read; once one was
 handed on nothing is sent again, and a failure drops the connection rather than leave unread
 replies on it.
+
+**Packing.** :func:`direct_packer` chooses what packs a command's arguments into the bytes sent:
+the compiled ``dedupe_worker._resp.pack_command`` (``dedupe_worker/_resp.c``, built with the
+package where a C compiler is found; byte for byte what ``hiredis.pack_command`` gives, about a
+tenth of its instructions), else ``hiredis.pack_command``, each only where it packs a probe of every
+kind of argument exactly as the connection's own ``pack_command`` does, else the connection's own.
+``DEDUPE_PURE_PYTHON=1`` in the environment (read when a connection is first used) makes it ignore
+the compiled module: the fallback path, which CI runs too (``make test-oldest``).
+``DEDUPE_NO_EXTENSIONS=1`` at install time builds the package without it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -39,7 +49,18 @@ try:
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
     hiredis_pack = None
 
+compiled_pack: Any
+try:
+    from .._resp import pack_command as compiled_pack
+except ImportError:  # not compiled at install (no C compiler, DEDUPE_NO_EXTENSIONS=1): hiredis packs
+    compiled_pack = None
+
+logger = logging.getLogger(__name__)
+
 __all__ = ["BUSY", "MIN_POOL_SIZE", "HeldConnection", "direct_packer"]
+
+#: Set to anything but ``""`` or ``0``: :func:`direct_packer` ignores the compiled packer.
+PURE_PYTHON_ENV = "DEDUPE_PURE_PYTHON"
 
 #: Returned by :class:`HeldConnection` when another thread holds the connection.
 BUSY: Any = object()
@@ -71,8 +92,8 @@ class HeldConnection:
         #: keep one connection of a pool; we use its ``connection`` and send on it ourselves.
         self._holder: redis.Redis | None = None
         self._pid = os.getpid()
-        #: ``hiredis.pack_command`` where it packs exactly as the connection does (see
-        #: :func:`direct_packer`), else ``None``: redis-py's ``pack_command``.
+        #: The compiled packer or ``hiredis.pack_command`` where it packs exactly as the connection
+        #: does (see :func:`direct_packer`), else ``None``: redis-py's ``pack_command``.
         self._pack: Any = None
 
     @classmethod
@@ -241,18 +262,29 @@ _PROBE = ("EVALSHA", "0" * 40, 2, "ns:{k\u00e9}:started", b"\x00\xffv", -12, 300
 
 
 def direct_packer(connection: Any) -> Any:
-    """``hiredis.pack_command`` when it packs :data:`_PROBE` byte for byte as ``connection``'s
-    own (public) ``pack_command`` does, else ``None``. Called straight it skips redis-py's pass
-    over the arguments (about 4 µs a command; a batch has hundreds of arguments); a connection
-    with another encoding or a custom ``command_packer`` packs differently and keeps its own."""
-    if hiredis_pack is None:
-        return None
+    """What packs a command for ``connection``, called straight as ``pack(args) -> bytes``: the
+    compiled ``dedupe_worker._resp.pack_command`` (unless :data:`PURE_PYTHON_ENV` is set), else
+    ``hiredis.pack_command``, the first that packs :data:`_PROBE` byte for byte as ``connection``'s
+    own (public) ``pack_command`` does; ``None`` when neither does.
+
+    Called straight it skips redis-py's pass over the arguments (about 4 µs a command; a batch has
+    hundreds of arguments); a connection with another encoding or a custom ``command_packer``
+    packs differently and keeps its own."""
     try:
-        direct = hiredis_pack(_PROBE)
         own = b"".join(connection.pack_command(*_PROBE))
     except Exception:  # a packer that refuses part of the probe: keep it
         return None
-    return hiredis_pack if direct == own else None
+    pure = os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0")
+    for pack in (None if pure else compiled_pack, hiredis_pack):
+        if pack is None:
+            continue
+        try:
+            if pack(_PROBE) == own:
+                logger.debug("commands are packed by %s.%s", pack.__module__, pack.__name__)
+                return pack
+        except Exception:  # refuses part of the probe: not this one
+            continue
+    return None
 
 
 def _read(connection: Any) -> Any:

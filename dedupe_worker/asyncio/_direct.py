@@ -7,8 +7,9 @@ pure-Python ``pack_command`` and each reply read through the pipeline's parse la
 of its own: with 50 coroutines a quarter of the client's CPU went to packing and a sixth to
 reading. :class:`DirectSender` does the same round trip with redis-py's public ``Connection``
 methods: a connection from the client's own pool (``get_connection``/``release``), the whole
-batch packed by ``hiredis.pack_command`` (only where that gives the connection's own bytes, as the
-sync held connection checks: :func:`~dedupe_worker._protocol.held.direct_packer`), one
+batch packed by the compiled ``dedupe_worker._resp.pack_command``, else ``hiredis.pack_command``
+(only where that gives the connection's own bytes, as the sync held connection checks:
+:func:`~dedupe_worker._protocol.held.direct_packer`; ``DEDUPE_PURE_PYTHON=1`` skips the compiled one), one
 ``send_packed_command``, and each reply read with ``read_response``, all of them under one
 deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
 call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
