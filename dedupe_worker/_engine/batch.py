@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .._errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
-from .._protocol.calls import ClaimItem, stored_status
+from .._protocol.calls import STORED, ClaimItem
 from .._protocol.claim import OMITTED, Claim, Outcome, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.codec import Request, ttl_ms
@@ -94,8 +94,11 @@ _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAIL
 _Done = tuple[int, Claim, "Decision | None", "tuple[Stored, bytes] | None"]
 
 _ACQUIRED = Outcome.ACQUIRED
+#: What a ``None`` result is stored as with the default serializer (``null_is_json``).
+_NULL = (Stored.COMPLETED, b"null")
 _ACQUIRED_CODE, _DUPLICATE_CODE = Outcome.ACQUIRED.value, Outcome.DUPLICATE.value
 _COMPLETED, _OMITTED = Stored.COMPLETED, Stored.OMITTED
+_stored_status = STORED.get  # a status letter as Redis returned it -> Stored (None for one we never write)
 _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
@@ -150,26 +153,15 @@ class _Batch:
         self.stopped = False  # the chunk stopped: its claims not started are given back
         self.given_back: list[int] = []  # ... those, in order, to be queued again after the round trip
         self.interrupt: BaseException | None = None  # a handler's BaseException, raised once stored
+        #: Whether a ``None`` result is stored as :data:`_NULL` (the codec's ``null_is_json``): then
+        #: finished() stores it without a call to encode().
+        self.nulls = dedupe.null_is_json
 
     # -- the loop -------------------------------------------------------------------------------
 
     def decide(self) -> Flow[Verdicts]:
-        first: dict[str, int] = {}  # stem -> index of its first copy
-        prepare, fingerprints, queue = self.dedupe.prepare, self.fingerprints, self.queue
-        texts, stems, fps, origs = self.texts, self.stems, self.fps, self.origs
-        for i, key in enumerate(self.given_keys):
-            try:
-                texts[i], stem, fps[i], origs[i] = prepare(key, None if fingerprints is None else fingerprints[i])
-            except InvalidKey as exc:
-                self.verdict(i, poison(exc))
-                continue
-            stems[i] = stem
-            seen = first.setdefault(stem, i)
-            if seen == i:
-                queue.append(i)
-            else:
-                self.copies.setdefault(seen, []).append(i)
-        queue.reverse()  # taken from the end
+        self.prepare()
+        queue, texts = self.queue, self.texts
         while queue or self.ready or self.done:
             size = len(queue) if self.run_batch is not None else self.pacing.chunk(len(queue))
             chunk = queue[-size:] if size else []
@@ -190,6 +182,33 @@ class _Batch:
             for reason in self.reasons:
                 observer.decided(self.integration, reason.value)  # type: ignore[union-attr]
         return Verdicts(self)
+
+    def prepare(self) -> None:
+        """Check the keys into their stems (an invalid one decided at once) and queue the first
+        copy of each key, its later copies set aside behind it."""
+        codec, keys, fingerprints, queue = self.dedupe, self.given_keys, self.fingerprints, self.queue
+        stems = codec.plain_stems(keys)
+        if stems is not None and len(set(stems)) == len(stems):  # the common batch: plain keys, each once
+            self.texts, self.stems = list(keys), stems  # type: ignore[arg-type]  # plain: every key is a str
+            if fingerprints is not None:
+                self.fps = codec.sent_fingerprints(fingerprints)
+            queue.extend(range(len(keys) - 1, -1, -1))  # taken from the end
+            return
+        first: dict[str, int] = {}  # stem -> index of its first copy
+        texts, stems, fps, origs = self.texts, self.stems, self.fps, self.origs
+        for i, key in enumerate(keys):
+            try:
+                texts[i], stem, fps[i], origs[i] = codec.prepare(key, None if fingerprints is None else fingerprints[i])
+            except InvalidKey as exc:
+                self.verdict(i, poison(exc))
+                continue
+            stems[i] = stem
+            seen = first.setdefault(stem, i)
+            if seen == i:
+                queue.append(i)
+            else:
+                self.copies.setdefault(seen, []).append(i)
+        queue.reverse()  # taken from the end
 
     def verdict(self, i: int, decision: Decision) -> None:
         """Record ``i``'s verdict, built now; its copies are claimed next when its key now has a
@@ -226,7 +245,7 @@ class _Batch:
                 acquired.append((i, Claim(texts[i], _ACQUIRED, token, None, 0.0, False, None, stems[i], fps[i],
                                           status == 1, None if ttls is None else ttls[i])))
                 continue
-            stored = stored_status(status) if code == _DUPLICATE_CODE else None
+            stored = _stored_status(status) if code == _DUPLICATE_CODE else None
             if stored is _COMPLETED or stored is _OMITTED:
                 tokens[i], values[i], reasons[i] = token, OMITTED if stored is _OMITTED else value, _DUPLICATE
                 if copies:
@@ -304,7 +323,7 @@ class _Batch:
     def call_each(self, acquired: list[tuple[int, Claim]]) -> Flow[None]:
         """The handlers one after the other, until those that finished reach ``flush_after``."""
         observed = observer.enabled
-        call, subjects, pacing = self.call, self.subjects, self.pacing
+        call, subjects, pacing, finished = self.call, self.subjects, self.pacing, self.finished
         perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
         # The sync driver would perform the Handler effect as a plain call, so the handler is
         # called here: its exception (or BaseException) reaches the same handlers below as when the
@@ -312,8 +331,10 @@ class _Batch:
         # through Steps and three generator frames, timeit, pinned, shared machine).
         inline = self.dedupe.calls_handlers
         last = len(acquired) - 1
+        # a handler's time runs from the end of the one before (our bookkeeping between them is
+        # counted as its): one clock read a handler
+        began = perf()
         for n, (i, claim) in enumerate(acquired):
-            began = perf()
             reset = bind(claim)
             try:
                 if observed:
@@ -326,10 +347,11 @@ class _Batch:
             except Exception as exc:
                 self.failed(i, claim, exc)
             else:
-                self.finished(i, claim, value)
+                finished(i, claim, value)
             finally:
                 unbind(reset)
-            seconds = perf() - began
+            ended = perf()
+            seconds, began = ended - began, ended
             pacing.observe(seconds)
             self.done_seconds += seconds
             if observed:
@@ -358,6 +380,9 @@ class _Batch:
     def finished(self, i: int, claim: Claim, value: Any) -> None:
         """A handler returned ``value``: APPLIED (UNSERIALIZABLE_RESULT when JSON cannot hold it,
         stored as omitted), stored with the next round trip."""
+        if value is None and self.nulls:  # the common no-op result, as encode() stores it
+            self.done.append((i, claim, None, _NULL))
+            return
         status, data, problem = self.dedupe.encode(claim, value)
         if problem is not None:
             self.done.append((i, claim, Decision(Reason.UNSERIALIZABLE_RESULT, claim, error=problem), (status, data)))
@@ -630,7 +655,9 @@ def _ttls(ttl: float | Sequence[float | None] | None, count: int) -> list[float 
     ttls: list[float | None] = [ttl] * count if isinstance(ttl, (int, float)) else list(ttl)
     if len(ttls) != count:
         raise ValueError(f"{len(ttls)} ttls for {count} items")
+    if ttls.count(None) == count:  # none set: a consumer's batch without ttl headers
+        return None
     for one in ttls:
         if one is not None:
             ttl_ms(one)
-    return ttls if any(one is not None for one in ttls) else None
+    return ttls

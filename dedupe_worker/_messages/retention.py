@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import UndecodableMessage
 from .._protocol.codec import ttl_ms
 
-__all__ = ["TTL_HEADER", "header_ttl", "parse_ttl"]
+__all__ = ["TTL_HEADER", "TtlHeader", "header_ttl", "parse_ttl"]
 
 #: The default name of the header that carries a message's retention in seconds.
 TTL_HEADER = "x-dedupe-ttl"
@@ -63,3 +63,41 @@ def header_ttl(headers: Mapping[str, Any] | None, name: str = TTL_HEADER) -> flo
         else:
             return None
     return parse_ttl(value, f"{name} header")
+
+
+class TtlHeader:
+    """:func:`header_ttl` of one header name, for the headers of many messages (a consumer's).
+
+    The names of other headers are remembered once seen (up to :attr:`REMEMBERED`), so a message
+    whose other headers are known costs a set look-up each instead of a lower-cased compare:
+    the answers are those of :func:`header_ttl`."""
+
+    #: How many other header names are remembered at most (header names are few in practice).
+    REMEMBERED = 1024
+
+    __slots__ = ("lowered", "name", "others", "source")
+
+    def __init__(self, name: str = TTL_HEADER) -> None:
+        self.name = name
+        self.lowered = name.lower()
+        self.source = f"{name} header"
+        #: Header names that are not this one in any case.
+        self.others: set[Any] = set()
+
+    def __call__(self, headers: Mapping[str, Any] | None) -> float | None:
+        if not headers:
+            return None
+        value = headers.get(self.name)
+        if value is None:
+            others, lowered = self.others, self.lowered
+            for k in headers:  # the first name equal to ours but for case, in the headers' order
+                if k in others:
+                    continue
+                if isinstance(k, str) and k.lower() == lowered:
+                    value = headers[k]
+                    break
+                if len(others) < self.REMEMBERED:
+                    others.add(k)
+            else:
+                return None
+        return parse_ttl(value, self.source)

@@ -17,8 +17,8 @@ from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call
 
-__all__ = ["RECORD_FORMATS", "WITH_FINGERPRINT", "ClaimItem", "ClaimReply", "KeyState", "StoreCalls", "acquired_in",
-           "block_limit", "key_state", "key_state_and_fingerprint", "record_format_from_env", "stored_status"]
+__all__ = ["RECORD_FORMATS", "STORED", "WITH_FINGERPRINT", "ClaimItem", "ClaimReply", "KeyState", "StoreCalls",
+           "acquired_in", "block_limit", "key_state", "key_state_and_fingerprint", "record_format_from_env"]
 
 #: One claim as ``claim.lua`` takes it: ``(stem, fingerprint, original)`` (the original key when
 #: the stem holds its hash, else ``""``).
@@ -33,7 +33,7 @@ RECORD_FORMATS = (1, 2)
 _OUTCOMES = {int(o.value): o for o in Outcome}
 #: ``Stored`` by the status as Redis returns it (bytes from hiredis, str when decoding): a dict
 #: look-up is several times cheaper than ``Stored(value)`` on this per-message path.
-_STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode(): s for s in Stored}}
+STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode(): s for s in Stored}}
 #: The letter ``complete.lua`` takes for each ``Stored`` (``.value`` is an enum property look-up).
 _LETTER = {s: s.value for s in Stored}
 _PREFIX = {s: s.value.encode() for s in Stored}
@@ -57,17 +57,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def stored_status(letter: Any) -> Stored | None:
-    """The :class:`Stored` of a record's status letter as Redis returned it, ``None`` for a letter
-    we never write."""
-    return _STORED.get(letter)
-
-
 def _status(letter: Any) -> Stored:
     """The :class:`Stored` of a record's status letter. A letter we never write means the key holds
     something else (another program's string under our key name, a corrupted record): that is a
     store we cannot read, so the message is deferred (:class:`StoreUnavailable`), never run as new."""
-    status = _STORED.get(letter)
+    status = STORED.get(letter)
     if status is None:
         raise StoreUnavailable(f"unreadable record: status {letter!r} is not one dedupe-worker writes "
                                "(another program's key under this namespace?)")
