@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import redis
 
-from dedupe_worker import Deduplicator, Reason, State, current_claim, decide_many
+from dedupe_worker import Deduplicator, Reason, State, current_claim, decide, decide_many
 from dedupe_worker._engine import Pacing
-from dedupe_worker._engine.batch import STREAM_STEP
+from dedupe_worker._engine.batch import STREAM_STEP, verdicts_flow
 from dedupe_worker._protocol.scripts import ScriptRunner
 
 
@@ -436,3 +436,66 @@ def test_a_long_run_of_duplicates_keeps_claiming_whole_batches() -> None:
         for n in range(1100 * 16):  # sub-chunks of 32 duplicates, 16 per batch of 500
             pacing.claimed(32, 0)
             assert pacing.chunk(500) == 500 or n < 16
+
+
+def test_verdicts_are_built_when_asked_for_and_equal_what_a_single_decide_gives(dedupe: Deduplicator) -> None:
+    """The engine keeps an ACK's verdict in its columns: ``Verdicts.reasons`` is there at once, a
+    Decision is built on first access (once: the same object after), and what it holds is what
+    ``decide`` answers for the same key (the claim's key, token, stem, fingerprint and ttl, the
+    stored value decoded)."""
+    values = {"n": None, "v": {"a": [1, 2]}, "big": "x" * 2000, "s": "text"}
+    first = decide_many(dedupe, [(k, f"fp-{k}", (lambda v=v: v)) for k, v in values.items()], ttl=90)
+    items = [(k, f"fp-{k}", (lambda: pytest.fail("a duplicate ran"))) for k in values]
+    verdicts = dedupe.drive(verdicts_flow(dedupe, [k for k, _, _ in items], [fp for _, fp, _ in items],
+                                          lambda handler: handler(), [h for _, _, h in items], ttl=90))
+    assert verdicts.reasons == [Reason.DUPLICATE] * len(values)
+    assert all(d is None for d in verdicts._batch.decisions)  # nothing built yet
+    for i, (key, value) in enumerate(values.items()):
+        built = verdicts[i]
+        assert built is verdicts[i] and built is verdicts[i - len(values)]
+        single = decide(dedupe, key, lambda: pytest.fail("a duplicate ran"), fingerprint=f"fp-{key}", ttl=90)
+        assert built == single and built.value == value == first[i].value
+        assert (built.claim.key, built.claim.token, built.claim.stem, built.claim.fingerprint, built.claim.ttl) == (
+            single.claim.key, single.claim.token, single.claim.stem, single.claim.fingerprint, 90)
+    with pytest.raises(IndexError):
+        verdicts[len(values)]
+    assert [d.reason for d in first] == [Reason.APPLIED] * len(values)
+    assert [d.claim.token for d in first] == [d.claim.token for d in verdicts.all()]
+
+
+def test_an_unreadable_record_defers_its_key_and_the_rest_of_the_batch_goes_on(
+        dedupe: Deduplicator, redis_client: redis.Redis, namespace: str) -> None:
+    """Another program's string at a key's stem (where record format 2 keeps a string we would
+    parse): that key is deferred (STORE_UNAVAILABLE, never run as new), its neighbours in the same
+    claim call are decided as usual."""
+    redis_client.set(f"{namespace}:{{garbage}}", b"not a record of ours")
+    ran: list[str] = []
+    keys = ["before", "garbage", "after"]
+    decisions = decide_many(dedupe, [(k, None, (lambda k=k: ran.append(k))) for k in keys])
+    assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.STORE_UNAVAILABLE, Reason.APPLIED]
+    assert ran == ["before", "after"]
+    assert "unreadable record" in str(decisions[1].error)
+
+
+def test_a_batchs_leases_are_renewed_while_its_handlers_run_past_the_lease(redis_client: redis.Redis,
+                                                                          namespace: str) -> None:
+    """The claims of a chunk are kept alive as one group: a handler that runs past the lease still
+    holds its key (another worker is answered IN_PROGRESS), and its outcome is stored."""
+    dedupe = Deduplicator(redis_client, namespace=namespace, lease=0.3, renew_interval=0.05, result_ttl=60)
+    other = Deduplicator(redis_client, namespace=namespace, lease=0.3, renew_interval=0.05, result_ttl=60)
+    seen: list[str] = []
+
+    def slow(key: str) -> str:
+        time.sleep(0.6)  # twice the lease
+        seen.append(other.begin(key).outcome.name)
+        return key
+
+    try:
+        decisions = decide_many(dedupe, [(k, None, (lambda k=k: slow(k))) for k in ("g1", "g2")],
+                                pacing=Pacing(flush_after=1.0))
+        assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.APPLIED]
+        assert seen == ["IN_PROGRESS", "IN_PROGRESS"]
+        assert not dedupe.renewer._book.groups  # every group let go once stored
+    finally:
+        dedupe.close()
+        other.close()

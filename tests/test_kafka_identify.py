@@ -10,7 +10,7 @@ import pytest
 
 from dedupe_worker import UndecodableMessage
 from dedupe_worker._messages.envelope import from_kafka
-from dedupe_worker._messages.retention import TTL_HEADER, header_ttl
+from dedupe_worker._messages.retention import TTL_HEADER, TtlHeader, header_ttl
 from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key
 
@@ -76,3 +76,47 @@ def test_a_bad_ttl_is_reported_after_a_good_key() -> None:
     consumer = SimpleNamespace(key_strategy=KAFKA_DEFAULT, fingerprint=body_fingerprint, ttl_header=TTL_HEADER)
     with pytest.raises(UndecodableMessage):
         DedupeKafkaConsumer._identify(consumer, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("strategy", [KAFKA_DEFAULT, header_key()])
+@pytest.mark.parametrize("fingerprint", [body_fingerprint, None, lambda envelope: "fp"])
+def test_a_batch_is_identified_as_each_record_is(strategy: Any, fingerprint: Any) -> None:
+    """``_identities`` (a batch, the defaults read inline) answers what ``_identify`` answers for
+    each record: its key, fingerprint and ttl, or the same error at the same position."""
+    records = [*RECORDS, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]), *RECORDS,
+               Record([("idempotency-key", b"k2"), ("X-DEDUPE-ttl", b"7"), ("other", b"")])]
+    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=TTL_HEADER, _ttl_of=None)
+    consumer._identify = lambda msg: DedupeKafkaConsumer._identify(consumer, msg)  # type: ignore[arg-type]
+    consumer._ttl_reader = lambda: DedupeKafkaConsumer._ttl_reader(consumer)  # type: ignore[arg-type]
+    keys, fingerprints, ttls, failures = DedupeKafkaConsumer._identities(consumer, records)  # type: ignore[arg-type]
+    failed = dict(failures)
+    for n, msg in enumerate(records):
+        try:
+            expected = DedupeKafkaConsumer._identify(consumer, msg)  # type: ignore[arg-type]
+        except Exception as exc:
+            assert type(failed[n]) is type(exc) and str(failed[n]) == str(exc)
+            assert (keys[n], fingerprints[n], ttls[n]) == (None, None, None)
+            continue
+        assert n not in failed
+        assert (keys[n], fingerprints[n], ttls[n]) == expected
+
+
+@pytest.mark.parametrize("headers", [
+    None, {}, {"idempotency-key": b"k"}, {TTL_HEADER: b"30"}, {"X-Dedupe-TTL": b"2.5"},
+    {"a": b"1", "X-DEDUPE-TTL": b"3", "x-Dedupe-Ttl": b"4"}, {TTL_HEADER: None, "X-Dedupe-TTL": b"5"},
+    {"x-dedupe-tt": b"1", "x-dedupe-ttl-": b"2"}, {TTL_HEADER: b""}, {TTL_HEADER: b"-1"}, {TTL_HEADER: b"soon"},
+    {"\u0130": b"x", "x-dedupe-ttl\u0307": b"9"}, {1: b"x", TTL_HEADER.upper(): 12},
+])
+def test_the_ttl_header_reader_answers_as_header_ttl(headers: Any) -> None:
+    """A ``TtlHeader`` (one per consumer, remembering the other header names it saw) answers what
+    ``header_ttl`` answers, the first time and once it remembers the names, errors included."""
+    reader = TtlHeader(TTL_HEADER)
+    for _ in range(3):
+        try:
+            expected = header_ttl(headers, TTL_HEADER)
+        except UndecodableMessage as exc:
+            with pytest.raises(UndecodableMessage, match=str(exc)):
+                reader(headers)
+            continue
+        assert reader(headers) == expected
+    assert reader({"x-dedupe-ttl".upper(): b"8"}) == 8.0  # a name seen before in another case is still read

@@ -275,3 +275,31 @@ def test_a_record_we_never_wrote_defers_instead_of_crashing(redis_client: redis.
     ran: list[int] = []
     decision = decide(dedupe, "garbage", lambda: ran.append(1))
     assert decision.reason is Reason.STORE_UNAVAILABLE and ran == []
+
+
+def test_a_lease_group_is_renewed_marked_lost_and_let_go_as_its_single_leases_are() -> None:
+    """``LeaseBook`` groups (a batch's claims, tracked together): every member is due for
+    renewal; a refused renewal marks a member lost unless its group is settling or gone; letting
+    the group go forgets its members, lost marks included."""
+    from types import SimpleNamespace
+
+    from dedupe_worker._protocol.leases import LeaseBook
+
+    book = LeaseBook()
+    claims = [SimpleNamespace(stem=f"s{i}", token=i) for i in range(3)]
+    single = ("alone", 9)
+    book.track(single)
+    group = book.track_group(claims)
+    other = book.track_group([SimpleNamespace(stem="t", token=7)])
+    assert book.holds()
+    assert sorted(book.due()) == sorted([single, ("s0", 0), ("s1", 1), ("s2", 2), ("t", 7)])
+    assert book.refused(("s1", 1)) and ("s1", 1) in book.lost
+    assert ("s1", 1) not in book.due()
+    assert not book.refused(("s1", 2))  # not a member: another token
+    book.settle_group(other)
+    assert not book.refused(("t", 7))  # its completion is in flight: the write's reply decides
+    book.untrack_group(group)
+    assert ("s1", 1) not in book.lost and not book.refused(("s0", 0))
+    book.untrack_group(other)
+    book.untrack(single)
+    assert not book.holds() and book.due() == []
