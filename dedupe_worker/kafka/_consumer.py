@@ -266,9 +266,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     def _outcomes(self, batch: Sequence[Message], live: list[Message], tps: list[TP]) -> list[Any]:
         """Fill ``live`` with the messages of ``batch`` to be handled now (:meth:`_accept`) and
         ``tps`` with their partitions; return ``DONE`` or a :class:`Hold` for each of them."""
-        outcomes: list[Any] = []
         letters: list[tuple[int, DeadLetter]] = []
-        indices: list[int] = []  # of the messages to decide, in live
+        before: list[int] = []  # of the messages decided in an earlier batch, in live
         partitions, accept = self._partitions, self._accept
         for msg in batch:
             # what _accept() answers for a message of a flowing partition, without the call: ~3k
@@ -281,20 +280,21 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 if accepted is None:
                     continue
                 tp, state = accepted, partitions[accepted]
-            i = len(live)
+            if state.settled and (msg.offset() or 0) in state.settled:  # decided earlier, behind a hold
+                before.append(len(live))
             live.append(msg)
             tps.append(tp)  # type: ignore[arg-type]
-            outcomes.append(None)
-            settled = state.settled
-            if settled and (msg.offset() or 0) in settled:  # decided in an earlier batch, behind a hold
-                pending = settled[msg.offset() or 0]
+        outcomes: list[Any] = [None] * len(live)
+        indices: Sequence[int] = range(len(live))  # of the messages to decide, in live
+        if before:
+            for i in before:
+                pending = partitions[tps[i]].settled[live[i].offset() or 0]
                 if pending is None:
                     outcomes[i] = DONE
                 else:
-                    letters.append((i, DeadLetter(msg, pending.decision, pending.key, pending.attempts)))
-                continue
-            indices.append(i)
-        messages = live if len(indices) == len(live) else [live[i] for i in indices]
+                    letters.append((i, DeadLetter(live[i], pending.decision, pending.key, pending.attempts)))
+            indices = _without(indices, set(before))
+        messages = live if not before else [live[i] for i in indices]
         keys, fingerprints, ttls, failures = self._identities(messages)
         if failures:  # MissingKey, UndecodableMessage (a bad ttl too), or a broken strategy: dead-lettered
             failed = dict(failures)
@@ -304,6 +304,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                 letters.append((indices[n], DeadLetter(messages[n], decision)))
             indices, messages, keys = _without(indices, failed), _without(messages, failed), _without(keys, failed)
             fingerprints, ttls = _without(fingerprints, failed), _without(ttls, failed)
+            letters.sort(key=_first)  # in the order of the batch, as they came
         verdicts = self.decide_batch(keys, fingerprints, messages, ttl=ttls)
         # ACK hooks run after the batch's commit (process()); not collected when both are no-ops
         hooked = not (is_noop(self.on_applied, Hooks.on_applied) and is_noop(self.on_duplicate, Hooks.on_duplicate))
@@ -448,6 +449,10 @@ _APPLIED, _DUPLICATE, _PREVIOUSLY_FAILED = Reason.APPLIED, Reason.DUPLICATE, Rea
 
 
 _DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
+
+
+def _first(letter: tuple[int, DeadLetter]) -> int:
+    return letter[0]
 
 
 def _without(column: Sequence[T], left_out: Container[int]) -> list[T]:
