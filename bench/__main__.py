@@ -83,7 +83,11 @@ def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extr
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
     print(f"\n$ {' '.join(cmd)}\n  placement: {label}", flush=True)
-    return subprocess.run(cmd).returncode
+    code = subprocess.run(cmd).returncode
+    if module == "bench.kafka_cpu" and shutil.which("valgrind"):  # and its instructions: no neighbour disturbs them
+        print(f"\n$ {' '.join(cmd)} --callgrind", flush=True)
+        code = code or subprocess.run([*cmd, "--callgrind"]).returncode
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Client CPU per message of the Kafka consumer's own work, without a broker in the measured span.
 
-    python -m bench.kafka_cpu [--redis-url URL] [--messages N] [--rounds R] [--gc on|off|frozen]
+    python -m bench.kafka_cpu [--redis-url URL] [--messages N] [--rounds R] [--gc on|off|frozen] [--callgrind]
 
 Where :mod:`bench.kafka_consumer` times the whole loop against a broker, this prices the parts:
 ``consumer`` is :meth:`DedupeKafkaConsumer.process` on records built in memory (batches of 500
@@ -13,6 +13,14 @@ walks every object of the process, so its cost depends on the heap of the applic
 as on what a message allocates. ``--gc off`` runs the measured spans with the collector off
 (the cost of the code alone); ``--gc frozen`` calls ``gc.freeze()`` once before them, as a server
 may after start-up, so full collections skip everything that existed then.
+
+``--callgrind``: the consumer's instructions per message instead of its time, which a shared
+machine does not disturb. The consumer runs under ``valgrind --tool=callgrind`` on N and 2N new
+keys (and, in two more runs, the same again as duplicates); the difference of the totals over N is
+one message's cost (start-up, imports and the first batches cancel). Counted: the main thread only
+(the lease renewer and librdkafka's threads run by the clock, which valgrind slows), with the
+collector off and whole batches claimed at once (``flush_after`` 1 s: under valgrind handlers look
+slow, which would change the chunking from run to run).
 """
 
 from __future__ import annotations
@@ -20,7 +28,12 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -87,6 +100,61 @@ def timed(run: Callable[[], None], count: int, collections: Collections, mode: s
     return 1e6 * spent / count
 
 
+def run_only(mode: str, redis_url: str, bootstrap: str, count: int, made: int) -> None:
+    """One run for ``--callgrind``: ``count`` new keys through the consumer, then (``dup``) the same
+    keys again; the collector off, whole batches claimed at once (see the module doc). ``made``
+    records are built, whatever ``count``: building them is not counted."""
+    gc.disable()
+    client = redis.Redis.from_url(redis_url)
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    dedupe = Deduplicator(client, namespace=namespace, result_ttl=300)
+    consumer = Offline({"bootstrap.servers": bootstrap, "group.id": "bench-kafka-cpu", "log_level": 0}, ["bench"],
+                       lambda message: None, dedupe)
+    consumer.pacing.flush_after = 1.0
+    for partition in range(PARTITIONS):
+        consumer._partitions[("bench", partition)] = PartitionState()
+    batch = records(namespace, made, 0)
+    for _ in range(2 if mode == "dup" else 1):
+        for start in range(0, count, BATCH):
+            consumer.process(batch[start:start + BATCH])
+    os._exit(0)  # no teardown in the count
+
+
+def instructions(mode: str, redis_url: str, bootstrap: str, count: int, made: int) -> int:
+    """The main thread's instructions (callgrind) of one :func:`run_only` process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
+                        sys.executable, "-m", "bench.kafka_cpu", "--run-only", mode, "--messages", str(count),
+                        "--made", str(made), "--redis-url", redis_url, "--bootstrap", bootstrap],
+                       check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        with open(out + "-01") as f:  # thread 1: the main thread
+            totals = re.search(r"^(?:totals|summary):\s+(\d+)", f.read(), re.MULTILINE)
+        assert totals is not None, "callgrind wrote no totals"
+        return int(totals.group(1))
+
+
+def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
+    runs = {(mode, n): instructions(mode, redis_url, bootstrap, n, 2 * count)
+            for mode in ("new", "dup") for n in (count, 2 * count)}
+    new = (runs["new", 2 * count] - runs["new", count]) / count
+    duplicate = (runs["dup", 2 * count] - runs["dup", count]) / count - new
+    packer = "compiled" if direct_packer_name() == "compiled" else "hiredis"
+    print(f"Kafka consumer instructions per message without a broker (valgrind, main thread, gc off, batches of "
+          f"{BATCH}, whole batches claimed; runs of {count:,} and {2 * count:,} messages; packer: {packer})")
+    print(f"  consumer, new keys         {new:9,.0f} instructions/msg")
+    print(f"  consumer, duplicates       {duplicate:9,.0f} instructions/msg")
+
+
+def direct_packer_name() -> str:
+    """Which packer the script runner uses here: ``compiled`` (``dedupe_worker._resp``) or ``hiredis``."""
+    from dedupe_worker._protocol import held
+
+    connection = redis.Connection()
+    packer = held.direct_packer(connection)
+    return "compiled" if packer is not None and packer.__module__ == "dedupe_worker._resp" else "hiredis"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -95,7 +163,17 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--gc", choices=("on", "off", "frozen"), default="on")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions with valgrind instead")
+    parser.add_argument("--run-only", choices=("new", "dup"), help=argparse.SUPPRESS)  # one run under callgrind
+    parser.add_argument("--made", type=int, default=0, help=argparse.SUPPRESS)  # records built by that run
     args = parser.parse_args()
+    if args.run_only:
+        run_only(args.run_only, args.redis_url, args.bootstrap, args.messages, max(args.made, args.messages))
+    if args.callgrind:
+        if not shutil.which("valgrind"):
+            sys.exit("--callgrind needs valgrind")
+        callgrind(args.redis_url, args.bootstrap, min(args.messages, 4000))
+        return
     client = redis.Redis.from_url(args.redis_url)
     count = args.messages
     collections = Collections()
