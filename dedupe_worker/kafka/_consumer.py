@@ -209,11 +209,15 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         offset (what :func:`plan_partition` answers when every outcome is DONE, without a row, a
         sort and a plan per message: ~0.3 us less client CPU per message, bench.kafka_consumer)."""
         highest: dict[TP, int] = {}
-        get = highest.get
-        for msg, tp in zip(live, tps, strict=True):
-            offset = msg.offset() or 0
-            if offset > get(tp, -1):
-                highest[tp] = offset
+        partitions = len(set(tps))
+        # a partition's messages come in the order of their offsets: its last one is its highest,
+        # so the batch is read from its end until every partition is seen (~1,000 fewer
+        # instructions a message than a max per message, valgrind, bench.kafka_cpu --callgrind)
+        for msg, tp in zip(reversed(live), reversed(tps), strict=True):
+            if tp not in highest:
+                highest[tp] = msg.offset() or 0
+                if len(highest) == partitions:
+                    break
         commits = []
         for tp, offset in highest.items():
             state = self._partitions[tp]
@@ -308,25 +312,18 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         verdicts = self.decide_batch(keys, fingerprints, messages, ttl=ttls)
         # ACK hooks run after the batch's commit (process()); not collected when both are no-ops
         hooked = not (is_noop(self.on_applied, Hooks.on_applied) and is_noop(self.on_duplicate, Hooks.on_duplicate))
-        acked, stats = self._acked, self.stats
+        stats = self.stats
         debug = log.isEnabledFor(logging.DEBUG)
-        applied = duplicates = failed_before = 0
-        for j, (i, reason) in enumerate(zip(indices, verdicts.reasons, strict=True)):
-            if reason is _APPLIED:
-                applied += 1
-            elif reason is _DUPLICATE:
-                duplicates += 1
-            elif reason is _PREVIOUSLY_FAILED:
-                failed_before += 1
-            else:
-                stats[reason.value] += 1
-                outcomes[i] = self._verdict(live[i], keys[j], verdicts[j], letters, i)
-                continue
-            if debug:
-                log.debug("%s key=%s token=%s offset=%s", reason.value, keys[j], verdicts[j].token, live[i].offset())
-            if hooked:
-                acked.append((live[i], keys[j], verdicts[j]))
-            outcomes[i] = DONE
+        reasons = verdicts.reasons
+        applied, duplicates, failed_before = (reasons.count(_APPLIED), reasons.count(_DUPLICATE),
+                                              reasons.count(_PREVIOUSLY_FAILED))
+        if applied + duplicates + failed_before == len(reasons) and not hooked and not debug:
+            # every message acked, nothing to log or hook: what _act() answers, counted in C (~1,500
+            # fewer instructions a message, valgrind, bench.kafka_cpu --callgrind)
+            for i in indices:
+                outcomes[i] = DONE
+        else:
+            self._act(live, indices, keys, verdicts, outcomes, letters, hooked=hooked, debug=debug)
         for reason, count in ((_APPLIED, applied), (_DUPLICATE, duplicates), (_PREVIOUSLY_FAILED, failed_before)):
             if count:
                 stats[reason.value] += count
@@ -337,6 +334,22 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             outcomes[i] = DONE if ok else Hold(self.defer_delay(holds + 1), letter)
             self._after_dead_letter(letter, ok)
         return outcomes
+
+    def _act(self, live: Sequence[Message], indices: Sequence[int], keys: Sequence[str], verdicts: Verdicts,
+             outcomes: list[Any], letters: list[tuple[int, DeadLetter]], *, hooked: bool, debug: bool) -> None:
+        """Each verdict of ``indices`` (in ``live``) as its outcome: DONE for an ACK (its hooks
+        collected when ``hooked``, logged at DEBUG), else a :class:`Hold` or a dead letter queued."""
+        acked, stats = self._acked, self.stats
+        for j, (i, reason) in enumerate(zip(indices, verdicts.reasons, strict=True)):
+            if reason is not _APPLIED and reason is not _DUPLICATE and reason is not _PREVIOUSLY_FAILED:
+                stats[reason.value] += 1
+                outcomes[i] = self._verdict(live[i], keys[j], verdicts[j], letters, i)
+                continue
+            if debug:
+                log.debug("%s key=%s token=%s offset=%s", reason.value, keys[j], verdicts[j].token, live[i].offset())
+            if hooked:
+                acked.append((live[i], keys[j], verdicts[j]))
+            outcomes[i] = DONE
 
     def _identities(self, messages: Sequence[Message]) -> tuple[list[str], list[Any], list[float | None],
                                                                 list[tuple[int, Exception]]]:
