@@ -265,6 +265,17 @@ def test_a_batch_of_plain_keys_gets_the_stems_each_key_gets(dedupe: Deduplicator
     assert dedupe.plain_stems(split) in (None, [dedupe.prepare(key)[1] for key in split])
 
 
+def test_a_plain_key_is_told_apart_as_the_layout_tells_it() -> None:
+    """``plain_ascii`` (the batch's one check of its keys joined) says of every ASCII character,
+    alone and inside a key, what the layout's own check says: plain, or hashed."""
+    from dedupe_worker._protocol.layout import _UNSAFE, plain_ascii
+
+    for char in map(chr, range(128)):
+        for text in (char, f"order-{char}-1"):
+            assert plain_ascii(text) is (_UNSAFE.search(text) is None), repr(text)
+            assert (KeyLayout("ns").stored_key(text)[0] == text) is plain_ascii(text), repr(text)
+
+
 @pytest.mark.parametrize("fingerprints", [[None, "fp"], ["", "f" * 64], ["f" * 65, "fp"], [{"a": 1}, b"raw"], []])
 def test_a_batch_of_fingerprints_is_sent_as_prepare_sends_each(fingerprints: list[Any], dedupe: Deduplicator) -> None:
     assert dedupe.sent_fingerprints(fingerprints) == [dedupe.prepare("k", fp)[2] for fp in fingerprints]

