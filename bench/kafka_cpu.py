@@ -15,12 +15,14 @@ as on what a message allocates. ``--gc off`` runs the measured spans with the co
 may after start-up, so full collections skip everything that existed then.
 
 ``--callgrind``: the consumer's instructions per message instead of its time, which a shared
-machine does not disturb. The consumer runs under ``valgrind --tool=callgrind`` on N and 2N new
-keys (and, in two more runs, the same again as duplicates); the difference of the totals over N is
-one message's cost (start-up, imports and the first batches cancel). Counted: the main thread only
-(the lease renewer and librdkafka's threads run by the clock, which valgrind slows), with the
-collector off and whole batches claimed at once (``flush_after`` 1 s: under valgrind handlers look
-slow, which would change the chunking from run to run).
+machine does not disturb, in all and by library (the interpreter running our Python and redis-py's,
+hiredis, the packer, libc, the rest; ``callgrind_annotate``'s self counts). The consumer runs under
+``valgrind --tool=callgrind`` on N and 2N new keys (and, in two more runs, the same again as
+duplicates); the difference of the totals over N is one message's cost (start-up, imports and the
+first batches cancel). Counted: the main thread only (the lease renewer and librdkafka's threads
+run by the clock, which valgrind slows), with the collector off and whole batches claimed at once
+(``flush_after`` 1 s: under valgrind handlers look slow, which would change the chunking from run
+to run).
 """
 
 from __future__ import annotations
@@ -120,8 +122,9 @@ def run_only(mode: str, redis_url: str, bootstrap: str, count: int, made: int) -
     os._exit(0)  # no teardown in the count
 
 
-def instructions(mode: str, redis_url: str, bootstrap: str, count: int, made: int) -> int:
-    """The main thread's instructions (callgrind) of one :func:`run_only` process."""
+def instructions(mode: str, redis_url: str, bootstrap: str, count: int, made: int) -> tuple[int, Counter[str]]:
+    """The main thread's instructions (callgrind) of one :func:`run_only` process, in all and by
+    library (:func:`by_library`)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
@@ -131,19 +134,53 @@ def instructions(mode: str, redis_url: str, bootstrap: str, count: int, made: in
         with open(out + "-01") as f:  # thread 1: the main thread
             totals = re.search(r"^(?:totals|summary):\s+(\d+)", f.read(), re.MULTILINE)
         assert totals is not None, "callgrind wrote no totals"
-        return int(totals.group(1))
+        return int(totals.group(1)), by_library(out + "-01")
+
+
+#: What each shared object's instructions are, in the consumer's path; the rest (OpenSSL's SHA-256 of
+#: each body, about 4,100 a message, with whatever else runs on the main thread, librdkafka's start-up
+#: included, which moves a few thousand instructions a message between runs of N) is "other".
+LIBRARIES = {"libpython": "the interpreter: our Python and redis-py's", "hiredis": "reading replies (hiredis)",
+             "_resp": "packing commands (the compiled packer)", "libc": "memory copies and allocation (libc)",
+             "cimpl": "confluent-kafka's Message accessors"}
+OTHER = "other: SHA-256 of each body (OpenSSL), the rest"
+
+
+def by_library(path: str) -> Counter[str]:
+    """Self instructions of a callgrind file by what :data:`LIBRARIES` calls each shared object
+    (code inlined into the interpreter, without an object name, counted as the interpreter's);
+    empty when ``callgrind_annotate`` is missing."""
+    if not shutil.which("callgrind_annotate"):
+        return Counter()
+    listing = subprocess.run(["callgrind_annotate", "--threshold=100", "--auto=no", path], check=True,
+                             capture_output=True, text=True).stdout
+    counts: Counter[str] = Counter()
+    for line in listing.splitlines():
+        found = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S+:\S+(?: \[(\S+)\])?$", line)
+        if found:
+            library = os.path.basename(found.group(2) or "libpython")
+            label = next((v for k, v in LIBRARIES.items() if library.startswith(k)), OTHER)
+            counts[label] += int(found.group(1).replace(",", ""))
+    return counts
 
 
 def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
     runs = {(mode, n): instructions(mode, redis_url, bootstrap, n, 2 * count)
             for mode in ("new", "dup") for n in (count, 2 * count)}
-    new = (runs["new", 2 * count] - runs["new", count]) / count
-    duplicate = (runs["dup", 2 * count] - runs["dup", count]) / count - new
+    new = (runs["new", 2 * count][0] - runs["new", count][0]) / count
+    duplicate = (runs["dup", 2 * count][0] - runs["dup", count][0]) / count - new
     packer = "compiled" if direct_packer_name() == "compiled" else "hiredis"
     print(f"Kafka consumer instructions per message without a broker (valgrind, main thread, gc off, batches of "
           f"{BATCH}, whole batches claimed; runs of {count:,} and {2 * count:,} messages; packer: {packer})")
     print(f"  consumer, new keys         {new:9,.0f} instructions/msg")
     print(f"  consumer, duplicates       {duplicate:9,.0f} instructions/msg")
+    libraries = runs["new", count][1]
+    if libraries:
+        print("  by library, new keys / duplicates (a duplicate: the second pass of the dup runs):")
+        for label in [*LIBRARIES.values(), OTHER]:
+            first = (runs["new", 2 * count][1][label] - runs["new", count][1][label]) / count
+            second = (runs["dup", 2 * count][1][label] - runs["dup", count][1][label]) / count - first
+            print(f"    {label:46} {first:7,.0f} / {second:7,.0f}")
 
 
 def direct_packer_name() -> str:
