@@ -54,6 +54,7 @@ path.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import sys
 import weakref
@@ -182,15 +183,13 @@ class DirectSender:
         pack = self._pack
         packed = ([b"".join([pack(command) for command in commands])] if pack is not None
                   else connection.pack_commands(commands))
-        count = len(commands)
-
-        async def round_trip() -> list[Any]:
-            return await self._exchange(connection, packed, count)
 
         async def failed(_error: Exception) -> None:
             await connection.disconnect()
 
-        return await connection.retry.call_with_retry(round_trip, failed)  # type: ignore[no-any-return]
+        # a partial, not a coroutine function awaiting _exchange: one coroutine less per round trip
+        return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
+            functools.partial(self._exchange, connection, packed, len(commands)), failed)
 
     async def _exchange(self, connection: Any, packed: Any, count: int) -> list[Any]:
         """``send_packed_command``, then ``count`` replies (:meth:`_read`), each within the
