@@ -10,10 +10,15 @@ of its rounds:
 - ``faststream``: a ``RabbitBroker`` subscriber that returns at once;
 - ``faststream + dedupe``: the same with ``dedupe_middleware`` (key: the body's ``id``);
 - ``dramatiq``: a ``dramatiq.Worker`` (1 thread) running an actor that returns at once;
-- ``dramatiq + dedupe``: the same with ``DedupeMiddleware`` (key from the actor's argument).
+- ``dramatiq + dedupe``: the same with ``DedupeMiddleware`` (key from the actor's argument);
+- ``faststream + round trips``, ``dramatiq + round trips``: the app without dedupe whose handler
+  makes two trivial round trips per message (``EVALSHA`` of ``return 1``, twice) on a client of
+  the type the middleware uses (``redis.asyncio.Redis``; ``redis.Redis``), same Redis URL: the
+  best ratio any dedupe that makes two round trips a message (claim, complete) can reach.
 
-Printed with the per-message overhead of deduplication in µs and the ratio of each pair, and
-the process' CPU per message (all its threads: ``time.process_time``) in each case.
+Printed with the per-message overhead of deduplication in µs, the ratio of each dedupe case to
+the plain app and to the app with round trips (all cases measured in the same rounds), and the
+process' CPU per message (all its threads: ``time.process_time``) in each case.
 
 **Where a dedupe-message's extra µs go.** The publisher, the consumer and (Dramatiq) the worker
 share the client's vCPU, and FastStream handles several messages at once: a message's round trip
@@ -251,7 +256,14 @@ def time_dramatiq_middleware(middleware: Any, timings: Timings) -> None:
     middleware.after_process_message = timed_hook(after)  # counted with the next message
 
 
-def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings | None = None) -> Case:
+#: A trivial script: what the ``+ round trips`` cases' handlers send twice a message.
+TRIVIAL_SCRIPT = "return 1"
+
+
+def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings | None = None,
+                    round_trips: bool = False) -> Case:
+    """The FastStream app; ``dedupe``: with the middleware; ``round_trips``: without it, the
+    handler making two trivial round trips on the ``redis.asyncio.Redis`` client."""
     def case(n: int) -> tuple[float, float]:
         async def main() -> tuple[float, float]:
             queue = f"bench-fs-{uuid.uuid4().hex[:8]}"
@@ -265,10 +277,14 @@ def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timing
             broker = RabbitBroker(amqp_url, middlewares=middlewares, logger=None)
             done = asyncio.Event()
             handled = 0
+            sha = await redis_client.script_load(TRIVIAL_SCRIPT) if round_trips else ""
 
             @broker.subscriber(RabbitQueue(queue, auto_delete=True))
             async def handle(body: dict[str, int]) -> int:
                 nonlocal handled
+                if round_trips:
+                    await redis_client.evalsha(sha, 0)
+                    await redis_client.evalsha(sha, 0)
                 handled += 1
                 if handled == n:
                     done.set()
@@ -290,7 +306,10 @@ def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timing
     return case
 
 
-def dramatiq_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings | None = None) -> Case:
+def dramatiq_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings | None = None,
+                  round_trips: bool = False) -> Case:
+    """The Dramatiq app; ``dedupe``: with the middleware; ``round_trips``: without it, the actor
+    making two trivial round trips on the ``redis.Redis`` client."""
     def case(n: int) -> tuple[float, float]:
         queue = f"bench-dq-{uuid.uuid4().hex[:8]}"
         broker = RabbitmqBroker(url=amqp_url.rstrip("/") + "/%2F")
@@ -306,8 +325,12 @@ def dramatiq_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings 
         done = threading.Event()
         handled = [0]
         lock = threading.Lock()
+        sha = redis_client.script_load(TRIVIAL_SCRIPT) if round_trips else ""
 
         def work(i: int) -> None:
+            if round_trips:
+                redis_client.evalsha(sha, 0)
+                redis_client.evalsha(sha, 0)
             with lock:
                 handled[0] += 1
                 if handled[0] == n:
@@ -409,6 +432,8 @@ def main() -> None:
         "faststream + dedupe": faststream_case(amqp, args.redis_url, True),
         "dramatiq": dramatiq_case(amqp, args.redis_url, False),
         "dramatiq + dedupe": dramatiq_case(amqp, args.redis_url, True),
+        "faststream + round trips": faststream_case(amqp, args.redis_url, False, round_trips=True),
+        "dramatiq + round trips": dramatiq_case(amqp, args.redis_url, False, round_trips=True),
     }
     samples: dict[str, list[float]] = {name: [] for name in cases}
     cpu_samples: dict[str, list[float]] = {name: [] for name in cases}
@@ -434,6 +459,10 @@ def main() -> None:
         print(f"  {plain:<11} {rates[plain]:8.0f} msg/s   + dedupe {rates[ours]:8.0f} msg/s   "
               f"{overhead:+7.0f} µs/msg   ratio {rates[ours] / rates[plain]:.2f}   "
               f"process CPU {cpus[plain]:.0f} / {cpus[ours]:.0f} µs/msg")
+        trips = plain + " + round trips"
+        print(f"  {'':<11} + round trips {rates[trips]:8.0f} msg/s (ratio {rates[trips] / rates[plain]:.2f}: the "
+              f"best two round trips allow)   dedupe / round trips {rates[ours] / rates[trips]:.2f}   "
+              f"process CPU {cpus[trips]:.0f} µs/msg")
         if timings[plain].inside:
             for line in breakdown(overhead, cpus[ours] - cpus[plain], timings[plain], floors[plain]):
                 print(line)

@@ -169,7 +169,7 @@ def lose_first_replies(monkeypatch: pytest.MonkeyPatch, adedupe: AsyncDeduplicat
     assert sender is not None, "a plain redis.asyncio client sends script calls directly"
     completion = {f"{runner.flows.library}_complete", runner.sha.get("complete")}
     attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("attempts")
-    execute_many, read = sender.execute_many, sender._read
+    execute_many, read = sender.execute_many, sender._replies
     lost: list[list[Any]] = []
 
     async def marked(commands: Any) -> list[Any]:
@@ -189,7 +189,7 @@ def lose_first_replies(monkeypatch: pytest.MonkeyPatch, adedupe: AsyncDeduplicat
         return replies
 
     monkeypatch.setattr(sender, "execute_many", marked)
-    monkeypatch.setattr(sender, "_read", lossy)
+    monkeypatch.setattr(sender, "_replies", lossy)
     return lost
 
 
@@ -237,7 +237,7 @@ async def test_scripts_flushed_mid_run_are_reloaded_per_call(
     d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, lease=5.0, result_ttl=60.0)
     sender = d.store.scripts._direct
     assert sender is not None
-    read = sender._read
+    read = sender._replies
     missing: list[str] = []  # the error replies that coalesced round trips met
 
     async def recorded(connection: Any, count: int) -> list[Any]:
@@ -245,7 +245,7 @@ async def test_scripts_flushed_mid_run_are_reloaded_per_call(
         missing.extend(f"{type(reply).__name__}: {reply}" for reply in replies if isinstance(reply, Exception))
         return replies
 
-    monkeypatch.setattr(sender, "_read", recorded)
+    monkeypatch.setattr(sender, "_replies", recorded)
     calls: list[int] = []
     claimed = asyncio.Event()
 
@@ -339,7 +339,7 @@ async def test_a_call_cancelled_on_the_held_connection_drops_it_and_the_next_rec
     await adedupe.run("warm-up", zero)
     sender = adedupe.store.scripts._direct
     assert sender is not None and sender._held is not None and sender._held.connection is not None
-    read = sender._read
+    read = sender._replies
     stalled = asyncio.Event()
 
     async def stall(connection: Any, count: int) -> list[Any]:
@@ -347,14 +347,14 @@ async def test_a_call_cancelled_on_the_held_connection_drops_it_and_the_next_rec
         await asyncio.sleep(10)  # the reply is never read
         return await read(connection, count)
 
-    sender._read = stall  # type: ignore[method-assign]
+    sender._replies = stall  # type: ignore[method-assign]
     claim = asyncio.ensure_future(adedupe.begin("k-cancelled"))
     await stalled.wait()
     claim.cancel()
     with pytest.raises(asyncio.CancelledError):
         await claim
     assert not sender._held.connection.is_connected  # an unread reply: never sent on again as it is
-    del sender._read
+    del sender._replies
     assert await adedupe.run("k-next", echo, 7) == 7  # reconnected, in step
     assert sender._held.connection.is_connected
 

@@ -84,6 +84,15 @@ class TtlHeader:
         #: Header names that are not this one in any case.
         self.others: set[Any] = set()
 
+    @classmethod
+    def of(cls, name: str | None, reader: TtlHeader | None) -> TtlHeader | None:
+        """The reader of header ``name``: ``reader`` when it reads that name, else a new one
+        (what a consumer keeps across messages, ``name`` being an option that may change);
+        ``None`` when ``name`` is unset (not read)."""
+        if not name:
+            return None
+        return reader if reader is not None and reader.name == name else cls(name)
+
     def __call__(self, headers: Mapping[str, Any] | None) -> float | None:
         if not headers:
             return None

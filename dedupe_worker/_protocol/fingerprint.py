@@ -124,7 +124,11 @@ def _plain(value: Any) -> Any:
         if value.is_integer() and -_SMALL_INT < value < _SMALL_INT:
             return int(value)
         return orjson.Fragment(canonical_number(value))
+    if kind is list or kind is tuple:  # before the Mapping check, an ABC's isinstance
+        return [_plain(item) for item in value]
     if kind is dict or isinstance(value, Mapping):
+        if not value:  # no keyword arguments, the common case of a task's fingerprint
+            return {}
         if all(type(key) is str for key in value):
             items = list(value.items())
         else:
@@ -134,8 +138,6 @@ def _plain(value: Any) -> Any:
         # Code point order is UTF-16 order unless a key holds a character from U+E000 up.
         items.sort(key=_utf16 if items and max(name for name, _ in items) >= "\ue000" else _first)
         return {name: _plain(item) for name, item in items}
-    if kind is list or kind is tuple:
-        return [_plain(item) for item in value]
     return _plain_other(value)
 
 

@@ -54,6 +54,7 @@ path.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import sys
 import weakref
@@ -69,8 +70,14 @@ from .._protocol.held import MIN_POOL_SIZE, direct_packer
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
+
+    def _move(window: Any, when: float) -> None:
+        window.reschedule(when)
 else:  # pragma: no cover - redis-py depends on async-timeout below 3.11.3
     from async_timeout import timeout as deadline
+
+    def _move(window: Any, when: float) -> None:
+        window.update(when)
 
 __all__ = ["DirectSender"]
 
@@ -176,55 +183,68 @@ class DirectSender:
         pack = self._pack
         packed = ([b"".join([pack(command) for command in commands])] if pack is not None
                   else connection.pack_commands(commands))
-        count = len(commands)
-
-        async def round_trip() -> list[Any]:
-            await self._write(connection, packed)
-            return await self._read(connection, count)
 
         async def failed(_error: Exception) -> None:
             await connection.disconnect()
 
-        return await connection.retry.call_with_retry(round_trip, failed)  # type: ignore[no-any-return]
+        # a partial, not a coroutine function awaiting _exchange: one coroutine less per round trip
+        return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
+            functools.partial(self._exchange, connection, packed, len(commands)), failed)
 
-    @staticmethod
-    async def _write(connection: Any, packed: Any) -> None:
-        """``send_packed_command`` within ``socket_timeout``. On Python before 3.12 redis-py's own
-        bound on the write, ``asyncio.wait_for``, runs it as a task of its own (one more turn of the
-        loop, a future and a timer per round trip): there the connection's ``socket_timeout`` is set
-        aside for the call and a deadline here bounds the write instead (the same error: redis-py's
-        ``TimeoutError``, the connection dropped). Why: a sequential ``decide()`` (claim and
-        completion) on ``redis.asyncio.Redis.from_url`` (``socket_timeout`` 5 s by default in
-        redis-py 8.1; a private redis-server on vCPU 0, the client on vCPU 1, a shared machine,
-        2026-11-25, two runs of 11 alternating rounds) took 405-410 µs of client CPU instead of
-        440-477 µs (the paired rounds' median: 65-84 µs less), 19-32 µs less wall time."""
+    async def _exchange(self, connection: Any, packed: Any, count: int) -> list[Any]:
+        """``send_packed_command``, then ``count`` replies (:meth:`_read`), each within the
+        connection's ``socket_timeout``; a timeout raised as redis-py's ``TimeoutError`` (retried
+        by its policy), the connection dropped.
+
+        On Python before 3.12 redis-py's own bound on the write, ``asyncio.wait_for``, runs it as a
+        task of its own (one more turn of the loop, a future and a timer per round trip): there
+        the connection's ``socket_timeout`` is set aside for the write, and one deadline bounds
+        the write, then, moved to a full ``socket_timeout`` after it, the reads. Why: a sequential
+        ``decide()`` (claim and completion) on ``redis.asyncio.Redis.from_url`` (``socket_timeout``
+        5 s by default in redis-py 8.1; a private redis-server on vCPU 0, the client on vCPU 1, a
+        shared machine, 2026-11-25, two runs of 11 alternating rounds) took 405-410 µs of client
+        CPU instead of 440-477 µs with ``wait_for`` (the paired rounds' median: 65-84 µs less),
+        19-32 µs less wall time; one deadline moved instead of one for the write and one for the
+        reads: 554,642 -> 525,016 instructions per new key (two round trips), 277,175 -> 267,190
+        per duplicate (one) (``python -m bench.single_cpu``, ``async run``, 2026-11-26)."""
         timeout = connection.socket_timeout
         if not timeout or not _WAIT_FOR_TASK:
             await connection.send_packed_command(packed)
-            return
+            return await self._read(connection, count)
+        reading = False
         connection.socket_timeout = None  # only this round trip uses the connection meanwhile
         try:
-            async with deadline(timeout):
-                await connection.send_packed_command(packed)
-        except asyncio.TimeoutError as exc:  # cancelled inside: send_packed_command dropped the connection
+            async with deadline(timeout) as window:
+                try:
+                    await connection.send_packed_command(packed)
+                finally:
+                    connection.socket_timeout = timeout
+                reading = True
+                _move(window, asyncio.get_running_loop().time() + timeout)
+                return await self._replies(connection, count)
+        except asyncio.TimeoutError as exc:  # cancelled inside: redis-py dropped the connection
+            if reading:
+                raise RedisTimeoutError(f"Timeout reading {count} replies") from exc
             raise RedisTimeoutError("Timeout writing to socket") from exc
-        finally:
-            connection.socket_timeout = timeout
 
-    @staticmethod
-    async def _read(connection: Any, count: int) -> list[Any]:
+    async def _read(self, connection: Any, count: int) -> list[Any]:
         """``count`` replies, all within one ``socket_timeout`` (none: no deadline); a timeout
         raised as redis-py's ``TimeoutError`` (retried by its policy), the connection dropped."""
-        replies: list[Any] = []
         try:
             async with deadline(connection.socket_timeout):
-                for _ in range(count):
-                    try:  # math.inf: no timer of its own, the deadline above bounds the reads
-                        replies.append(await connection.read_response(timeout=_NO_TIMER))
-                    except ResponseError as exc:
-                        replies.append(exc)
+                return await self._replies(connection, count)
         except asyncio.TimeoutError as exc:  # the deadline's: read_response dropped the connection
             raise RedisTimeoutError(f"Timeout reading {count} replies") from exc
+
+    @staticmethod
+    async def _replies(connection: Any, count: int) -> list[Any]:
+        """``count`` replies, an error reply as its exception object, bounded by the caller's deadline."""
+        replies: list[Any] = []
+        for _ in range(count):
+            try:  # math.inf: no timer of its own, the caller's deadline bounds the reads
+                replies.append(await connection.read_response(timeout=_NO_TIMER))
+            except ResponseError as exc:
+                replies.append(exc)
         return replies
 
 

@@ -69,7 +69,7 @@ from .._engine.dispatch import ACKED, Acted, Done, dispatch
 from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
-from .._messages.retention import TTL_HEADER, header_ttl, parse_ttl
+from .._messages.retention import TTL_HEADER, TtlHeader, parse_ttl
 from .._operate.doctor import check_at_start
 from ..keys import fingerprint_of, message_id_key
 
@@ -123,6 +123,9 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     middleware) run on its event loop thread; ``current_claim()`` is set inside their coroutine
     too (the coroutine is handed to the loop with a copy of the worker thread's context).
     """
+
+    #: The reader of ``ttl_header`` (:meth:`ttl_for`), made again when the name changes.
+    _ttl_reader: TtlHeader | None = None
 
     def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,
                  defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
@@ -204,10 +207,19 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         (``send_with_options(..., **{"x-dedupe-ttl": 60})``), else the actor option
         ``idempotency_ttl``, else ``None`` (``result_ttl``). Raises
         :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
-        ttl = header_ttl(message.options, self.ttl_header) if self.ttl_header else None
+        ttl = self._ttl_option(message.options)
         if ttl is None:
-            ttl = parse_ttl(actor.options.get("idempotency_ttl"), f"idempotency_ttl of {actor.actor_name}")
+            option = actor.options.get("idempotency_ttl")
+            if option is not None:  # the label only when there is a value to name
+                ttl = parse_ttl(option, f"idempotency_ttl of {actor.actor_name}")
         return ttl
+
+    def _ttl_option(self, options: dict[str, Any]) -> float | None:
+        """The ``ttl_header`` option, as :func:`~dedupe_worker._messages.retention.header_ttl`
+        reads it, by one :class:`~dedupe_worker._messages.retention.TtlHeader` kept across
+        messages (``None`` when ``ttl_header`` is unset or the option absent)."""
+        reader = self._ttl_reader = TtlHeader.of(self.ttl_header, self._ttl_reader)
+        return reader(options) if reader is not None else None
 
     @staticmethod
     def key_for(actor: dramatiq.Actor[Any, Any], message: Any, args: tuple[Any, ...],

@@ -64,7 +64,6 @@ from .._engine.dispatch import Acted, Done, report
 from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
-from .._messages.retention import header_ttl
 from ..asyncio import AsyncItem, decide_many
 from ._brokers import BrokerAdapter, adapter_for
 from ._state import MiddlewareState
@@ -105,7 +104,7 @@ async def handle_batch(owner: MiddlewareState, call_next: Callable[[Any], Any], 
         try:
             key = (owner.key or adapter.default_key)(envelope)
             fingerprint = owner.fingerprint(envelope) if owner.fingerprint is not None else None
-            ttl = header_ttl(envelope.headers, owner.ttl_header) if owner.ttl_header else None
+            ttl = owner.ttl_of(envelope.headers)
         except (InvalidKey, UndecodableMessage) as exc:
             decisions[i] = refused(exc, "faststream")
             continue

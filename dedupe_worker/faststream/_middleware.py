@@ -71,7 +71,6 @@ from .._engine.dispatch import ACKED, Acted, Done, dispatch_async
 from .._errors import EvictionPolicyError, InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
-from .._messages.retention import header_ttl
 from ..asyncio import AsyncClaimClient, decide
 from ..keys import KeyStrategy, body_fingerprint
 from ._batch import handle_batch, is_batch
@@ -103,7 +102,7 @@ class DedupeMiddleware(MiddlewareState):
         try:
             key = (self.key or adapter.default_key)(envelope)
             fingerprint = self.fingerprint(envelope) if self.fingerprint is not None else None
-            ttl = header_ttl(envelope.headers, self.ttl_header) if self.ttl_header else None
+            ttl = self.ttl_of(envelope.headers)
         except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl header is UndecodableMessage
             return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None, broker)
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._engine import Hooks, RetryPolicy
 from .._messages.envelope import Envelope
-from .._messages.retention import TTL_HEADER
+from .._messages.retention import TTL_HEADER, TtlHeader
 from ..asyncio import AsyncClaimClient
 from ..keys import KeyStrategy, body_fingerprint
 
@@ -23,6 +23,9 @@ class MiddlewareState(Hooks, RetryPolicy):
     """The middleware's options and its per-key deferral counts (in memory: a restarted consumer
     starts every backoff over, which only makes its first retry sooner)."""
 
+    #: The reader of ``ttl_header`` (:meth:`ttl_of`), made again when the name changes.
+    _ttl_reader: TtlHeader | None = None
+
     def __init__(self, dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
                  fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
                  dead_letter_producer: Any = None, defer_base: float | None = None, defer_cap: float | None = None,
@@ -35,6 +38,14 @@ class MiddlewareState(Hooks, RetryPolicy):
         self.dead_letter_producer = dead_letter_producer
         self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
         self._deferrals: dict[str, int] = {}
+
+    def ttl_of(self, headers: Any) -> float | None:
+        """The retention in ``headers`` under ``ttl_header`` (``None`` when unset or absent), as
+        :func:`~dedupe_worker._messages.retention.header_ttl` reads it, by one
+        :class:`~dedupe_worker._messages.retention.TtlHeader` kept across messages. Raises
+        :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
+        reader = self._ttl_reader = TtlHeader.of(self.ttl_header, self._ttl_reader)
+        return reader(headers) if reader is not None else None
 
     def next_deferral(self, key: str | None) -> int:
         """Count one more deferral of ``key`` (kept while the key keeps being deferred)."""

@@ -388,11 +388,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
     def _ttl_reader(self) -> TtlHeader | None:
         """The :class:`TtlHeader` of ``ttl_header`` (kept while the name stays), ``None`` when unset."""
-        name = self.ttl_header
-        if not name:
-            return None
-        if self._ttl_of is None or self._ttl_of.name != name:
-            self._ttl_of = TtlHeader(name)
+        self._ttl_of = TtlHeader.of(self.ttl_header, self._ttl_of)
         return self._ttl_of
 
     def _identify(self, msg: Message) -> tuple[str, Any, float | None]:
