@@ -10,7 +10,10 @@ is the loop a user writes without us, public confluent-kafka API only: ``subscri
 deriving no key and running the handler directly instead of ``decide_many`` (no Redis), so it
 prices the claim + complete round trips and the key and fingerprint work but not our loop.
 Beside msg/s each case shows the client's CPU per message (``time.process_time``, every thread
-of the process, librdkafka's included, over the same span as the clock) and its baseline's.
+of the process, librdkafka's included, over the same span as the clock) and its baseline's, and a
+line after them splits it: the consumer's own thread (the rest is librdkafka's threads and the
+lease renewer) and the kernel's part of that thread's (``RUSAGE_THREAD``: system calls, sleeping
+and waking on the sockets).
 The handler does nothing (or spins ``--work-us`` microseconds). Each
 measurement is a fresh consumer group reading the topic from the start; the clock starts at the
 first batch (so the group join, which is slow on tansu, is not counted) and stops when the last
@@ -25,12 +28,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from confluent_kafka import Consumer, Message, Producer
@@ -43,6 +47,23 @@ from dedupe_worker.kafka import DedupeKafkaConsumer
 PARTITIONS = 4
 
 
+class Sample(NamedTuple):
+    """One measurement: msg/s, and client CPU µs per message: the process' (every thread), the
+    consumer's own thread's, and the kernel's part of the latter (system calls, sleeping and waking
+    on the sockets)."""
+
+    rate: float
+    cpu: float
+    own: float
+    kernel: float
+
+
+def thread_cpu() -> tuple[float, float]:
+    """This thread's CPU seconds so far, and the kernel's part of them (``RUSAGE_THREAD``, Linux)."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime, usage.ru_stime
+
+
 class Timed(DedupeKafkaConsumer):
     """Stops itself after ``target`` messages and remembers when its first and last batch ran."""
 
@@ -51,6 +72,8 @@ class Timed(DedupeKafkaConsumer):
     finished = 0.0
     cpu_started = 0.0
     cpu_finished = 0.0
+    thread_started = (0.0, 0.0)
+    thread_finished = (0.0, 0.0)
     redis_started = 0.0
     redis_finished = 0.0
     seen = 0
@@ -61,10 +84,12 @@ class Timed(DedupeKafkaConsumer):
         if not self.started:
             self.redis_started = self.redis_cpu()
             self.started, self.cpu_started = time.perf_counter(), time.process_time()
+            self.thread_started = thread_cpu()
         super().process(messages)
         self.seen += len(messages)
         if self.seen >= self.target:
             self.finished, self.cpu_finished = time.perf_counter(), time.process_time()
+            self.thread_finished = thread_cpu()
             self.redis_finished = self.redis_cpu()
             self.stop()
 
@@ -165,7 +190,7 @@ def shard_scaling(bootstrap: str, topic: str, count: int, rounds: int, shards: i
     with cluster(shards) as (client, nodes):
         read = redis_main_thread_cpu(nodes)
         on_redis: dict[str, list[float]] = {"new keys": [], "duplicates": []}
-        client_side: dict[str, list[tuple[float, float]]] = {"new keys": [], "duplicates": []}
+        client_side: dict[str, list[Sample]] = {"new keys": [], "duplicates": []}
         for _ in range(rounds):
             dedupe = Deduplicator(client, namespace=f"bench-{uuid.uuid4().hex[:8]}", result_ttl=300)
             for name in ("new keys", "duplicates"):
@@ -174,8 +199,8 @@ def shard_scaling(bootstrap: str, topic: str, count: int, rounds: int, shards: i
             dedupe.close()
         for name, values in on_redis.items():
             usec = statistics.median(values)
-            rate = statistics.median(r for r, _ in client_side[name])
-            cpu = statistics.median(c for _, c in client_side[name])
+            rate = statistics.median(s.rate for s in client_side[name])
+            cpu = statistics.median(s.cpu for s in client_side[name])
             print(f"  cluster of {shards}, batch 500, {name}: {rate:,.0f} msg/s, client CPU {cpu:.1f} µs/msg; "
                   f"Redis main-thread CPU per message (all primaries) {usec:.1f} µs, so each shard's core "
                   f"sustains {1e6 / usec:,.0f} msg/s (median of {len(values)})", flush=True)
@@ -183,8 +208,9 @@ def shard_scaling(bootstrap: str, topic: str, count: int, rounds: int, shards: i
 
 def measure(cls: type[Timed], bootstrap: str, topic: str, count: int, batch: int,
             dedupe: Deduplicator, work: float = 0.0,
-            redis_cpu: tuple[Callable[[], float], list[float]] | None = None, **options: Any) -> tuple[float, float]:
-    """msg/s and client CPU µs per message of one fresh consumer group reading ``count`` records;
+            redis_cpu: tuple[Callable[[], float], list[float]] | None = None,
+            **options: Any) -> Sample:
+    """The :class:`Sample` of one fresh consumer group reading ``count`` records;
     with ``redis_cpu`` (a reader of Redis' CPU seconds, and a list), Redis' CPU µs per message
     over the same span is appended to the list."""
     config = {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
@@ -197,11 +223,14 @@ def measure(cls: type[Timed], bootstrap: str, topic: str, count: int, batch: int
     consumer.run(install_signal_handlers=False)
     if redis_cpu is not None:
         redis_cpu[1].append(1e6 * (consumer.redis_finished - consumer.redis_started) / count)
-    return (count / (consumer.finished - consumer.started),
-            1e6 * (consumer.cpu_finished - consumer.cpu_started) / count)
+    (own, kernel), (own_started, kernel_started) = consumer.thread_finished, consumer.thread_started
+    return Sample(count / (consumer.finished - consumer.started),
+                  1e6 * (consumer.cpu_finished - consumer.cpu_started) / count,
+                  1e6 * (own - own_started) / count, 1e6 * (kernel - kernel_started) / count)
 
 
-def measure_bare(bootstrap: str, topic: str, count: int, batch: int, work: float = 0.0) -> tuple[float, float]:
+def measure_bare(bootstrap: str, topic: str, count: int, batch: int,
+                 work: float = 0.0) -> Sample:
     """The bare confluent-kafka loop: ``consume(batch)``, handler per record, one synchronous
     commit per batch; clocks from the first batch, as :func:`measure`."""
     handler = handler_for(work)
@@ -209,20 +238,22 @@ def measure_bare(bootstrap: str, topic: str, count: int, batch: int, work: float
                          "session.timeout.ms": 2000, "heartbeat.interval.ms": 500,
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
-    seen, started, cpu_started = 0, 0.0, 0.0
+    seen, started, cpu_started, thread_started = 0, 0.0, 0.0, (0.0, 0.0)
     try:
         while seen < count:
             messages = consumer.consume(batch, 0.5)
             if not messages:
                 continue
             if not started:
-                started, cpu_started = time.perf_counter(), time.process_time()
+                started, cpu_started, thread_started = time.perf_counter(), time.process_time(), thread_cpu()
             for message in messages:
                 if message.error() is None:
                     handler(message)
                     seen += 1
             consumer.commit(asynchronous=False)
-        return count / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu_started) / count
+        rate, cpu = count / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu_started) / count
+        own, kernel = thread_cpu()
+        return Sample(rate, cpu, 1e6 * (own - thread_started[0]) / count, 1e6 * (kernel - thread_started[1]) / count)
     finally:
         consumer.close()
 
@@ -249,11 +280,13 @@ def main() -> None:
         for batch, count in ((1, max(1, args.messages // 20)), (500, args.messages)):
             rates: dict[str, list[float]] = {"bare": [], "stubbed": [], "dedupe": []}
             cpu: dict[str, list[float]] = {name: [] for name in rates}
+            samples: dict[str, list[Sample]] = {}
 
-            def add(name: str, sample: tuple[float, float], rates: dict[str, list[float]] = rates,
-                    cpu: dict[str, list[float]] = cpu) -> None:
-                rates.setdefault(name, []).append(sample[0])
-                cpu.setdefault(name, []).append(sample[1])
+            def add(name: str, sample: Sample, rates: dict[str, list[float]] = rates,
+                    cpu: dict[str, list[float]] = cpu, samples: dict[str, list[Sample]] = samples) -> None:
+                rates.setdefault(name, []).append(sample.rate)
+                cpu.setdefault(name, []).append(sample.cpu)
+                samples.setdefault(name, []).append(sample)
 
             on_redis: dict[str, list[float]] = {"new keys": [], "duplicates": []}
             read_redis = redis_main_thread_cpu([client])
@@ -269,6 +302,11 @@ def main() -> None:
                                                (read_redis, on_redis["duplicates"])))
                 dedupe.close()
             print_ratios(f"batch {batch:>3}", rates, "bare", count, cpu=cpu)
+            print(f"  batch {batch:>3} of that client CPU, on the consumer's thread (the rest: librdkafka's threads, "
+                  "the lease renewer), of which in the kernel: " + ", ".join(
+                      f"{name} {statistics.median(s.own for s in values):.1f} "
+                      f"({statistics.median(s.kernel for s in values):.1f})" for name, values in samples.items())
+                  + " µs/msg", flush=True)
             for name, values in on_redis.items():
                 if not values:
                     continue

@@ -16,7 +16,7 @@ may after start-up, so full collections skip everything that existed then.
 
 ``--callgrind``: the consumer's instructions per message instead of its time, which a shared
 machine does not disturb, in all and by library (the interpreter running our Python and redis-py's,
-hiredis, the packer, libc, the rest; ``callgrind_annotate``'s self counts). The consumer runs under
+hiredis, the packer, the rest; ``callgrind_annotate``'s self counts). The consumer runs under
 ``valgrind --tool=callgrind`` on N and 2N new keys (and, in two more runs, the same again as
 duplicates); the difference of the totals over N is one message's cost (start-up, imports and the
 first batches cancel). Counted: the main thread only (the lease renewer and librdkafka's threads
@@ -137,13 +137,13 @@ def instructions(mode: str, redis_url: str, bootstrap: str, count: int, made: in
         return int(totals.group(1)), by_library(out + "-01")
 
 
-#: What each shared object's instructions are, in the consumer's path; the rest (OpenSSL's SHA-256 of
-#: each body, about 4,100 a message, with whatever else runs on the main thread, librdkafka's start-up
-#: included, which moves a few thousand instructions a message between runs of N) is "other".
+#: What each shared object's instructions are, in the consumer's path; the rest is "other": OpenSSL's
+#: SHA-256 of each body (about 4,100 instructions a message), libc's memory copies and allocation, and
+#: whatever else runs on the main thread (a few thousand instructions a message move between OpenSSL's
+#: and libc's rows from one run to the next, so they are counted together).
 LIBRARIES = {"libpython": "the interpreter: our Python and redis-py's", "hiredis": "reading replies (hiredis)",
-             "_resp": "packing commands (the compiled packer)", "libc": "memory copies and allocation (libc)",
-             "cimpl": "confluent-kafka's Message accessors"}
-OTHER = "other: SHA-256 of each body (OpenSSL), the rest"
+             "_resp": "packing commands (the compiled packer)", "cimpl": "confluent-kafka's Message accessors"}
+OTHER = "other: SHA-256 of each body (OpenSSL), libc"
 
 
 def by_library(path: str) -> Counter[str]:
