@@ -1,31 +1,40 @@
 """The Kafka consumer's key, fingerprint and ttl read straight from a record give what the
-envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl header) gives."""
+envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, the
+compiled identification (``dedupe_worker._kafka_records``) what the Python path gives, and a
+batch's admission what the consumer's acceptance of each record gives."""
 
 from __future__ import annotations
 
+import os
+import sys
+from hashlib import sha256
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
+from dedupe_worker._compiled import PURE_PYTHON_ENV, plain_identities
 from dedupe_worker._messages.envelope import from_kafka
 from dedupe_worker._messages.retention import TTL_HEADER, TtlHeader, header_ttl
 from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
+from dedupe_worker.kafka._positions import PartitionState
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key
 
 
 class Record:
     """The parts of a confluent-kafka ``Message`` the consumer reads."""
 
-    def __init__(self, headers: list[tuple[str, Any]] | None, value: bytes | None = b'{"a": 1}',
+    def __init__(self, headers: Any, value: Any = b'{"a": 1}',
                  key: bytes | None = b"k1") -> None:
         self._headers, self._value, self._key = headers, value, key
 
-    def headers(self) -> list[tuple[str, Any]] | None:
+    def headers(self) -> Any:
         return self._headers
 
-    def value(self) -> bytes | None:
+    def value(self) -> Any:
         return self._value
 
     def key(self) -> bytes | None:
@@ -78,27 +87,174 @@ def test_a_bad_ttl_is_reported_after_a_good_key() -> None:
         DedupeKafkaConsumer._identify(consumer, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("strategy", [KAFKA_DEFAULT, header_key()])
-@pytest.mark.parametrize("fingerprint", [body_fingerprint, None, lambda envelope: "fp"])
-def test_a_batch_is_identified_as_each_record_is(strategy: Any, fingerprint: Any) -> None:
-    """``_identities`` (a batch, the defaults read inline) answers what ``_identify`` answers for
-    each record: its key, fingerprint and ttl, or the same error at the same position."""
-    records = [*RECORDS, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]), *RECORDS,
-               Record([("idempotency-key", b"k2"), ("X-DEDUPE-ttl", b"7"), ("other", b"")])]
-    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=TTL_HEADER, _ttl_of=None)
-    consumer._identify = lambda msg: DedupeKafkaConsumer._identify(consumer, msg)  # type: ignore[arg-type]
-    consumer._ttl_reader = lambda: DedupeKafkaConsumer._ttl_reader(consumer)  # type: ignore[arg-type]
-    keys, fingerprints, ttls, failures = DedupeKafkaConsumer._identities(consumer, records)  # type: ignore[arg-type]
+needs_compiled = pytest.mark.skipif(plain_identities is None, reason="dedupe_worker._kafka_records is not built here")
+#: The batch identified by the pure-Python path, and by the compiled one where it is built.
+PATHS = [pytest.param(None, id="python"), pytest.param(plain_identities, id="compiled", marks=needs_compiled)]
+
+
+def consumer_of(strategy: Any, fingerprint: Any, compiled: Any, ttl_header: str | None = TTL_HEADER) -> Any:
+    """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound."""
+    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=ttl_header, _ttl_of=None,
+                               _compiled=compiled)
+    for name in ("_identify", "_ttl_reader", "_identify_one", "_identify_chained", "_identities"):
+        setattr(consumer, name, getattr(DedupeKafkaConsumer, name).__get__(consumer))
+    return consumer
+
+
+def assert_identified_as_each(consumer: Any, records: list[Any]) -> None:
+    """``_identities`` of ``records`` answers what ``_identify`` answers for each record: its key,
+    fingerprint and ttl, or the same error at the same position."""
+    keys, fingerprints, ttls, failures = consumer._identities(records)
     failed = dict(failures)
+    assert len(failed) == len(failures) and list(failed) == sorted(failed)
     for n, msg in enumerate(records):
         try:
-            expected = DedupeKafkaConsumer._identify(consumer, msg)  # type: ignore[arg-type]
+            expected = consumer._identify(msg)
         except Exception as exc:
             assert type(failed[n]) is type(exc) and str(failed[n]) == str(exc)
             assert (keys[n], fingerprints[n], ttls[n]) == (None, None, None)
             continue
         assert n not in failed
         assert (keys[n], fingerprints[n], ttls[n]) == expected
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+@pytest.mark.parametrize("strategy", [KAFKA_DEFAULT, header_key()])
+@pytest.mark.parametrize("fingerprint", [body_fingerprint, None, lambda envelope: "fp"])
+def test_a_batch_is_identified_as_each_record_is(strategy: Any, fingerprint: Any, compiled: Any) -> None:
+    records = [*RECORDS, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]), *RECORDS,
+               Record([("idempotency-key", b"k2"), ("X-DEDUPE-ttl", b"7"), ("other", b"")])]
+    assert_identified_as_each(consumer_of(strategy, fingerprint, compiled), records)
+
+
+class Raising(Record):
+    """A record whose ``headers()`` or ``value()`` raises."""
+
+    def __init__(self, raises: str, **kwargs: Any) -> None:
+        super().__init__([("idempotency-key", b"k-raising")], **kwargs)
+        self.raises = raises
+
+    def headers(self) -> Any:
+        if self.raises == "headers":
+            raise RuntimeError("headers() broke")
+        return super().headers()
+
+    def value(self) -> Any:
+        if self.raises == "value":
+            raise RuntimeError("value() broke")
+        return super().value()
+
+
+#: Records the compiled path takes, and records it must leave to the Python path, side by side.
+ODD_RECORDS: list[Any] = [
+    Record([("idempotency-key", b"caf\xc3\xa9"), ("idempotency-key", b"\xff\xfeno-utf8")]),  # backslashreplace
+    Record([("idempotency-key", b"k"), ("h\u00e9ader", b"1")]),  # a name that is not ASCII
+    Record([("idempotency-key", b"k"), ("x-dedupe-ttl\u0307", b"9")]),  # not ASCII, nearly the ttl's
+    Record([("idempotency-key", b"k"), ("\u212a", b"1")]),  # KELVIN SIGN: lower() is ASCII "k"
+    Record([("idempotency-key", None)]),
+    Record([("idempotency-key", b"k"), ("idempotency-key", None)]),  # the last one is None
+    Record([("idempotency-key", None), ("idempotency-key", b"k")]),
+    Record([("idempotency-key", "a str")]),
+    Record([("idempotency-key", b"k"), (1, b"x")]),  # a name that is not a str
+    Record([("idempotency-key", b"k", b"three")]),  # not a pair
+    Record((("idempotency-key", b"tuple-headers"),)),
+    Record({"idempotency-key": b"dict-headers"}),
+    Record([["idempotency-key", b"list-pair"]]),
+    Record([]),
+    Record([("idempotency-key", b"k")], value=b""),
+    Record([("idempotency-key", b"k")], value="a str body"),
+    Record([("idempotency-key", b"k")], value=bytearray(b"ba")),
+    Record([("idempotency-key", b"k" * 10_000)], value=b"v" * 100_000),
+    Record([("x-dedupe-ttl", b"3"), ("idempotency-key", b"ttl-first")]),
+    Record([("idempotency-key", b"k"), ("X-Dedupe-Ttl", b"bad")]),
+    Record([("idempotency-key", b"k"), ("x-dedupe-tt", b"1"), ("x-dedupe-ttl-", b"2")]),
+    Raising("headers"),
+    Raising("value"),
+    Message(topic="t", partition=0, offset=5, value=b"{}", headers=[("idempotency-key", b"real-message")]),
+    Message(topic="t", partition=0, offset=6, value=None, headers=None),
+    Message(topic="t", partition=0, offset=7, value=b"x",
+            headers=[("idempotency-key", b"m"), ("X-DEDUPE-TTL", b"60")]),
+]
+
+
+@pytest.mark.parametrize("compiled", PATHS)
+@pytest.mark.parametrize("ttl_header", [TTL_HEADER, "X-\u00c9t\u00e9", None])
+@pytest.mark.parametrize("fingerprint", [body_fingerprint, None])
+def test_odd_records_are_identified_as_each_record_is(compiled: Any, ttl_header: str | None,
+                                                      fingerprint: Any) -> None:
+    """Whatever a record holds, the compiled path answers for it what the Python path answers, or
+    leaves it to that path: keys undecodable as UTF-8, header names that are not ASCII (one whose
+    lower() is ASCII), not str or not in pairs, headers in a tuple or a dict, bodies that are not
+    bytes, calls that raise, a ttl header in any case, a ttl header name that is not ASCII."""
+    records = [*ODD_RECORDS, *RECORDS, *ODD_RECORDS]
+    assert_identified_as_each(consumer_of(KAFKA_DEFAULT, fingerprint, compiled, ttl_header), records)
+
+
+@needs_compiled
+def test_the_compiled_identification_takes_plain_records_and_leaves_the_rest() -> None:
+    """It answers for records with a key header and no ttl header (the fingerprint as
+    bytes_fingerprint gives it), and leaves (None) what the Python path must read."""
+    assert plain_identities is not None
+    records: list[Any] = [Record([("idempotency-key", b"a"), ("other", b"1")], value=b"body"),
+                          Record([("idempotency-key", b"b")], value=None),
+                          Record([("idempotency-key", b"c"), ("X-Dedupe-TTL", b"5")]),
+                          Record([("Idempotency-Key", b"d")]),
+                          Record([("idempotency-key", b"e")], value="text")]
+    keys, fingerprints = plain_identities(records, sha256, TTL_HEADER)
+    assert keys == ["a", "b", None, None, None]
+    assert fingerprints == [sha256(b"body").hexdigest()[:32], sha256(b"").hexdigest()[:32], None, None, None]
+    assert plain_identities(records, None, None) == (["a", "b", "c", None, "e"], [None] * 5)  # no ttl read
+    with pytest.raises(TypeError):
+        plain_identities(records, sha256)
+    with pytest.raises(TypeError):
+        plain_identities(records, "not callable", None)
+    with pytest.raises(TypeError):
+        plain_identities(records, sha256, b"x-dedupe-ttl")
+    with pytest.raises(TypeError):
+        plain_identities(42, sha256, None)
+
+
+@needs_compiled
+def test_the_compiled_identification_leaks_no_references() -> None:
+    """Run over the same records many times, the records, their headers and bodies, and the
+    arguments keep their reference counts (a missed decref would grow them)."""
+    assert plain_identities is not None
+    records: list[Any] = [*ODD_RECORDS, *RECORDS]
+    parts = [records, sha256, TTL_HEADER, *records, *(r.headers() for r in records if not isinstance(r, Raising)),
+             *(r.value() for r in records if not isinstance(r, Raising))]
+    before = [sys.getrefcount(part) for part in parts]
+    for _ in range(200):
+        plain_identities(records, sha256, TTL_HEADER)
+        plain_identities(records, None, None)
+    assert [sys.getrefcount(part) for part in parts] == before
+
+
+def test_the_consumer_uses_the_compiled_identification_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where it is built, a consumer identifies plain records with it; ``DEDUPE_PURE_PYTHON=1`` at
+    construction keeps it on the Python path. In CI (``make test``) it must be built."""
+    from dedupe_worker.testing import in_memory
+
+    if plain_identities is None:
+        in_ci = os.environ.get("CI") == "true" and not os.environ.get("DEDUPE_NO_EXTENSIONS")
+        assert not in_ci, "dedupe_worker._kafka_records did not build: see hatch_build.py's warning"
+        pytest.skip("dedupe_worker._kafka_records is not built here")
+    built = Path(sys.modules["dedupe_worker._kafka_records"].__file__ or "")
+    source = built.with_name("_kafka_records.c")
+    if source.exists():  # an editable install: built beside the source
+        assert built.stat().st_mtime >= source.stat().st_mtime, "stale build: run `make install` again"
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "identify"}
+
+    def make() -> DedupeKafkaConsumer:
+        return DedupeKafkaConsumer(config, ["t"], lambda m: None, in_memory())
+
+    monkeypatch.delenv(PURE_PYTHON_ENV, raising=False)
+    consumer = make()
+    assert consumer._compiled is plain_identities
+    consumer.close()
+    monkeypatch.setenv(PURE_PYTHON_ENV, "1")
+    consumer = make()
+    assert consumer._compiled is None
+    consumer.close()
 
 
 @pytest.mark.parametrize("headers", [
@@ -120,3 +276,70 @@ def test_the_ttl_header_reader_answers_as_header_ttl(headers: Any) -> None:
             continue
         assert reader(headers) == expected
     assert reader({"x-dedupe-ttl".upper(): b"8"}) == 8.0  # a name seen before in another case is still read
+
+
+def states() -> dict[tuple[str, int], PartitionState]:
+    """Partitions in every state admission tells apart."""
+    return {
+        ("t", 0): PartitionState(),  # flowing
+        ("t", 1): PartitionState(paused_until=1e12),  # paused: its records are dropped
+        ("t", 2): PartitionState(rewound_to=5),  # older fetches dropped, 5 accepted, then it flows
+        ("t", 3): PartitionState(settled={7: None}),  # 7 decided behind a hold earlier
+        ("t", 4): PartitionState(rewound_to=2),  # delivers 4: the seek did not take, rewound again
+        ("t", 5): PartitionState(),
+    }
+
+
+def record(partition: int, offset: int, topic: str = "t", error: Any = None) -> Message:
+    return Message(topic=topic, partition=partition, offset=offset, value=b"{}", error=error,
+                   headers=[("idempotency-key", f"{topic}-{partition}-{offset}".encode())])
+
+
+ADMISSION_BATCH = [
+    record(0, 1), record(1, 1), record(2, 3), record(0, 2), record(2, 4), record(2, 5), record(2, 6),
+    record(3, 6), record(3, 7), record(3, 8), record(4, 4), record(4, 5), record(0, 3, topic="u"),
+    record(5, 1, error=KafkaError(KafkaError._PARTITION_EOF)), record(5, 2), record(2, 7), record(0, 4),
+]
+
+
+def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
+    """``_admit`` (a set look-up for a flowing partition's record, the others one by one) takes what ``_accept`` takes
+    record by record, in order, with the same positions of records settled earlier, and leaves
+    each partition in the same state: paused records dropped, a rewound partition's older fetches
+    dropped and the rest taken from its rewind point, a record past it rewinding it again, an error
+    or an unknown partition dropped."""
+    from dedupe_worker.testing import in_memory
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "admission"}
+    consumer = DedupeKafkaConsumer(config, ["t"], lambda m: None, in_memory())
+    twin = DedupeKafkaConsumer(config, ["t"], lambda m: None, in_memory())
+    try:
+        consumer._partitions, twin._partitions = states(), states()
+        live: list[Any] = []
+        tps: list[Any] = []
+        before = consumer._admit(ADMISSION_BATCH, live, tps)
+        expected_live: list[Any] = []
+        expected_tps: list[Any] = []
+        expected_before: list[int] = []
+        for msg in ADMISSION_BATCH:  # what the consumer did record by record before admission ran
+            tp = twin._accept(msg)
+            if tp is None:
+                continue
+            state = twin._partitions[tp]
+            if state.settled and (msg.offset() or 0) in state.settled:
+                expected_before.append(len(expected_live))
+            expected_live.append(msg)
+            expected_tps.append(tp)
+        assert [(m.partition(), m.offset()) for m in live] == [(m.partition(), m.offset()) for m in expected_live]
+        assert tps == expected_tps and before == expected_before
+        assert [(m.partition(), m.offset()) for m in live] == [
+            (0, 1), (0, 2), (2, 5), (2, 6), (3, 6), (3, 7), (3, 8), (5, 2), (2, 7), (0, 4)]
+        assert before == [5]
+        for tp, state in consumer._partitions.items():
+            other = twin._partitions[tp]
+            assert (state.paused_until is None, state.rewound_to, state.settled) == (
+                other.paused_until is None, other.rewound_to, other.settled), tp
+        assert consumer._partitions[("t", 4)].paused_until is not None  # rewound again
+    finally:
+        consumer.close()
+        twin.close()

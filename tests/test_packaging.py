@@ -1,4 +1,4 @@
-"""The wheel ships the Lua scripts and the compiled packer, and the public names are the intended ones."""
+"""The wheel ships the Lua scripts and the compiled extensions, and the public names are the intended ones."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ from dedupe_worker._protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
 ROOT = Path(__file__).resolve().parent.parent
 #: The compiled packer's file name for this interpreter, as the wheel and an editable install hold it.
 EXTENSION = "dedupe_worker/_resp" + str(sysconfig.get_config_var("EXT_SUFFIX"))
+#: Every compiled extension's file name (the packer, the Kafka consumer's identification).
+EXTENSIONS = sorted([EXTENSION, "dedupe_worker/_kafka_records" + str(sysconfig.get_config_var("EXT_SUFFIX"))])
+#: Their C sources and stubs, which every wheel and sdist carry.
+SOURCES = {"dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi", "dedupe_worker/_kafka_records.c",
+           "dedupe_worker/_kafka_records.pyi"}
 
 
 def build(out: Path, *what: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -64,15 +69,14 @@ def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
     assert "dedupe_worker/py.typed" in names
     assert any(n.endswith("entry_points.txt") for n in names)
     assert {"dedupe_worker/sql/ddl/postgresql.sql", "dedupe_worker/sql/ddl/mysql.sql"} <= names  # atomic()'s DDL
-    assert {"dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi"} <= names
+    assert SOURCES <= names
 
 
 def test_the_wheel_carries_the_compiled_packer_and_is_tagged_for_it(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     if not compiled_expected():
         pytest.skip("no compiled packer expected here (DEDUPE_NO_EXTENSIONS, or no C compiler outside CI)")
-    assert EXTENSION in names
-    assert [n for n in names if n.endswith((".so", ".pyd"))] == [EXTENSION]  # not a stale one from the tree
+    assert sorted(n for n in names if n.endswith((".so", ".pyd"))) == EXTENSIONS  # not a stale one from the tree
     tag = wheel_tag(wheel)
     assert "Root-Is-Purelib: false" in tag
     assert f"Tag: cp{sys.version_info.major}{sys.version_info.minor}-" in tag and "-none-any" not in wheel.name
@@ -87,10 +91,10 @@ def test_a_wheel_without_the_extension_still_builds_pure(env: dict[str, str], tm
     built = build(tmp_path, "--wheel", **env)
     (found,) = tmp_path.glob("dedupe_worker-*-py3-none-any.whl")
     names = set(zipfile.ZipFile(found).namelist())
-    assert "dedupe_worker/_resp.c" in names and not [n for n in names if n.endswith((".so", ".pyd"))]
+    assert SOURCES <= names and not [n for n in names if n.endswith((".so", ".pyd"))]
     assert "Root-Is-Purelib: true" in wheel_tag(found)
     if "CC" in env:
-        assert "was not compiled" in built.stdout + built.stderr  # said, not silent
+        assert "were not compiled" in built.stdout + built.stderr  # said, not silent
 
 
 def test_the_sdist_builds_a_wheel_with_the_compiled_packer(tmp_path: Path) -> None:
@@ -99,11 +103,11 @@ def test_the_sdist_builds_a_wheel_with_the_compiled_packer(tmp_path: Path) -> No
     build(tmp_path)
     (sdist,) = tmp_path.glob("dedupe_worker-*.tar.gz")
     names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
-    assert {"hatch_build.py", "dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi"} <= names
+    assert {"hatch_build.py", *SOURCES} <= names
     assert not [n for n in names if n.endswith((".so", ".pyd"))]
     (found,) = tmp_path.glob("dedupe_worker-*.whl")
     if compiled_expected():
-        assert EXTENSION in zipfile.ZipFile(found).namelist()
+        assert set(EXTENSIONS) <= set(zipfile.ZipFile(found).namelist())
 
 
 def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> None:
@@ -198,13 +202,15 @@ def test_an_integration_without_its_extra_names_the_extra_to_install(module: str
 
 def test_the_layers_import_only_downwards() -> None:
     """_protocol < _messages < _engine, each importing only its own layer, the ones below, and the
-    leaves (_errors, _settings, _extras, observe, the compiled _resp): so no import cycle runs through them."""
+    leaves (_errors, _settings, _extras, observe, the compiled extensions and _compiled, which imports
+    only them): so no import cycle runs through them."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
     rank = {"_protocol": 1, "_messages": 2, "_engine": 3}
-    leaves = {"_errors", "_settings", "_extras", "observe", "_resp"}  # _resp: compiled, imports nothing
+    # _resp, _kafka_records: compiled, importing nothing; _compiled: importing only them
+    leaves = {"_errors", "_settings", "_extras", "observe", "_resp", "_kafka_records", "_compiled"}
     for layer, own in rank.items():
         for path in (root / layer).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -215,6 +221,16 @@ def test_the_layers_import_only_downwards() -> None:
                 first = [*base, *(node.module or "").split(".")][0]
                 assert first in leaves or rank.get(first, 99) <= own, \
                     f"{layer}/{path.name} imports {'.' * node.level}{node.module}, above its layer"
+
+
+def test_the_compiled_extensions_module_imports_only_them() -> None:
+    import ast
+    from pathlib import Path
+
+    path = Path(dedupe_worker.__file__).parent / "_compiled.py"
+    imported = {(node.level, node.module) for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.level}
+    assert imported == {(1, "_resp"), (1, "_kafka_records")}
 
 
 def test_the_leaves_import_nothing_of_the_package() -> None:

@@ -43,24 +43,17 @@ from typing import Any, TypeGuard
 import redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from .._compiled import compiled_pack, pure_python
+
 hiredis_pack: Any
 try:
     from hiredis import pack_command as hiredis_pack
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency
     hiredis_pack = None
 
-compiled_pack: Any
-try:
-    from .._resp import pack_command as compiled_pack
-except ImportError:  # not compiled at install (no C compiler, DEDUPE_NO_EXTENSIONS=1): hiredis packs
-    compiled_pack = None
-
 logger = logging.getLogger(__name__)
 
 __all__ = ["BUSY", "MIN_POOL_SIZE", "HeldConnection", "direct_packer"]
-
-#: Set to anything but ``""`` or ``0``: :func:`direct_packer` ignores the compiled packer.
-PURE_PYTHON_ENV = "DEDUPE_PURE_PYTHON"
 
 #: Returned by :class:`HeldConnection` when another thread holds the connection.
 BUSY: Any = object()
@@ -263,7 +256,7 @@ _PROBE = ("EVALSHA", "0" * 40, 2, "ns:{k\u00e9}:started", b"\x00\xffv", -12, 300
 
 def direct_packer(connection: Any) -> Any:
     """What packs a command for ``connection``, called straight as ``pack(args) -> bytes``: the
-    compiled ``dedupe_worker._resp.pack_command`` (unless :data:`PURE_PYTHON_ENV` is set), else
+    compiled ``dedupe_worker._resp.pack_command`` (unless ``DEDUPE_PURE_PYTHON`` is set), else
     ``hiredis.pack_command``, the first that packs :data:`_PROBE` byte for byte as ``connection``'s
     own (public) ``pack_command`` does; ``None`` when neither does.
 
@@ -274,8 +267,7 @@ def direct_packer(connection: Any) -> Any:
         own = b"".join(connection.pack_command(*_PROBE))
     except Exception:  # a packer that refuses part of the probe: keep it
         return None
-    pure = os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0")
-    for pack in (None if pure else compiled_pack, hiredis_pack):
+    for pack in (None if pure_python() else compiled_pack, hiredis_pack):
         if pack is None:
             continue
         try:
