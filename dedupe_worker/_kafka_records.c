@@ -181,17 +181,18 @@ plain_identities(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         ttl_lowered = ttl_ascii ? (const char *)PyUnicode_DATA(ttl) : "";
         ttl_length = PyUnicode_GET_LENGTH(ttl);
     }
-    PyObject *sequence = PySequence_Fast(messages, "messages must be a sequence");
+    /* A tuple of its own: a method of a record may run Python code, which could change the
+     * caller's list under the loop (each record is kept alive by the tuple too). */
+    PyObject *sequence = PySequence_Tuple(messages);
     if (sequence == NULL)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    Py_ssize_t count = PyTuple_GET_SIZE(sequence);
     PyObject *keys = PyList_New(count);
     PyObject *fingerprints = PyList_New(count);
     if (keys == NULL || fingerprints == NULL)
         goto error;
     for (Py_ssize_t i = 0; i < count; i++) {
-        /* the message stays alive through sequence, even if a call drops the caller's list */
-        PyObject *message = PySequence_Fast_GET_ITEM(sequence, i);
+        PyObject *message = PyTuple_GET_ITEM(sequence, i);
         PyObject *key = plain_key(state, message, ttl_lowered, ttl_length, ttl_ascii);
         PyObject *fingerprint = Py_None;
         if (key != NULL && sha256 != Py_None) {

@@ -343,3 +343,21 @@ def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
     finally:
         consumer.close()
         twin.close()
+
+
+@needs_compiled
+def test_a_record_that_empties_the_batch_under_the_compiled_loop_changes_nothing_it_answers() -> None:
+    """A record's ``headers()`` may run any Python code, even clear the caller's list: the loop
+    reads its own copy, so it answers for every record it was given."""
+    assert plain_identities is not None
+    batch: list[Any] = []
+
+    class Clearing(Record):
+        def headers(self) -> Any:
+            batch.clear()
+            return super().headers()
+
+    batch.extend([Record([("idempotency-key", b"a")]), Clearing([("idempotency-key", b"b")]),
+                  Record([("idempotency-key", b"c")])])
+    keys, fingerprints = plain_identities(batch, sha256, TTL_HEADER)
+    assert keys == ["a", "b", "c"] and len(fingerprints) == 3 and batch == []

@@ -372,13 +372,14 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                                                                 list[tuple[int, Exception]]]:
         """:meth:`_identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
         in all three at a message refused), and the ``(position, error)`` of the refused. With the
-        default key strategy and fingerprint the compiled ``dedupe_worker._kafka_records`` answers for the
-        records it takes (those with an ``idempotency-key`` header and no ttl header: ~6,900
-        fewer instructions a message than the Python path below, a quarter of a duplicate's,
-        valgrind, bench.kafka_cpu --callgrind), the Python path for the rest; without it, each record is read here without
-        a call of :meth:`_identify` (which the rest of the strategy's chain still takes), and the
-        ttl header by one :class:`TtlHeader` for the batch (~3,000 fewer instructions a message,
-        valgrind, bench.kafka_cpu's records)."""
+        default key strategy and fingerprint, the compiled ``dedupe_worker._kafka_records``
+        answers for the records it takes (an ``idempotency-key`` header, no ttl header: ~6,900
+        fewer instructions a message than the Python path below, a quarter of a duplicate's;
+        valgrind, bench.kafka_cpu --callgrind) and :meth:`_identify_one` for the rest. Without it,
+        each record is read by :meth:`_identify_one` (the rest of the strategy's chain only where
+        the header is missing), the ttl header by one :class:`TtlHeader` for the batch (~3,000
+        fewer instructions a message than :meth:`_identify` each; valgrind, bench.kafka_cpu's
+        records)."""
         fingerprint = self.fingerprint
         plain = self.key_strategy is KAFKA_DEFAULT and (fingerprint is None or fingerprint is body_fingerprint)
         ttl_of = self._ttl_reader()
