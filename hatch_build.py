@@ -30,7 +30,7 @@ EXTENSIONS = {
     "dedupe_worker._resp": "dedupe_worker/_resp.c",
     "dedupe_worker._kafka_records": "dedupe_worker/_kafka_records.c",
 }
-#: Set to anything but ``""``/``0``: build without the extension.
+#: Set to anything but ``""``/``0``: build without the extensions.
 NO_EXTENSIONS_ENV = "DEDUPE_NO_EXTENSIONS"
 
 
