@@ -42,7 +42,7 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         # Where the import finds each: dedupe_worker/_resp.cpython-311-x86_64-linux-gnu.so, say.
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
-        targets = {name: Path(self.root, *name.split(".")[:-1], name.split(".")[-1] + suffix) for name in EXTENSIONS}
+        targets = {name: Path(self.root, name.replace(".", "/") + suffix) for name in EXTENSIONS}
         names = ", ".join(EXTENSIONS)
         editable = version == "editable"
         if editable:  # a stale build of an earlier install would be imported instead of the fallback

@@ -18,11 +18,11 @@ may after start-up, so full collections skip everything that existed then.
 machine does not disturb, in all and by library (the interpreter running our Python and redis-py's,
 hiredis, the packer, the compiled identification, the rest; ``callgrind_annotate``'s self counts).
 The consumer runs under ``valgrind --tool=callgrind`` on N and 2N new keys (and, in two more runs,
-the same again as duplicates); the difference of the totals over N is one message's cost (start-up, imports and the
-first batches cancel). Counted: the main thread only (the lease renewer and librdkafka's threads
-run by the clock, which valgrind slows), with the collector off and whole batches claimed at once
-(``flush_after`` 1 s: under valgrind handlers look slow, which would change the chunking from run
-to run).
+the same again as duplicates); the difference of the totals over N is one message's cost
+(start-up, imports and the first batches cancel). Counted: the main thread only (the lease
+renewer and librdkafka's threads run by the clock, which valgrind slows), with the collector off
+and whole batches claimed at once (``flush_after`` 1 s: under valgrind handlers look slow, which
+would change the chunking from run to run).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any
 import redis
 from confluent_kafka import Message
 
-from dedupe_worker import Deduplicator, _compiled, decide_many
-from dedupe_worker._compiled import pure_python
+from dedupe_worker import Deduplicator, decide_many
+from dedupe_worker._compiled import plain_identities, pure_python
 from dedupe_worker._engine import Pacing
 from dedupe_worker.kafka import DedupeKafkaConsumer
 from dedupe_worker.kafka._positions import PartitionState
@@ -173,10 +173,10 @@ def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
     new = (runs["new", 2 * count][0] - runs["new", count][0]) / count
     duplicate = (runs["dup", 2 * count][0] - runs["dup", count][0]) / count - new
     packer = "compiled" if direct_packer_name() == "compiled" else "hiredis"
-    loops = "python" if pure_python() or _compiled.plain_identities is None else "compiled"
+    identification = "python" if pure_python() or plain_identities is None else "compiled"
     print(f"Kafka consumer instructions per message without a broker (valgrind, main thread, gc off, batches of "
           f"{BATCH}, whole batches claimed; runs of {count:,} and {2 * count:,} messages; packer: {packer}; "
-          f"identification: {loops})")
+          f"identification: {identification})")
     print(f"  consumer, new keys         {new:9,.0f} instructions/msg")
     print(f"  consumer, duplicates       {duplicate:9,.0f} instructions/msg")
     libraries = runs["new", count][1]

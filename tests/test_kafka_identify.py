@@ -96,7 +96,7 @@ def consumer_of(strategy: Any, fingerprint: Any, compiled: Any, ttl_header: str 
     """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound."""
     consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=ttl_header, _ttl_of=None,
                                _compiled=compiled)
-    for name in ("_identify", "_ttl_reader", "_identify_one", "_identify_chained", "_identities"):
+    for name in ("_identify", "_ttl_reader", "_identify_one", "_identities"):
         setattr(consumer, name, getattr(DedupeKafkaConsumer, name).__get__(consumer))
     return consumer
 
@@ -303,9 +303,9 @@ ADMISSION_BATCH = [
 
 
 def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
-    """``_admit`` (a set look-up for a flowing partition's record, the others one by one) takes what ``_accept`` takes
-    record by record, in order, with the same positions of records settled earlier, and leaves
-    each partition in the same state: paused records dropped, a rewound partition's older fetches
+    """``_admit`` (a set look-up for a flowing partition's record, the others one by one) takes
+    what ``_accept`` takes record by record, in order, with the same positions of records settled
+    earlier, and leaves each partition in the same state: paused records dropped, a rewound partition's older fetches
     dropped and the rest taken from its rewind point, a record past it rewinding it again, an error
     or an unknown partition dropped."""
     from dedupe_worker.testing import in_memory

@@ -384,49 +384,32 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         plain = self.key_strategy is KAFKA_DEFAULT and (fingerprint is None or fingerprint is body_fingerprint)
         ttl_of = self._ttl_reader()
         failures: list[tuple[int, Exception]] = []
+        ttls: list[float | None] = [None] * len(messages)
+        left: Sequence[int]  # the positions the Python path identifies
         if plain and self._compiled is not None:
             keys, fingerprints = self._compiled(messages, None if fingerprint is None else sha256,
                                                 None if ttl_of is None else ttl_of.lowered)
-            ttls: list[float | None] = [None] * len(keys)
-            if None in keys:  # the records it left: the Python path's
-                for n, key in enumerate(keys):
-                    if key is None:
-                        keys[n], fingerprints[n], ttls[n] = self._identify_one(messages[n], n, failures, ttl_of)
-            return keys, fingerprints, ttls, failures
-        keys, fingerprints, ttls = [], [], []
-        identify = self._identify_one if plain else self._identify_chained
-        for n, msg in enumerate(messages):
-            key, fp, ttl = identify(msg, n, failures, ttl_of)
-            keys.append(key)
-            fingerprints.append(fp)
-            ttls.append(ttl)
+            left = [n for n, key in enumerate(keys) if key is None] if None in keys else ()
+        else:
+            keys, fingerprints, left = [None] * len(messages), [None] * len(messages), range(len(messages))
+        for n in left:
+            try:
+                keys[n], fingerprints[n], ttls[n] = (self._identify_one(messages[n], ttl_of) if plain
+                                                     else self._identify(messages[n]))
+            except Exception as exc:  # None in all three columns
+                failures.append((n, exc))
         return keys, fingerprints, ttls, failures
 
-    def _identify_one(self, msg: Message, n: int, failures: list[tuple[int, Exception]],
-                      ttl_of: TtlHeader | None) -> tuple[str | None, Any, float | None]:
+    def _identify_one(self, msg: Message, ttl_of: TtlHeader | None) -> tuple[str, Any, float | None]:
         """What :meth:`_identify` answers for ``msg`` with the default key strategy and fingerprint,
-        the record read here (the rest of the chain when it has no ``idempotency-key`` header); a
-        failure is added to ``failures`` at ``n`` and answered ``(None, None, None)``."""
-        try:
-            headers = dict(msg.headers() or ())  # as from_kafka() reads them
-            key = default_header_key(headers)
-            if key is None:  # the rest of the chain
-                return self._identify(msg)
-            return (key, None if self.fingerprint is None else bytes_fingerprint(msg.value() or b""),
-                    None if ttl_of is None else ttl_of(headers))
-        except Exception as exc:
-            failures.append((n, exc))
-            return None, None, None
-
-    def _identify_chained(self, msg: Message, n: int, failures: list[tuple[int, Exception]],
-                          ttl_of: TtlHeader | None) -> tuple[str | None, Any, float | None]:
-        """:meth:`_identify` of ``msg``; a failure is added to ``failures`` at ``n`` and answered
-        ``(None, None, None)``."""
-        try:
+        the record read here (the rest of the chain when it has no ``idempotency-key`` header), the
+        ttl header by ``ttl_of``; raises what it raises."""
+        headers = dict(msg.headers() or ())  # as from_kafka() reads them
+        key = default_header_key(headers)
+        if key is None:  # the rest of the chain
             return self._identify(msg)
-        except Exception as exc:
-            failures.append((n, exc))
-            return None, None, None
+        return (key, None if self.fingerprint is None else bytes_fingerprint(msg.value() or b""),
+                None if ttl_of is None else ttl_of(headers))
 
     def _ttl_reader(self) -> TtlHeader | None:
         """The :class:`TtlHeader` of ``ttl_header`` (kept while the name stays), ``None`` when unset."""
