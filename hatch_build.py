@@ -7,6 +7,8 @@ compiler Python was built with, or ``CC``) compiles the extensions carries them 
 interpreter and platform (``cp311-cp311-linux_x86_64``); an editable install (``pip install -e .``,
 ``make install``) puts them beside the sources, where the ``.pth`` of the editable wheel makes Python
 import them (git-ignored, each replaced by a rename so a running process keeps the file it loaded).
+``_kafka_records`` computes SHA-256 with OpenSSL (``libcrypto``, the library Python's ``hashlib``
+uses) where its headers are found, else through ``hashlib`` (its ``DIGEST`` says which).
 Where they do not compile (no compiler, no Python headers, no setuptools) or ``DEDUPE_NO_EXTENSIONS=1``
 is set, the build still succeeds, pure Python and tagged ``py3-none-any``, and says why; the library
 then packs with ``hiredis.pack_command`` (see ``dedupe_worker/_protocol/held.py``) and identifies
@@ -30,6 +32,10 @@ EXTENSIONS = {
     "dedupe_worker._resp": "dedupe_worker/_resp.c",
     "dedupe_worker._kafka_records": "dedupe_worker/_kafka_records.c",
 }
+#: How an extension that computes SHA-256 with OpenSSL's EVP interface is built (its source reads
+#: ``DEDUPE_OPENSSL``), and which do; where that does not compile or link, they are built without it.
+OPENSSL: dict[str, Any] = {"define_macros": [("DEDUPE_OPENSSL", "1")], "libraries": ["crypto"]}
+OPENSSL_USERS = frozenset({"dedupe_worker._kafka_records"})
 #: Set to anything but ``""``/``0``: build without the extensions.
 NO_EXTENSIONS_ENV = "DEDUPE_NO_EXTENSIONS"
 
@@ -80,10 +86,20 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         from setuptools import Distribution, Extension
         from setuptools.command.build_ext import build_ext
 
-        extensions = [Extension(name, [str(Path(self.root, source))]) for name, source in EXTENSIONS.items()]
-        command = build_ext(Distribution({"name": "dedupe-worker", "ext_modules": extensions}))
-        command.build_lib = str(out / "lib")
-        command.build_temp = str(out / "temp")
-        command.ensure_finalized()
-        command.run()
-        return {name: Path(command.get_ext_fullpath(name)) for name in EXTENSIONS}
+        def build(openssl: bool) -> dict[str, Path]:
+            extensions = [Extension(name, [str(Path(self.root, source))],
+                                    **(OPENSSL if openssl and name in OPENSSL_USERS else {}))
+                          for name, source in EXTENSIONS.items()]
+            command = build_ext(Distribution({"name": "dedupe-worker", "ext_modules": extensions}))
+            command.build_lib = str(out / ("lib" if openssl else "lib-no-openssl"))
+            command.build_temp = str(out / ("temp" if openssl else "temp-no-openssl"))
+            command.ensure_finalized()
+            command.run()
+            return {name: Path(command.get_ext_fullpath(name)) for name in EXTENSIONS}
+
+        try:
+            return build(openssl=True)
+        except Exception as exc:  # no OpenSSL headers or libcrypto here: hashlib computes the digests
+            self.app.display_info(f"building with OpenSSL failed ({type(exc).__name__}: {exc}); "
+                                  "building without it (the Kafka records' digests through hashlib)")
+            return build(openssl=False)

@@ -173,7 +173,8 @@ def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
     new = (runs["new", 2 * count][0] - runs["new", count][0]) / count
     duplicate = (runs["dup", 2 * count][0] - runs["dup", count][0]) / count - new
     packer = "compiled" if direct_packer_name() == "compiled" else "hiredis"
-    identification = "python" if pure_python() or plain_identities is None else "compiled"
+    identification = "python" if pure_python() or plain_identities is None else (
+        f"compiled, digest by {sys.modules['dedupe_worker._kafka_records'].DIGEST}")
     print(f"Kafka consumer instructions per message without a broker (valgrind, main thread, gc off, batches of "
           f"{BATCH}, whole batches claimed; runs of {count:,} and {2 * count:,} messages; packer: {packer}; "
           f"identification: {identification})")

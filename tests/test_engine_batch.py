@@ -3,6 +3,7 @@ trips that costs (counted on the connection), and what an interruption leaves be
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,8 @@ import redis
 
 from dedupe_worker import Deduplicator, Reason, State, current_claim, decide, decide_many
 from dedupe_worker._engine import Pacing
-from dedupe_worker._engine.batch import STREAM_STEP, verdicts_flow
+from dedupe_worker._engine.batch import STREAM_STEP, _Batch, verdicts_flow
+from dedupe_worker._engine.pacing import STREAM_WORK
 from dedupe_worker._protocol.scripts import ScriptRunner
 
 
@@ -244,6 +246,55 @@ def test_a_batch_of_duplicates_is_claimed_in_growing_chunks_then_whole(
     assert len(sent) == 1  # the same consumer, steady: one claim round trip for the whole batch
 
 
+@pytest.mark.parametrize("odd", ["none", "omitted", "failed", "new", "copy"])
+def test_a_run_of_duplicates_noted_at_once_answers_as_one_by_one(
+        redis_client: redis.Redis, namespace: str, odd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claimed chunk that found every outcome completed is noted with a slice a column
+    (_Batch.all_stored); the verdicts (reason, stored value, token) are those the loop gives one
+    by one, also where one claim of the chunk is not such a duplicate (an omitted or failed
+    outcome, a new key, a copy in the batch) and the loop answers for all of them."""
+    dedupe = Deduplicator(redis_client, namespace=namespace, max_result_bytes=64, permanent_errors=(KeyError,))
+    try:
+        keys = [f"run-{i}" for i in range(40)]
+        decide_many(dedupe, [(k, None, (lambda i=i: {"n": i})) for i, k in enumerate(keys)], pacing=fast_pacing())
+        if odd == "omitted":
+            decide_many(dedupe, [("run-odd", None, (lambda: "x" * 200))])
+        elif odd == "failed":
+            decide_many(dedupe, [("run-odd", None, (lambda: {}["no such account"]))])
+        again = [*keys[:20], "run-odd" if odd != "copy" else keys[3], *keys[20:]]
+        if odd == "none":
+            again.remove("run-odd")
+
+        def verdicts() -> list[tuple[Any, ...]]:
+            decisions = decide_many(dedupe, [(k, None, (lambda: "ran")) for k in again], pacing=fast_pacing())
+            return [(d.reason, d.value, d.token) for d in decisions]
+
+        original = _Batch.all_stored
+        answers: list[bool] = []
+
+        def spied(self: _Batch, indices: list[int], flat: list[Any]) -> bool:
+            answers.append(original(self, indices, flat))
+            return answers[-1]
+
+        monkeypatch.setattr(_Batch, "all_stored", spied)
+        noted = verdicts()
+        # one chunk, one call (and with a copy: the chunk, with copies waiting, is not asked; the
+        # copy alone is, once its first copy is decided)
+        assert answers == ([True] if odd == "none" else [False])
+        calls: list[bool] = []
+        monkeypatch.setattr(_Batch, "all_stored", lambda self, indices, flat: calls.append(True) or False)
+        one_by_one = verdicts()
+        monkeypatch.setattr(_Batch, "all_stored", original)
+        assert calls  # the loop answered the second time
+        assert noted[:20] == [(Reason.DUPLICATE, {"n": i}, noted[i][2]) for i in range(20)]
+        if odd == "new":
+            assert noted[20][:2] == (Reason.APPLIED, "ran") and one_by_one[20][0] is Reason.DUPLICATE
+            noted[20] = one_by_one[20]  # the second run found the first one's outcome
+        assert noted == one_by_one
+    finally:
+        dedupe.close()
+
+
 def test_claims_a_chunk_has_not_started_are_given_back_once_its_handlers_reach_flush_after(
         dedupe: Deduplicator) -> None:
     pacing = Pacing(flush_after=0.005)
@@ -293,7 +344,16 @@ def streamed(redis_url: str, namespace: str) -> Iterator[Deduplicator]:
 
 def fast_pacing() -> Pacing:
     pacing = Pacing()
-    pacing.mean = 1e-7  # as after a stream of no-op handlers: the whole batch is one chunk
+    pacing.mean = 1e-7  # as after a stream of no-op handlers: the whole batch is one chunk, one call
+    return pacing
+
+
+def streaming_pacing() -> Pacing:
+    """As after handlers of 40 us: a batch of up to 125 is one chunk (5 ms), claimed in calls of
+    STREAM_STEP (each carries over STREAM_WORK of handler time), so its handlers overlap Redis."""
+    pacing = Pacing()
+    pacing.mean = 40e-6
+    assert pacing.chunk(3 * STREAM_STEP + 5) == 3 * STREAM_STEP + 5 and pacing.step(100) == STREAM_STEP
     return pacing
 
 
@@ -306,7 +366,7 @@ def test_a_chunks_handlers_start_while_redis_still_claims_the_rest_of_it(streame
         return i
 
     decisions = decide_many(streamed, [(f"s-{i}", None, (lambda i=i: work(i))) for i in range(n)],
-                            pacing=fast_pacing())
+                            pacing=streaming_pacing())
     assert [d.reason for d in decisions] == [Reason.APPLIED] * n
     assert [d.value for d in decisions] == list(range(n))
     # one write claimed the chunk, one stored it: the round trips are those of one chunk
@@ -317,6 +377,23 @@ def test_a_chunks_handlers_start_while_redis_still_claims_the_rest_of_it(streame
     assert reads_seen[0] == 1
     assert reads_seen[-1] == 4
     assert all(streamed.status(f"s-{i}").state is State.DONE for i in (0, n - 1))
+
+
+def test_a_streamed_call_carries_stream_work_of_handlers_or_the_whole_chunk() -> None:
+    """Pacing.step: at least STREAM_STEP claims a call, enough for STREAM_WORK of handler time;
+    the whole chunk when it all should take less (no-op handlers, duplicates: none run)."""
+    fresh = Pacing()  # nothing seen: a handler is taken to last flush_after
+    assert fresh.step(100) == STREAM_STEP
+    steady = Pacing()
+    steady.mean = 10e-6  # 100 handlers make STREAM_WORK (1 ms)
+    assert steady.step(500) == math.ceil(STREAM_WORK / 10e-6) == 100
+    assert steady.step(100) == 100 and steady.step(101) == 100
+    steady.mean = 1e-7
+    assert steady.step(500) == 500
+    duplicates = Pacing()
+    duplicates.mean, duplicates.acquired = 40e-6, 0.0  # a long run of duplicates: nothing to divide by
+    assert duplicates.step(500) == 500
+    assert duplicates.step(0) == 1
 
 
 def test_a_flush_after_near_the_lease_claims_the_chunk_in_one_call(streamed: Deduplicator) -> None:
@@ -336,10 +413,29 @@ def test_duplicates_are_answered_call_by_call_in_one_round_trip(streamed: Dedupl
     n = 2 * STREAM_STEP + 1
     decide_many(streamed, [(f"d-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=fast_pacing())
     ReadCountingConnection.sent.clear()
-    again = decide_many(streamed, [(f"d-{i}", None, (lambda: 1 / 0)) for i in range(n)], pacing=fast_pacing())
+    again = decide_many(streamed, [(f"d-{i}", None, (lambda: 1 / 0)) for i in range(n)], pacing=streaming_pacing())
     assert [d.reason for d in again] == [Reason.DUPLICATE] * n
     assert [d.value for d in again] == list(range(n))
     assert len(ReadCountingConnection.sent) == 1 and ReadCountingConnection.sent[0].count(SCRIPT_CALL) == 3
+
+
+def test_fast_handlers_and_a_run_of_duplicates_claim_a_chunk_in_one_call(streamed: Deduplicator) -> None:
+    """Where a chunk's handlers should take less than STREAM_WORK together, nothing would run
+    while Redis claims: the chunk is one call (one wait on its reply, not one per call). No-op
+    handlers; then the same keys again, with the pacing that a run of duplicates leaves (few
+    claims ACQUIRED): one call too, though its handlers would be slow."""
+    n = 3 * STREAM_STEP + 5
+    first = decide_many(streamed, [(f"one-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=fast_pacing())
+    assert [d.reason for d in first] == [Reason.APPLIED] * n
+    sent = ReadCountingConnection.sent
+    assert [scripts_in(r) for r in sent] == [{"claim"}, {"complete"}]
+    assert sent[0].count(SCRIPT_CALL) == 1
+    sent.clear()
+    pacing = streaming_pacing()
+    pacing.acquired = 0.01  # as after a run of duplicates
+    again = decide_many(streamed, [(f"one-{i}", None, (lambda: 1 / 0)) for i in range(n)], pacing=pacing)
+    assert [d.reason for d in again] == [Reason.DUPLICATE] * n
+    assert len(sent) == 1 and sent[0].count(SCRIPT_CALL) == 1
 
 
 def test_a_connection_cut_mid_stream_defers_what_was_not_answered_and_runs_nothing_of_it(
@@ -353,7 +449,7 @@ def test_a_connection_cut_mid_stream_defers_what_was_not_answered_and_runs_nothi
         return i
 
     decisions = decide_many(streamed, [(f"cut-{i}", None, (lambda i=i: work(i))) for i in range(n)],
-                            pacing=fast_pacing())
+                            pacing=streaming_pacing())
     ReadCountingConnection.fail_at = None
     assert runs == list(range(STREAM_STEP))  # only the answered sub-chunk ran
     # what ran is stored by the next round trip (the connection is back): APPLIED
@@ -371,7 +467,7 @@ def test_a_noscript_in_a_streamed_round_trip_reloads_every_script_and_answers_in
     dedupe = Deduplicator(client, namespace="noscript", lease=5.0, result_ttl=60.0)
     try:
         n = 2 * STREAM_STEP + 3
-        first = decide_many(dedupe, [(f"ns-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=fast_pacing())
+        first = decide_many(dedupe, [(f"ns-{i}", None, (lambda i=i: i)) for i in range(n)], pacing=streaming_pacing())
         assert all(d.reason is Reason.APPLIED for d in first)
         client.script_flush()
         runs: list[int] = []
@@ -382,7 +478,7 @@ def test_a_noscript_in_a_streamed_round_trip_reloads_every_script_and_answers_in
 
         keys = [f"ns-{i}" for i in range(n)] + [f"ns-new-{i}" for i in range(n)]
         again = decide_many(dedupe, [(k, None, (lambda i=i: work(i))) for i, k in enumerate(keys)],
-                            pacing=fast_pacing())
+                            pacing=streaming_pacing())
         assert [d.reason for d in again] == [Reason.DUPLICATE] * n + [Reason.APPLIED] * n
         assert [d.value for d in again] == list(range(n)) + [-i for i in range(n, 2 * n)]
         assert runs == list(range(n, 2 * n))
@@ -401,7 +497,7 @@ def test_an_interrupt_mid_stream_stores_what_finished_and_frees_every_other_clai
 
     with pytest.raises(KeyboardInterrupt):
         decide_many(streamed, [(f"ki-{i}", None, (lambda i=i: work(i))) for i in range(n)],
-                    pacing=fast_pacing())
+                    pacing=streaming_pacing())
     states = [streamed.status(f"ki-{i}").state for i in range(n)]
     assert states[:stop_at] == [State.DONE] * stop_at
     assert states[stop_at:] == [State.FREE] * (n - stop_at)

@@ -16,6 +16,8 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from dedupe_worker import Deduplicator, Reason, decide, decide_many
+from dedupe_worker._engine import Pacing
+from dedupe_worker._engine.batch import STREAM_STEP
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide as adecide
 from dedupe_worker.observe import current
@@ -76,6 +78,13 @@ def scripts(commands: list[list[str]]) -> list[tuple[str, ...]]:
     return out
 
 
+class FixedSteps(Pacing):
+    """A streamed chunk is claimed in calls of STREAM_STEP, however long its handlers take."""
+
+    def step(self, claims: int) -> int:
+        return STREAM_STEP
+
+
 def batch(dedupe: Deduplicator) -> list[Reason]:
     """One batch of 120: new keys, keys applied before, a key repeated inside, a handler error, a
     permanent failure, a conflict."""
@@ -89,9 +98,10 @@ def batch(dedupe: Deduplicator) -> list[Reason]:
     items += [("k3", None, lambda: "copy"), ("boom", None, fail(ValueError("x"))),
               ("doomed", None, fail(Permanent("y"))), ("taken", "other", lambda: 1)]
     items += [(f"late{i}", None, lambda: None) for i in range(6)]
-    # flush_after of a second: chunks are sized the same whatever the handlers take (the pacing
-    # would otherwise size them from timings, which observers change)
-    reasons = [d.reason for d in decide_many(dedupe, items, flush_after=1.0)]
+    # flush_after of a second and calls of STREAM_STEP: chunks and their calls are sized the same
+    # whatever the handlers take (the pacing would otherwise size them from timings, which
+    # observers change)
+    reasons = [d.reason for d in decide_many(dedupe, items, pacing=FixedSteps(1.0))]
     # and the single-message engine: applied, duplicate, handler error
     return reasons + [decide(dedupe, key, handler).reason
                       for key, handler in (("one", lambda: 1), ("one", lambda: 2), ("two", fail(KeyError("z"))))]

@@ -97,6 +97,49 @@ def test_a_wheel_without_the_extension_still_builds_pure(env: dict[str, str], tm
         assert "were not compiled" in built.stdout + built.stderr  # said, not silent
 
 
+def test_without_openssl_the_kafka_records_extension_digests_through_hashlib(tmp_path: Path) -> None:
+    """Where OpenSSL's headers do not compile (here: an ``openssl/evp.h`` that stops the compiler,
+    found first through ``CFLAGS``), the build says so and builds ``_kafka_records`` without it:
+    its ``DIGEST`` is ``hashlib`` and its fingerprints are the same SHA-256."""
+    import hashlib
+    import importlib.machinery
+    import importlib.util
+
+    if not compiled_expected():
+        pytest.skip("no compiled extensions expected here (DEDUPE_NO_EXTENSIONS, or no C compiler outside CI)")
+    broken = tmp_path / "include" / "openssl"
+    broken.mkdir(parents=True)
+    (broken / "evp.h").write_text("#error OpenSSL is missing here\n")
+    built = build(tmp_path / "dist", "--wheel", CFLAGS=f"-I{broken.parent}")
+    assert "building without it" in built.stdout + built.stderr  # said, not silent
+    (found,) = (tmp_path / "dist").glob("dedupe_worker-*.whl")
+    name = next(n for n in EXTENSIONS if "_kafka_records" in n)
+    target = tmp_path / "unpacked" / Path(name).name
+    target.parent.mkdir()
+    target.write_bytes(zipfile.ZipFile(found).read(name))
+    loader = importlib.machinery.ExtensionFileLoader("dedupe_worker._kafka_records", str(target))
+    spec = importlib.util.spec_from_file_location("dedupe_worker._kafka_records", target, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)  # not put in sys.modules: the installed one stays
+    loader.exec_module(module)
+    assert module.DIGEST == "hashlib"
+
+    class Record:
+        def __init__(self, value: bytes | None) -> None:
+            self._value = value
+
+        def headers(self) -> list[tuple[str, bytes]]:
+            return [("idempotency-key", b"k")]
+
+        def value(self) -> bytes | None:
+            return self._value
+
+    bodies = [None, b"", b"order-1", b"y" * 5000]
+    keys, fingerprints = module.plain_identities([Record(body) for body in bodies], True, None)
+    assert keys == ["k"] * 4
+    assert fingerprints == [hashlib.sha256(body or b"").hexdigest()[:32] for body in bodies]
+
+
 def test_the_sdist_builds_a_wheel_with_the_compiled_packer(tmp_path: Path) -> None:
     """The sdist carries the C source and the build hook; the wheel built from it (``python -m
     build`` builds the wheel from the sdist) carries the extension."""

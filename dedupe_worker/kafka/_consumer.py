@@ -24,7 +24,6 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Container, Mapping, Sequence
 from functools import partial
-from hashlib import sha256
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
@@ -387,7 +386,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         ttls: list[float | None] = [None] * len(messages)
         left: Sequence[int]  # the positions the Python path identifies
         if plain and self._compiled is not None:
-            keys, fingerprints = self._compiled(messages, None if fingerprint is None else sha256,
+            keys, fingerprints = self._compiled(messages, fingerprint is not None,
                                                 None if ttl_of is None else ttl_of.lowered)
             left = [n for n, key in enumerate(keys) if key is None] if None in keys else ()
         else:
