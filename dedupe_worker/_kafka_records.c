@@ -126,6 +126,17 @@ plain_key(State *state, PyObject *message, const char *ttl_lowered, Py_ssize_t t
 
 static const char HEX[] = "0123456789abcdef";
 
+#ifdef DEDUPE_OPENSSL
+/* The SHA-256 of size bytes into full (length set); 1, or 0 when OpenSSL failed. */
+static int
+evp_digest(Context *context, const EVP_MD *md, const char *bytes, size_t size, unsigned char *full,
+           unsigned int *length)
+{
+    return EVP_DigestInit_ex(context, md, NULL) && EVP_DigestUpdate(context, bytes, size)
+           && EVP_DigestFinal_ex(context, full, length);
+}
+#endif
+
 /* The first FINGERPRINT_HEX / 2 bytes of the SHA-256 of data into out; 0, or -1 with no error
  * set when the record is left to the Python path. */
 static int
@@ -140,13 +151,11 @@ digest_into(State *state, Context *context, PyObject *data, unsigned char *out)
         int ok;
         if (size >= GIL_MINSIZE) {
             Py_BEGIN_ALLOW_THREADS
-            ok = EVP_DigestInit_ex(context, state->md, NULL) && EVP_DigestUpdate(context, bytes, size)
-                 && EVP_DigestFinal_ex(context, full, &length);
+            ok = evp_digest(context, state->md, bytes, size, full, &length);
             Py_END_ALLOW_THREADS
         }
         else {
-            ok = EVP_DigestInit_ex(context, state->md, NULL) && EVP_DigestUpdate(context, bytes, size)
-                 && EVP_DigestFinal_ex(context, full, &length);
+            ok = evp_digest(context, state->md, bytes, size, full, &length);
         }
         if (!ok || length < FINGERPRINT_HEX / 2)
             return -1;
@@ -312,17 +321,16 @@ exec_module(PyObject *module)
     state->digest_name = PyUnicode_InternFromString("digest");
     if (state->headers_name == NULL || state->value_name == NULL || state->digest_name == NULL)
         return -1;
-    const char *digest = "hashlib";
+    int openssl = 0;  /* whether OpenSSL computes the digests */
 #ifdef DEDUPE_OPENSSL
 #if OPENSSL_VERSION_NUMBER >= 0x30000000L
     state->md = EVP_MD_fetch(NULL, "SHA256", NULL);  /* fetched once: EVP_sha256() is fetched at each init */
 #else
     state->md = (EVP_MD *)EVP_sha256();
 #endif
-    if (state->md != NULL)
-        digest = "openssl";
+    openssl = state->md != NULL;
 #endif
-    if (strcmp(digest, "hashlib") == 0) {
+    if (!openssl) {
         PyObject *hashlib = PyImport_ImportModule("hashlib");
         if (hashlib == NULL)
             return -1;
@@ -331,7 +339,7 @@ exec_module(PyObject *module)
         if (state->sha256 == NULL)
             return -1;
     }
-    return PyModule_AddStringConstant(module, "DIGEST", digest);
+    return PyModule_AddStringConstant(module, "DIGEST", openssl ? "openssl" : "hashlib");
 }
 
 static int

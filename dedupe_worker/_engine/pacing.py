@@ -38,26 +38,28 @@ class Pacing:
         if flush_after < 0:
             raise ValueError("flush_after must not be negative")
         self.flush_after = flush_after
-        #: Moving average of one handler's run time, in seconds (``None``: none seen yet).
+        #: Moving average of one handler's run time, in seconds (``None``: none seen yet): each
+        #: handler's time weighs half, ``(mean + seconds) / 2``, as the batch engine's handler
+        #: loop (``_Batch.call_each``) keeps it.
         self.mean: float | None = None
         #: Moving average of the share of claims that were ACQUIRED (and so ran a handler).
         self.acquired = 1.0
-
-    def observe(self, seconds: float) -> None:
-        """One handler ran for ``seconds`` (the batch engine's handler loop keeps this average
-        itself, in a local, and writes it back once the loop is over)."""
-        self.mean = seconds if self.mean is None else (self.mean + seconds) / 2
 
     def claimed(self, claims: int, acquired: int) -> None:
         """``claims`` were made, of which ``acquired`` will run a handler."""
         if claims:
             self.acquired = (self.acquired + acquired / claims) / 2
 
+    def per_message(self) -> float:
+        """Handler seconds a claimed message should take: a handler's mean (``flush_after`` while
+        none was seen) times the share of claims that run one."""
+        return (self.mean if self.mean is not None else self.flush_after) * self.acquired
+
     def chunk(self, remaining: int) -> int:
         """How many of ``remaining`` messages to claim next (at least one, when any remain)."""
         if remaining <= 1:
             return remaining
-        per_message = (self.mean if self.mean is not None else self.flush_after) * self.acquired
+        per_message = self.per_message()
         if per_message * remaining <= self.flush_after:  # also after a long run of duplicates, when
             return remaining  # ``acquired`` is so small that flush_after / per_message overflows
         return max(1, min(remaining, int(self.flush_after / per_message)))
@@ -67,7 +69,7 @@ class Pacing:
         :data:`STREAM_STEP`, and enough that their handlers should take :data:`STREAM_WORK`; the
         whole chunk when all of them should take less (fast handlers, or duplicates, which run
         none: nothing to overlap with Redis' work)."""
-        per_message = (self.mean if self.mean is not None else self.flush_after) * self.acquired
+        per_message = self.per_message()
         if per_message * claims <= STREAM_WORK:  # also when it is 0 (``acquired`` halved to 0)
             return max(1, claims)
         return max(STREAM_STEP, math.ceil(STREAM_WORK / per_message))
