@@ -37,13 +37,21 @@ CPU: the vCPU idle, or running another process), and that CPU into:
 - ``left``: the rest of the added CPU: FastStream's or Dramatiq's code for one more middleware,
   pika/aio-pika, garbage collection.
 
+The round-trip apps are timed the same way in timed rounds of their own: the CPU of the handler's
+two calls, and in it their round trips' (the same wrapper). What the two calls spend outside
+their round trips is redis-py's command layers (``execute_command``, the pool, the reply's
+parsing): what a dedupe built on redis-py's commands would spend beside its round trips. ``our
+code`` is printed beside it (``our code beyond those layers``): our middleware, engine and
+protocol (key, fingerprint, claim, completion, verdict) less what a user's own two calls cost.
+
 CPU is ``time.thread_time`` on Dramatiq's worker thread; on asyncio, the wall time of each step
 our coroutine (or the connection's) runs between two suspensions, which is CPU: nothing blocks
 inside a step. The event loop's own work for the Redis socket (``epoll``, the transport's read
 callback, waking the coroutine) runs outside those steps: on FastStream it is in ``left``. The
-timers run only in ``--timed-rounds`` extra rounds of each dedupe case after the others (their
-rate is printed: the timers' own cost), never in the rounds of the ratios. The floor, measured in
-the same run with the same wrapper on a client of the same type (``redis.asyncio.Redis``;
+timers run only in ``--timed-rounds`` extra rounds of each dedupe and round-trip case after the
+others (their
+rate is printed: the timers' own cost), never in the rounds of the ratios. The floor, measured
+in the same run with the same wrapper on a client of the same type (``redis.asyncio.Redis``;
 ``redis.Redis`` on the held connection, Dramatiq's path), nothing else running: one ``PING`` and
 one ``EVALSHA`` of ``return 1``, medians of :data:`FLOOR_CALLS`.
 """
@@ -263,7 +271,9 @@ TRIVIAL_SCRIPT = "return 1"
 def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings | None = None,
                     round_trips: bool = False) -> Case:
     """The FastStream app; ``dedupe``: with the middleware; ``round_trips``: without it, the
-    handler making two trivial round trips on the ``redis.asyncio.Redis`` client."""
+    handler making two trivial round trips on the ``redis.asyncio.Redis`` client. ``timings``: time
+    the middleware (:func:`time_faststream_middleware`), or the handler's two calls, and their
+    round trips."""
     def case(n: int) -> tuple[float, float]:
         async def main() -> tuple[float, float]:
             queue = f"bench-fs-{uuid.uuid4().hex[:8]}"
@@ -272,7 +282,7 @@ def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timing
                 time_async_pool(redis_client.connection_pool, timings)
             client = AsyncDeduplicator(redis_client, namespace=f"bench-{queue}", result_ttl=60.0)
             middlewares = [dedupe_middleware(client, key=field_key("id"))] if dedupe else []
-            if timings is not None:
+            if timings is not None and dedupe:
                 time_faststream_middleware(middlewares[0], timings)
             broker = RabbitBroker(amqp_url, middlewares=middlewares, logger=None)
             done = asyncio.Event()
@@ -282,7 +292,12 @@ def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timing
             @broker.subscriber(RabbitQueue(queue, auto_delete=True))
             async def handle(body: dict[str, int]) -> int:
                 nonlocal handled
-                if round_trips:
+                if round_trips and timings is not None:
+                    spent = [0.0]
+                    await Stepped(redis_client.evalsha(sha, 0), spent)
+                    await Stepped(redis_client.evalsha(sha, 0), spent)
+                    timings.inside.append(spent[0])
+                elif round_trips:
                     await redis_client.evalsha(sha, 0)
                     await redis_client.evalsha(sha, 0)
                 handled += 1
@@ -309,7 +324,8 @@ def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timing
 def dramatiq_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings | None = None,
                   round_trips: bool = False) -> Case:
     """The Dramatiq app; ``dedupe``: with the middleware; ``round_trips``: without it, the actor
-    making two trivial round trips on the ``redis.Redis`` client."""
+    making two trivial round trips on the ``redis.Redis`` client. ``timings``: time the
+    middleware (:func:`time_dramatiq_middleware`), or the actor's two calls, and their round trips."""
     def case(n: int) -> tuple[float, float]:
         queue = f"bench-dq-{uuid.uuid4().hex[:8]}"
         broker = RabbitmqBroker(url=amqp_url.rstrip("/") + "/%2F")
@@ -328,7 +344,12 @@ def dramatiq_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings 
         sha = redis_client.script_load(TRIVIAL_SCRIPT) if round_trips else ""
 
         def work(i: int) -> None:
-            if round_trips:
+            if round_trips and timings is not None:
+                began = time.thread_time()
+                redis_client.evalsha(sha, 0)
+                redis_client.evalsha(sha, 0)
+                timings.inside.append(time.thread_time() - began)
+            elif round_trips:
                 redis_client.evalsha(sha, 0)
                 redis_client.evalsha(sha, 0)
             with lock:
@@ -399,11 +420,15 @@ def async_floor(redis_url: str) -> dict[str, float]:
     return asyncio.run(main())
 
 
-def breakdown(overhead: float, added_cpu: float, timings: Timings, floor: dict[str, float]) -> list[str]:
+def breakdown(overhead: float, added_cpu: float, timings: Timings, floor: dict[str, float],
+              trips: Timings) -> list[str]:
     """The lines that split ``overhead`` (µs a message, ``added_cpu`` of it the process' CPU) as
-    the module doc says."""
+    the module doc says, and set ``our code`` beside what the round-trip app's two calls spend
+    outside their round trips (``trips``)."""
     claim, complete = (timings.per_message_us(timings.cpu.get(kind, [])) for kind in ("claim", "complete"))
     ours = timings.per_message_us(timings.inside) - claim - complete
+    calls = trips.per_message_us(trips.inside)
+    sent = trips.per_message_us(trips.cpu.get("EVALSHA", []))
     others = sorted(set(timings.wall) - {"claim", "complete"})
     extra = f" (other round trips seen: {', '.join(others)})" if others else ""
     return [f"      {overhead:+.0f} µs = CPU {added_cpu:+.0f} [round trips' client CPU: claim {claim:.0f} + complete "
@@ -412,7 +437,10 @@ def breakdown(overhead: float, added_cpu: float, timings: Timings, floor: dict[s
             f"      round trips' wall time, medians: claim {timings.median_us('claim'):.0f} µs, complete "
             f"{timings.median_us('complete'):.0f} µs; floor PING {floor['PING']:.0f} µs, EVALSHA 'return 1' "
             f"{floor['EVALSHA']:.0f} µs{extra}; {len(timings.inside)} timed messages at "
-            f"{statistics.median(timings.rates):.0f} msg/s"]
+            f"{statistics.median(timings.rates):.0f} msg/s",
+            f"      the round-trip app's two calls: client CPU {calls:.0f} µs = round trips {sent:.0f} + redis-py's "
+            f"command layers {calls - sent:.0f}; our code beyond those layers {ours - (calls - sent):+.0f} µs "
+            f"({len(trips.inside)} timed messages at {statistics.median(trips.rates):.0f} msg/s)"]
 
 
 def main() -> None:
@@ -420,10 +448,10 @@ def main() -> None:
     parser.add_argument("--rabbitmq-url",
                         default=os.environ.get("DEDUPE_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"))
     parser.add_argument("--redis-url", default=os.environ.get("DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--messages", type=int, default=300)
+    parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timed-rounds", type=int, default=1,
-                        help="rounds of each dedupe case with the breakdown's timers, after the others")
+                        help="rounds of each dedupe and round-trip case with the breakdown's timers, after the others")
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     amqp = args.rabbitmq_url.rstrip("/") + "/"
@@ -445,11 +473,16 @@ def main() -> None:
     rates = {name: statistics.median(values) for name, values in samples.items()}
     cpus = {name: statistics.median(values) for name, values in cpu_samples.items()}
     timings = {"faststream": Timings(), "dramatiq": Timings()}
-    timed = {"faststream": faststream_case(amqp, args.redis_url, True, timings["faststream"]),
-             "dramatiq": dramatiq_case(amqp, args.redis_url, True, timings["dramatiq"])}
+    trip_timings = {"faststream": Timings(), "dramatiq": Timings()}  # the round-trip apps, timed alike
+    timed = [(timings["faststream"], faststream_case(amqp, args.redis_url, True, timings["faststream"])),
+             (timings["dramatiq"], dramatiq_case(amqp, args.redis_url, True, timings["dramatiq"])),
+             (trip_timings["faststream"],
+              faststream_case(amqp, args.redis_url, False, trip_timings["faststream"], round_trips=True)),
+             (trip_timings["dramatiq"],
+              dramatiq_case(amqp, args.redis_url, False, trip_timings["dramatiq"], round_trips=True))]
     for _ in range(args.timed_rounds):
-        for name, case in timed.items():
-            timings[name].rates.append(args.messages / case(args.messages)[0])
+        for timing, case in timed:
+            timing.rates.append(args.messages / case(args.messages)[0])
     floors = {"faststream": async_floor(args.redis_url), "dramatiq": sync_floor(args.redis_url)}
     print(f"FastStream and Dramatiq on RabbitMQ, {args.messages} messages x {args.rounds} rounds"
           f"{' (' + args.label + ')' if args.label else ''}")
@@ -464,7 +497,8 @@ def main() -> None:
               f"best two round trips allow)   dedupe / round trips {rates[ours] / rates[trips]:.2f}   "
               f"process CPU {cpus[trips]:.0f} µs/msg")
         if timings[plain].inside:
-            for line in breakdown(overhead, cpus[ours] - cpus[plain], timings[plain], floors[plain]):
+            for line in breakdown(overhead, cpus[ours] - cpus[plain], timings[plain], floors[plain],
+                                  trip_timings[plain]):
                 print(line)
 
 

@@ -20,7 +20,11 @@ Cases, each with a handler that returns at once:
   RabbitMQ message built in memory (``field_key("id")``, default fingerprint; acks are no-ops),
   the rest of the chain a coroutine that returns;
 - ``run``: :meth:`Deduplicator.run() <dedupe_worker.Deduplicator.run>`, for reference;
-- ``async run``: :meth:`AsyncDeduplicator.run() <dedupe_worker.asyncio.AsyncDeduplicator.run>`.
+- ``async run``: :meth:`AsyncDeduplicator.run() <dedupe_worker.asyncio.AsyncDeduplicator.run>`;
+- ``round trips``, ``async round trips``: no dedupe, two ``EVALSHA`` of ``return 1`` a message on
+  a ``redis.Redis`` / ``redis.asyncio.Redis`` (what :mod:`bench.frameworks`' round-trip apps send):
+  the instructions any dedupe that claims and completes through redis-py spends on its two round
+  trips alone. Each dedupe path is printed beside the one on its client type (:data:`BESIDE`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ from typing import Any
 import redis
 import redis.asyncio
 
-CASES = ("dramatiq", "faststream", "run", "async run")
+#: What ``bench.frameworks``' round-trip apps send per message, twice.
+TRIVIAL_SCRIPT = "return 1"
+
+CASES = ("dramatiq", "faststream", "run", "async run", "round trips", "async round trips")
 
 
 def run_dramatiq(redis_url: str, namespace: str, passes: int, count: int, made: int) -> None:
@@ -153,8 +160,37 @@ def run_async(redis_url: str, namespace: str, passes: int, count: int, made: int
     asyncio.run(main())
 
 
+def run_round_trips(redis_url: str, namespace: str, passes: int, count: int, made: int) -> None:
+    client = redis.Redis.from_url(redis_url)
+    sha = client.script_load(TRIVIAL_SCRIPT)
+    keys = [f"bench:{i}" for i in range(made)]
+    for _ in range(passes):
+        for _key in keys[:count]:
+            client.evalsha(sha, 0)
+            client.evalsha(sha, 0)
+
+
+def run_async_round_trips(redis_url: str, namespace: str, passes: int, count: int, made: int) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        sha = await client.script_load(TRIVIAL_SCRIPT)
+        keys = [f"bench:{i}" for i in range(made)]
+        for _ in range(passes):
+            for _key in keys[:count]:
+                await client.evalsha(sha, 0)
+                await client.evalsha(sha, 0)
+
+    asyncio.run(main())
+
+
 RUNS: dict[str, Callable[[str, str, int, int, int], None]] = {
-    "dramatiq": run_dramatiq, "faststream": run_faststream, "run": run_sync, "async run": run_async}
+    "dramatiq": run_dramatiq, "faststream": run_faststream, "run": run_sync, "async run": run_async,
+    "round trips": run_round_trips, "async round trips": run_async_round_trips}
+
+
+#: Each dedupe path and the two plain round trips on the same client type it is set beside.
+BESIDE = {"dramatiq": "round trips", "run": "round trips", "faststream": "async round trips",
+          "async run": "async round trips"}
 
 
 def run_only(case: str, mode: str, redis_url: str, count: int, made: int) -> None:
@@ -195,13 +231,20 @@ def main() -> None:
     count = args.messages
     print(f"Instructions per message on the single-message paths (valgrind, main thread, gc off; runs of "
           f"{count:,} and {2 * count:,} messages; Redis {args.redis_url})")
-    print(f"  {'case':<12} {'new key':>10} {'duplicate':>10}")
+    print(f"  {'case':<17} {'new key':>10} {'duplicate':>10}")
+    counted: dict[str, tuple[float, float]] = {}
     for case in args.cases:
         runs = {(mode, n): instructions(case, mode, args.redis_url, n, 2 * count)
                 for mode in ("new", "dup") for n in (count, 2 * count)}
         new = (runs["new", 2 * count] - runs["new", count]) / count
         duplicate = (runs["dup", 2 * count] - runs["dup", count]) / count - new
-        print(f"  {case:<12} {new:10,.0f} {duplicate:10,.0f}", flush=True)
+        counted[case] = new, duplicate
+        print(f"  {case:<17} {new:10,.0f} {duplicate:10,.0f}", flush=True)
+    for case, baseline in BESIDE.items():
+        if case in counted and baseline in counted:
+            (new, duplicate), (trips, _) = counted[case], counted[baseline]
+            print(f"  {case} against {baseline}: {new / trips:.2f}x per new key ({new - trips:+,.0f}), "
+                  f"{duplicate / trips:.2f}x per duplicate ({duplicate - trips:+,.0f})")
 
 
 if __name__ == "__main__":
