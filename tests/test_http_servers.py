@@ -196,7 +196,7 @@ def test_201_and_404_replayed_exactly(client: httpx.Client, effects: object, pat
     assert again.content == first.content and replayed(again) and not replayed(first)
     assert comparable(again) == comparable(first)
     if path == "/orders":
-        assert "session=abc" in first.headers.get("set-cookie", "")
+        assert "theme=dark" in first.headers.get("set-cookie", "")
         assert "set-cookie" not in again.headers  # cookies are not replayed by default
         assert json.loads(first.content)["body"] == '{"a": 1}'  # the body reached the app intact
     assert effects("POST", path, key) == 1  # type: ignore[operator]

@@ -100,7 +100,14 @@ def handle(method: str, path: str, query: str, headers: dict[str, str], body: by
                "body": body.decode("utf-8", "replace"),
                "claim": claim.key if claim else None, "token": claim.token if claim else None}
         return 201, [("content-type", "application/json"), ("x-order", str(count)),
-                     ("set-cookie", "session=abc; Path=/"), *extra], json.dumps(doc).encode()
+                     ("set-cookie", "theme=dark; Path=/"), *extra], json.dumps(doc).encode()
+    if route == "/ttl-value":  # the app's Idempotency-TTL header, whatever it holds
+        value = parse_qs(query).get("v", [""])[0]
+        return 201, [("content-type", "text/plain"), ("Idempotency-TTL", value)], f"order {count}".encode()
+    if route == "/binary":  # every byte value, and a header only latin-1 can carry
+        blob = (bytes(range(256)) * 56)[:14_200]
+        return 201, [("content-type", "application/octet-stream"), ("x-order", str(count)),
+                     ("content-disposition", "attachment; filename=\"r\u00e9sum\u00e9.bin\"")], blob
     if route == "/upload":
         return 201, [("content-type", "application/json")], body
     if route == "/missing":
