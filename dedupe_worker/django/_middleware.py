@@ -179,9 +179,9 @@ class IdempotencyMiddleware:
         claim = getattr(request, _CLAIM, None)
         if claim is None or not isinstance(exception, AlreadyApplied):
             return None
-        answer = self.rules.applied(exception)
+        stored, answer = self.rules.applied(exception)
         reply = to_django(answer)
-        reply._dedupe_applied = answer  # read back by _run
+        reply._dedupe_applied = stored  # read back by _run
         return reply
 
     def _run(self, request: Any, info: RequestInfo, claim: Claim) -> Any:

@@ -182,8 +182,8 @@ class IdempotencyMiddleware:
                 if not settled:
                     await self._release(claim)
                 raise
-            answer = self.rules.applied(exc)
-            await self._store(claim, recorder.stored(answer, False, self.dedupe.max_result_bytes, self._measure))
+            stored, answer = self.rules.applied(exc)
+            await self._store(claim, recorder.stored(stored, False, self.dedupe.max_result_bytes, self._measure))
             await send_response(send, answer)
             return
         except BaseException:

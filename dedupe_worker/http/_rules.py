@@ -232,14 +232,14 @@ class IdempotencyRules:
         log.error("idempotency store unavailable, answering 503 key=%s: %s", attempt.key, exc)
         return problems.unavailable(self.docs_url)
 
-    def applied(self, exc: AlreadyApplied) -> Response:
-        """The answer to a request whose app raised :class:`~dedupe_worker.AlreadyApplied` (an
-        earlier run committed): ``already_applied(exc)`` marked as a replay. It is stored under
-        the key like any response; the key is never released for it."""
+    def applied(self, exc: AlreadyApplied) -> tuple[Response, Response]:
+        """For a request whose app raised :class:`~dedupe_worker.AlreadyApplied` (an earlier run
+        committed): ``(stored, sent)``, ``already_applied(exc)`` to store under the key like any
+        response (the key is never released for it) and the same marked as a replay to send."""
         observer.http_answered("already_applied")
         log.info("key=%s was already applied (token %s): answered from the committed result", exc.key, exc.token)
         rendered = self.already_applied(exc)
-        return Response(rendered.status, (*rendered.headers, REPLAYED), rendered.body)
+        return rendered, replay(rendered)
 
     def request_ttl(self, request: RequestInfo) -> float | None:
         """Seconds ``request``'s response is kept (``ttl``), before the app's ``ttl_header``

@@ -142,13 +142,24 @@ class WSGIIdempotencyMiddleware:
     def _run(self, environ: Environ, start_response: StartResponse, request: RequestInfo,
              claim: Claim) -> Iterable[bytes]:
         recorder = self.rules.recorder(request)
+        # The server's start_response is called once the app returned (or at its first write()),
+        # so a framework's error page for AlreadyApplied can still be replaced by the answer.
+        started: list[Any] = []
+        writes: list[Callable[[bytes], Any]] = []
+
+        def flush() -> Callable[[bytes], Any]:
+            if not writes:
+                writes.append(start_response(*started))
+            return writes[0]
 
         def recording_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            write = start_response(status, recorder.start(int(status.split(" ", 1)[0]), headers), exc_info)
+            started[:] = [status, recorder.start(int(status.split(" ", 1)[0]), headers), exc_info]
+            if writes:  # called again after a write(): the server decides (PEP 3333)
+                start_response(*started)
 
             def recording_write(data: bytes) -> Any:
                 recorder.body(data)
-                return write(data)
+                return flush()(data)
 
             return recording_write
 
@@ -167,21 +178,23 @@ class WSGIIdempotencyMiddleware:
         finally:
             noticed = RAISED.get()
             RAISED.reset(token)
-        if isinstance(noticed, AlreadyApplied):  # the framework turned it into its error page
+        if isinstance(noticed, AlreadyApplied) and not writes:  # the framework made it its error page
             close = getattr(iterable, "close", None)
             if close is not None:
                 close()
             holding.__exit__(None, None, None)
             return self._applied(start_response, claim, recorder, noticed)
-        return RecordedBody(iterable, recorder, lambda completed: self._settle(holding, claim, recorder, completed))
+        if started:
+            flush()
+        return RecordedBody(iterable, recorder, lambda completed: self._settle(holding, claim, recorder, completed),
+                            flush if not started else None)
 
     def _applied(self, start_response: StartResponse, claim: Claim, recorder: Recorder,
                  exc: AlreadyApplied) -> list[bytes]:
-        """Answer from the committed result, stored under the key (replacing a response the app
-        started but the server has not sent: PEP 3333 lets ``start_response`` be called again)."""
-        answer = self.rules.applied(exc)
-        store_settled(self.dedupe, claim, recorder.stored(answer, False, self.dedupe.max_result_bytes, self._measure))
-        start_response(status_line(answer.status), list(answer.headers), (type(exc), exc, exc.__traceback__))
+        """Answer from the committed result, stored under the key."""
+        stored, answer = self.rules.applied(exc)
+        store_settled(self.dedupe, claim, recorder.stored(stored, False, self.dedupe.max_result_bytes, self._measure))
+        start_response(status_line(answer.status), list(answer.headers))
         return [answer.body]
 
     def _settle(self, holding: Holding, claim: Claim, recorder: Recorder, completed: bool) -> None:
@@ -243,13 +256,18 @@ class RecordedBody:
     handed to the server), or else when the server asks past the last chunk; released by
     ``close()`` (which PEP 3333 servers always call) if neither happened."""
 
-    def __init__(self, iterable: Iterable[bytes], recorder: Recorder, settle: Callable[[bool], None]) -> None:
+    def __init__(self, iterable: Iterable[bytes], recorder: Recorder, settle: Callable[[bool], None],
+                 start: Callable[[], Any] | None = None) -> None:
         self.iterable = iterable
         self.recorder = recorder
         self._settle: Callable[[bool], None] | None = settle
+        self._start = start
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.iterable:
+            if self._start is not None:  # an app that starts its response from its iterable
+                self._start, start = None, self._start
+                start()
             self.recorder.body(chunk)
             if self.recorder.received_all:
                 self.settle(True)  # stored before the server writes it: whoever got it all can get it again
