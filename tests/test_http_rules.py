@@ -11,6 +11,7 @@ from dedupe_worker.http import IdempotencyRules, KeyProblem, RequestInfo, header
 from dedupe_worker.http._stored import Response, decode, encode
 
 SCOPE = header_scope("authorization")
+EMPTY = content_hash(b"{}")
 
 
 @pytest.mark.parametrize(("values", "expected"), [
@@ -58,15 +59,15 @@ def test_screen_methods_required_and_excluded() -> None:
 
 def test_scope_and_fingerprint() -> None:
     rules = IdempotencyRules(scope=SCOPE)
-    alice = rules.attempt(request(headers=(("authorization", "Bearer a"),)), "k", content_hash(b"{}"))
-    bob = rules.attempt(request(headers=(("authorization", "Bearer b"),)), "k", content_hash(b"{}"))
+    alice = rules.attempt(request(headers=(("authorization", "Bearer a"),)), "k", EMPTY)
+    bob = rules.attempt(request(headers=(("authorization", "Bearer b"),)), "k", EMPTY)
     assert alice.key != bob.key and alice.fingerprint == bob.fingerprint
-    assert rules.attempt(request("/other"), "k", content_hash(b"{}")).key != rules.attempt(request(), "k", content_hash(b"{}")).key
-    assert rules.attempt(request(method="PATCH"), "k", content_hash(b"{}")).key != rules.attempt(request(), "k", content_hash(b"{}")).key
-    base = rules.attempt(request(), "k", content_hash(b"{}")).fingerprint
-    assert rules.attempt(request(query="a=1"), "k", content_hash(b"{}")).fingerprint != base
+    assert rules.attempt(request("/other"), "k", EMPTY).key != rules.attempt(request(), "k", EMPTY).key
+    assert rules.attempt(request(method="PATCH"), "k", EMPTY).key != rules.attempt(request(), "k", EMPTY).key
+    base = rules.attempt(request(), "k", EMPTY).fingerprint
+    assert rules.attempt(request(query="a=1"), "k", EMPTY).fingerprint != base
     assert rules.attempt(request(), "k", content_hash(b"{ }")).fingerprint != base
-    assert rules.attempt(request(headers=(("content-type", "text/plain"),)), "k", content_hash(b"{}")).fingerprint != base
+    assert rules.attempt(request(headers=(("content-type", "text/plain"),)), "k", EMPTY).fingerprint != base
     by_user = IdempotencyRules(scope=lambda r: "user-7")
     assert by_user.attempt(request(headers=(("authorization", "x"),)), "k", content_hash(b"")).key == \
         by_user.attempt(request(headers=(("authorization", "y"),)), "k", content_hash(b"")).key

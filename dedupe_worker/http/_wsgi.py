@@ -265,8 +265,8 @@ class RecordedBody:
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.iterable:
-            if self._start is not None:  # an app that starts its response from its iterable
-                self._start, start = None, self._start
+            start, self._start = self._start, None
+            if start is not None:  # an app that starts its response from its iterable
                 start()
             self.recorder.body(chunk)
             if self.recorder.received_all:

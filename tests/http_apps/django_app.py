@@ -11,12 +11,6 @@ from dedupe_worker.http import RequestInfo
 
 from . import common
 
-
-def scope(request: RequestInfo) -> str | None:
-    session = request.raw.session
-    return common.principal(session.get("user"), session.get("visitor"), request.header("authorization"))
-
-
 if not settings.configured:
     settings.configure(
         DEBUG=False,
@@ -37,6 +31,11 @@ from django.core.wsgi import get_wsgi_application
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
+
+
+def scope(request: RequestInfo) -> str | None:
+    session = request.raw.session
+    return common.principal(session.get("user"), session.get("visitor"), request.header("authorization"))
 
 
 @csrf_exempt
