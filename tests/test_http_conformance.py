@@ -153,7 +153,7 @@ async def test_crash_recovery_after_lease_expiry(redis_url: str, namespace: str)
                                                           ("x-caller", "tenant-A:user-1")))
         body = Body(100)
         body.feed(b'{"name": "x"}')
-        attempt = middleware.rules.attempt(request, "K6", body.digest())
+        attempt = middleware.rules.attempt(request, "K6", "tenant-A:user-1", body.digest())
         crashed = await dedupe.begin(attempt.key, fingerprint=attempt.fingerprint)  # claimed, then the process died
         assert crashed.acquired
         await asyncio.sleep(0.6)

@@ -14,6 +14,12 @@ SCOPE = header_scope("authorization")
 EMPTY = content_hash(b"{}")
 
 
+def caller_of(rules: IdempotencyRules, info: RequestInfo) -> str:
+    who = rules.caller(info)
+    assert isinstance(who, str)
+    return who
+
+
 @pytest.mark.parametrize(("values", "expected"), [
     ([], KeyProblem.MISSING),
     (['"abc"'], "abc"),
@@ -50,7 +56,7 @@ def test_screen_methods_required_and_excluded() -> None:
     assert rules.screen(request("/may")) is None
     assert rules.screen(request("/out", headers=(("idempotency-key", "k"),))) is None
     assert rules.screen(request("/may", headers=(("idempotency-key", "k"), ("authorization", "a")))) == "k"
-    nobody = rules.screen(request("/may", headers=(("idempotency-key", "k"),)))  # no principal: refused
+    nobody = rules.caller(request("/may", headers=(("idempotency-key", "k"),)))  # no principal: refused
     assert isinstance(nobody, Response) and nobody.status == 403
     renamed = IdempotencyRules(scope=SCOPE, header="X-Request-Id", required=True)
     assert renamed.screen(request(headers=(("x-request-id", '"r1"'), ("authorization", "a")))) == "r1"
@@ -59,18 +65,19 @@ def test_screen_methods_required_and_excluded() -> None:
 
 def test_scope_and_fingerprint() -> None:
     rules = IdempotencyRules(scope=SCOPE)
-    alice = rules.attempt(request(headers=(("authorization", "Bearer a"),)), "k", EMPTY)
-    bob = rules.attempt(request(headers=(("authorization", "Bearer b"),)), "k", EMPTY)
+    a_req, b_req = (request(headers=(("authorization", f"Bearer {x}"),)) for x in "ab")
+    alice = rules.attempt(a_req, "k", caller_of(rules, a_req), EMPTY)
+    bob = rules.attempt(b_req, "k", caller_of(rules, b_req), EMPTY)
     assert alice.key != bob.key and alice.fingerprint == bob.fingerprint
-    assert rules.attempt(request("/other"), "k", EMPTY).key != rules.attempt(request(), "k", EMPTY).key
-    assert rules.attempt(request(method="PATCH"), "k", EMPTY).key != rules.attempt(request(), "k", EMPTY).key
-    base = rules.attempt(request(), "k", EMPTY).fingerprint
-    assert rules.attempt(request(query="a=1"), "k", EMPTY).fingerprint != base
-    assert rules.attempt(request(), "k", content_hash(b"{ }")).fingerprint != base
-    assert rules.attempt(request(headers=(("content-type", "text/plain"),)), "k", EMPTY).fingerprint != base
-    by_user = IdempotencyRules(scope=lambda r: "user-7")
-    assert by_user.attempt(request(headers=(("authorization", "x"),)), "k", content_hash(b"")).key == \
-        by_user.attempt(request(headers=(("authorization", "y"),)), "k", content_hash(b"")).key
+    assert rules.attempt(request("/other"), "k", "u", EMPTY).key != rules.attempt(request(), "k", "u", EMPTY).key
+    assert rules.attempt(request(method="PATCH"), "k", "u", EMPTY).key != rules.attempt(request(), "k", "u", EMPTY).key
+    base = rules.attempt(request(), "k", "u", EMPTY).fingerprint
+    assert rules.attempt(request(query="a=1"), "k", "u", EMPTY).fingerprint != base
+    assert rules.attempt(request(), "k", "u", content_hash(b"{ }")).fingerprint != base
+    assert rules.attempt(request(headers=(("content-type", "text/plain"),)), "k", "u", EMPTY).fingerprint != base
+    by_user = IdempotencyRules(scope=lambda r: "user-7")  # the principal, whatever the credential
+    assert caller_of(by_user, a_req) == caller_of(by_user, b_req) == "user-7"
+    assert isinstance(IdempotencyRules(scope=lambda r: "").caller(a_req), Response)  # "" is refused like None
 
 
 def test_statuses_stored_by_default() -> None:

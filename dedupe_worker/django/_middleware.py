@@ -156,10 +156,13 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         if isinstance(screened, Response):
             return to_django(screened)
+        caller = self.rules.caller(info)
+        if isinstance(caller, Response):
+            return to_django(caller)
         body = read_stream(request, self.rules.max_request_bytes)
         if body is None:
             return to_django(self.rules.too_large())
-        attempt = self.rules.attempt(info, screened, body.digest())
+        attempt = self.rules.attempt(info, screened, caller, body.digest())
         claim, answer = drive(claim_flow(self.rules, attempt, self.dedupe.fail_open),
                               claim_steps(self.dedupe, attempt, self.rules.request_ttl(info), self._repair))
         if answer is not None:

@@ -33,7 +33,7 @@ from ._body import Body, declared_length
 from ._claiming import BEGIN, FORGET, REPAIR_SCRIPT, claim_flow, drive_async, record_names
 from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
-from ._rules import IdempotencyRules
+from ._rules import Attempt, IdempotencyRules
 from ._stored import Response
 
 __all__ = ["IdempotencyMiddleware"]
@@ -113,6 +113,10 @@ class IdempotencyMiddleware:
         if isinstance(screened, Response):
             await send_response(send, screened)
             return
+        caller = self.rules.caller(request)
+        if isinstance(caller, Response):
+            await send_response(send, caller)
+            return
         body = await read_body(receive, request, self.rules.max_request_bytes)
         if body is None:
             return  # the client left before its request was read: nothing ran, nothing to answer
@@ -120,13 +124,13 @@ class IdempotencyMiddleware:
             await send_response(send, self.rules.too_large())
             return
         try:
-            await self._claimed(scope, request, screened, body, receive, send)
+            await self._claimed(scope, request, self.rules.attempt(request, screened, caller, body.digest()), body,
+                                receive, send)
         finally:
             body.close()
 
-    async def _claimed(self, scope: Scope, request: RequestInfo, key: str, body: Body, receive: Receive,
+    async def _claimed(self, scope: Scope, request: RequestInfo, attempt: Attempt, body: Body, receive: Receive,
                        send: Send) -> None:
-        attempt = self.rules.attempt(request, key, body.digest())
         ttl = self.rules.request_ttl(request)
 
         async def perform(step: str, argument: Any) -> Any:

@@ -4,9 +4,10 @@
 order it asks them; the ASGI, WSGI and Django middleware only move bytes and await or call the
 claim protocol, so the three behave alike::
 
-    outcome = rules.screen(request)       # None: pass through; Response: a 400 or 403; str: the key
+    outcome = rules.screen(request)       # None: pass through; Response: a 400; str: the key
+    caller = rules.caller(request)        # str: the principal; Response: a 403 (no one to own the key)
     (the body is read into a Body of rules.max_request_bytes: past it, rules.too_large(), a 413)
-    attempt = rules.attempt(request, key, body.digest())  # stored key, fingerprint, wait
+    attempt = rules.attempt(request, key, caller, body.digest())  # stored key, fingerprint, wait
     claim = dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
                          ttl=rules.request_ttl(request))
     (a claim that raised StoreUnavailable: rules.unreadable(exc), the record is repaired and
@@ -148,8 +149,7 @@ class IdempotencyRules:
 
     def screen(self, request: RequestInfo) -> str | Response | None:
         """The client's key; or a 400 problem (the key is missing where required, repeated,
-        empty, too long or malformed) or a 403 (the request has no scope); or ``None``: the
-        request passes through untouched."""
+        empty, too long or malformed); or ``None``: the request passes through untouched."""
         if request.method.upper() not in self.methods:
             return None
         required = self.required(request) if callable(self.required) else self.required
@@ -161,28 +161,28 @@ class IdempotencyRules:
         if isinstance(key, KeyProblem):
             observer.http_answered("missing_key")
             return problems.invalid_key(key, self.header, self.docs_url)
-        if not self.principal(request):
-            observer.http_answered("scope_refused")
-            return problems.no_scope(self.header, self.docs_url)
         return key
 
-    def principal(self, request: RequestInfo) -> str | None:
-        """Whom the key belongs to: ``scope(request)`` (``None`` or ``""``: nobody; refused)."""
+    def caller(self, request: RequestInfo) -> str | Response:
+        """Whom the key of a screened request belongs to: ``scope(request)``; a 403 problem when
+        that is ``None`` or ``""`` (nobody: the request never runs in a scope shared with others)."""
         assert self.scope is not None
         who = self.scope(request)
-        return None if who is None or who == "" else str(who)
+        if who is None or who == "":
+            observer.http_answered("scope_refused")
+            return problems.no_scope(self.header, self.docs_url)
+        return str(who)
 
     def too_large(self) -> Response:
         """The 413 for a request body over ``max_request_bytes`` (the app did not run)."""
         observer.http_answered("too_large")
         return problems.too_large(self.max_request_bytes, self.docs_url)
 
-    def attempt(self, request: RequestInfo, client_key: str, body_digest: str) -> Attempt:
-        """What to claim: method, path, principal and client key make the stored key; method,
-        path, query, content type and the body's hash (``Body.digest()``) make the fingerprint
-        (the same key with another fingerprint is a 422)."""
+    def attempt(self, request: RequestInfo, client_key: str, principal: str, body_digest: str) -> Attempt:
+        """What to claim: method, path, principal (:meth:`caller`) and client key make the stored
+        key; method, path, query, content type and the body's hash (``Body.digest()``) make the
+        fingerprint (the same key with another fingerprint is a 422)."""
         method = request.method.upper()
-        principal = self.principal(request) or ""
         key = "http:" + content_hash("\n".join((method, request.path, principal, client_key)), 40)
         fingerprint = content_hash("\n".join((method, request.path, request.query,
                                               request.header("content-type") or "", body_digest)))

@@ -119,12 +119,15 @@ class WSGIIdempotencyMiddleware:
             return self.app(environ, start_response)
         if isinstance(screened, Response):
             return respond(start_response, screened)
+        caller = self.rules.caller(request)
+        if isinstance(caller, Response):
+            return respond(start_response, caller)
         body = read_input(environ, self.rules.max_request_bytes)
         if body is None:
             return respond(start_response, self.rules.too_large())
         environ["wsgi.input"] = body.stream()  # closed (and a spool deleted) with it, when collected
         environ["CONTENT_LENGTH"] = str(body.size)
-        attempt = self.rules.attempt(request, screened, body.digest())
+        attempt = self.rules.attempt(request, screened, caller, body.digest())
         claim, answer = drive(claim_flow(self.rules, attempt, self.dedupe.fail_open),
                               claim_steps(self.dedupe, attempt, self.rules.request_ttl(request), self._repair))
         if answer is not None:
