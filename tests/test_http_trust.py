@@ -258,3 +258,13 @@ def test_unreadable_record_lets_the_request_run(server: tuple[str, str, str], re
     finally:
         r.close()
         dedupe.close()
+
+
+def test_already_applied_out_of_the_endpoint_is_answered_and_stored(server: tuple[str, str, str],
+                                                                    redis_url: str) -> None:
+    key = str(uuid.uuid4())
+    with client(server[0], Authorization="Bearer tester") as c:
+        answers = [post(c, key, "/applied") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], answers[0].text
+    assert all(a.json() == {"paid": 7, "run": 1} and replayed(a) for a in answers)
+    assert runs(redis_url, server[1], "/applied", key, "user:tester") == 1  # stored: never released, never re-run

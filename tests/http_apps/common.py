@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 
 import redis
 
-from dedupe_worker import current_claim
+from dedupe_worker import AlreadyApplied, current_claim
 from dedupe_worker.http import RequestInfo
 
 REDIS_URL = os.environ.get("HTTP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -108,6 +108,8 @@ def handle(method: str, path: str, query: str, headers: dict[str, str], body: by
         blob = (bytes(range(256)) * 56)[:14_200]
         return 201, [("content-type", "application/octet-stream"), ("x-order", str(count)),
                      ("content-disposition", "attachment; filename=\"r\u00e9sum\u00e9.bin\"")], blob
+    if route == "/applied":  # what atomic() raises when an earlier run of the key committed
+        raise AlreadyApplied(claim.key if claim else "", {"paid": 7, "run": count}, 3)
     if route == "/upload":
         return 201, [("content-type", "application/json")], body
     if route == "/missing":
