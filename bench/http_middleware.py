@@ -140,7 +140,7 @@ async def measure(redis_url: str, seconds: float, rounds: int = 7) -> dict[str, 
     client = redis.asyncio.Redis.from_url(redis_url)
     dedupe = AsyncDeduplicator(client, namespace=f"bench-http-{uuid.uuid4().hex[:8]}", result_ttl=120.0)
     app = endpoint()
-    wrapped = IdempotencyMiddleware(app, dedupe, required=True)
+    wrapped = IdempotencyMiddleware(app, dedupe, scope=lambda request: "bench-tenant", required=True)
     chosen = cases(app, wrapped, client)
     for prepare in prepared:
         await prepare()

@@ -31,6 +31,10 @@ SERVERS = {
 }
 
 
+#: The server process of each base URL that :func:`serve` yielded (for tests that watch its memory).
+PIDS: dict[str, int] = {}
+
+
 @contextmanager
 def serve(name: str, redis_url: str, namespace: str, timeout: float = 60.0) -> Iterator[str]:
     """Start server ``name`` on the test apps; yield its base URL once ``/health`` answers."""
@@ -53,8 +57,10 @@ def serve(name: str, redis_url: str, namespace: str, timeout: float = 60.0) -> I
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.1)
+            PIDS[base] = proc.pid
             yield base
         finally:
+            PIDS.pop(base, None)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:

@@ -332,7 +332,7 @@ async def test_an_http_response_is_replayed_byte_exact_through_both_compressions
         await send({"type": "http.response.body", "body": body})
 
     d = AsyncDeduplicator.from_url(redis_url, namespace=namespace, result_ttl=60)
-    middleware = IdempotencyMiddleware(app, d)
+    middleware = IdempotencyMiddleware(app, d, scope=lambda request: "tenant-1")
     first, again = await call(middleware, scope()), await call(middleware, scope())
     assert len(runs) == 1 and replayed(again) and not replayed(first)
     assert b"".join(m.get("body", b"") for m in again[1:]) == body

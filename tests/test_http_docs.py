@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
@@ -47,35 +48,76 @@ def docs_env(redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_every_example_is_named() -> None:
-    assert set(examples()) == {"fastapi", "flask", "django-settings", "django-views", "end-to-end"}
+    assert set(examples()) == {"fastapi-sessions", "fastapi-oauth", "flask", "django-settings", "django-views",
+                               "end-to-end"}
     assert DOCS.read_text().count("```python") == len(examples())
 
 
+def replayed(response: Any) -> bool:
+    return response.headers.get("idempotent-replayed") == "true"
+
+
 @pytest.mark.asyncio
-async def test_fastapi_example(docs_env: str, tmp_path: Path) -> None:
-    module = load("fastapi", examples()["fastapi"], tmp_path)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=module.app), base_url="http://api") as client:
-        key = {"Idempotency-Key": f'"{uuid.uuid4()}"'}
-        first = await client.post("/payments", json={"amount": 10}, headers=key)
-        again = await client.post("/payments", json={"amount": 10}, headers=key)
-        assert first.status_code == again.status_code == 201 and first.json()["token"] >= 1
-        assert again.content == first.content and again.headers["idempotent-replayed"] == "true"
-        assert (await client.post("/payments", json={"amount": 11}, headers=key)).status_code == 422
-        missing = await client.post("/payments", json={"amount": 10})
+async def test_fastapi_sessions_example(docs_env: str, tmp_path: Path) -> None:
+    module = load("fastapi_sessions", examples()["fastapi-sessions"], tmp_path)
+    transport = httpx.ASGITransport(app=module.app)
+    key = {"Idempotency-Key": f'"{uuid.uuid4()}"'}
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as alice, \
+            httpx.AsyncClient(transport=transport, base_url="http://api") as bob, \
+            httpx.AsyncClient(transport=transport, base_url="http://api") as stranger:
+        assert (await alice.post("/login", json={"user": "alice"})).status_code == 200
+        assert (await bob.post("/login", json={"user": "bob"})).status_code == 200
+        first = await alice.post("/payments", json={"amount": 10}, headers=key)
+        theirs = await bob.post("/payments", json={"amount": 10}, headers=key)  # the same key, another user
+        again = await alice.post("/payments", json={"amount": 10}, headers=key)
+        assert first.status_code == theirs.status_code == again.status_code == 201
+        assert first.json()["user"] == "alice" and theirs.json()["user"] == "bob" and not replayed(theirs)
+        assert again.content == first.content and replayed(again)
+        assert (await alice.post("/payments", json={"amount": 11}, headers=key)).status_code == 422
+        missing = await alice.post("/payments", json={"amount": 10})
         assert missing.status_code == 400 and missing.json()["type"].endswith("#missing-key")
+        refused = await stranger.post("/payments", json={"amount": 10}, headers=key)  # not signed in
+        assert refused.status_code == 403 and refused.json()["type"].endswith("#scope-refused")
     await module.dedupe.aclose()
+
+
+@pytest.mark.asyncio
+async def test_fastapi_oauth_example(docs_env: str, tmp_path: Path) -> None:
+    module = load("fastapi_oauth", examples()["fastapi-oauth"], tmp_path)
+    issued = {name: module.tokens.dumps({"sub": name.split("-")[0], "jti": name})
+              for name in ("alice-1", "alice-2", "bob-1")}
+    key = str(uuid.uuid4())
+
+    async def send(token: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=module.app), base_url="http://api") as c:
+            return await c.post("/transfers", json={"to": "carol", "amount": 5},
+                                headers={"Idempotency-Key": key, "Authorization": f"Bearer {token}"})
+
+    first = await send(issued["alice-1"])
+    refreshed = await send(issued["alice-2"])  # the retry after a token refresh: the same principal
+    bob = await send(issued["bob-1"])
+    assert first.status_code == refreshed.status_code == bob.status_code == 201
+    assert replayed(refreshed) and refreshed.content == first.content and not replayed(bob)
+    assert (await send("forged")).status_code == 403
+    await module.app.user_middleware[0].kwargs["dedupe"].aclose()
 
 
 def test_flask_example(docs_env: str, tmp_path: Path) -> None:
     module = load("flask", examples()["flask"], tmp_path)
-    client = module.app.test_client()
+    alice, bob, stranger = (module.app.test_client() for _ in range(3))
+    alice.post("/login", json={"user": "alice"})
+    bob.post("/login", json={"user": "bob"})
     key = {"Idempotency-Key": str(uuid.uuid4())}
-    first = client.post("/payments", json={"amount": 10}, headers=key)
+    first = alice.post("/payments", json={"amount": 10}, headers=key)
     body = first.data  # the test client streams: the response is stored once it was read
-    again = client.post("/payments", json={"amount": 10}, headers=key)
-    assert first.status_code == again.status_code == 201
+    theirs = bob.post("/payments", json={"amount": 10}, headers=key)
+    again = alice.post("/payments", json={"amount": 10}, headers=key)
+    assert first.status_code == theirs.status_code == again.status_code == 201
+    assert first.json["user"] == "alice" and theirs.json["user"] == "bob"
+    assert "Idempotent-Replayed" not in theirs.headers
     assert again.data == body and again.headers["Idempotent-Replayed"] == "true"
-    assert client.post("/payments", json={"amount": 10}).status_code == 400
+    assert alice.post("/payments", json={"amount": 10}).status_code == 400
+    assert stranger.post("/payments", json={"amount": 10}, headers=key).status_code == 403
     module.dedupe.close()
 
 
@@ -96,20 +138,31 @@ sys.modules["docs_views"], sys.modules["docs_urls"] = views, urls
 settings.configure(
     SECRET_KEY="docs", ALLOWED_HOSTS=["*"], ROOT_URLCONF="docs_urls",
     INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django.contrib.sessions"],
-    SESSION_ENGINE="django.contrib.sessions.backends.signed_cookies",
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
     MIDDLEWARE=documented["MIDDLEWARE"], DEDUPE_HTTP=documented["DEDUPE_HTTP"],
     DEDUPE_REDIS_URL=os.environ["DEDUPE_REDIS_URL"], DEDUPE_NAMESPACE=os.environ["DEDUPE_NAMESPACE"])
 django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.test import Client
 
-client = Client()
+call_command("migrate", verbosity=0)
+clients = {}
+for name in ("alice", "bob"):
+    clients[name] = Client()
+    clients[name].force_login(User.objects.create_user(name))
 key = str(uuid.uuid4())
-answers = [client.post("/payments", data=json.dumps({"amount": 10}), content_type="application/json",
-                       HTTP_IDEMPOTENCY_KEY=key) for _ in range(2)]
-missing = client.post("/payments", data="{}", content_type="application/json")
+
+def pay(client, **extra):
+    return client.post("/payments", data=json.dumps({"amount": 10}), content_type="application/json", **extra)
+
+answers = [pay(clients["alice"], HTTP_IDEMPOTENCY_KEY=key) for _ in range(2)]
+bob = pay(clients["bob"], HTTP_IDEMPOTENCY_KEY=key)
 print(json.dumps({"status": [a.status_code for a in answers], "same": answers[0].content == answers[1].content,
                   "replayed": [a.headers.get("Idempotent-Replayed") for a in answers],
-                  "token": json.loads(answers[0].content)["token"], "missing": missing.status_code}))
+                  "token": json.loads(answers[0].content)["token"], "missing": pay(clients["alice"]).status_code,
+                  "users": [json.loads(answers[0].content)["user"], json.loads(bob.content)["user"]],
+                  "anonymous": pay(Client(), HTTP_IDEMPOTENCY_KEY=key).status_code}))
 '''
 
 
@@ -121,5 +174,5 @@ def test_django_example(docs_env: str) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"status": [201, 201], "same": True, "replayed": [None, "true"], "token": result["token"],
-                      "missing": 400}
+                      "missing": 400, "users": ["alice", "bob"], "anonymous": 403}
     assert result["token"] >= 1

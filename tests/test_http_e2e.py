@@ -61,7 +61,7 @@ def test_request_to_database_applies_once(shop: ModuleType, schema_dsn: str) -> 
     async def requests() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=shop.api)
         async with httpx.AsyncClient(transport=transport, base_url="http://shop") as client:
-            headers = {"Idempotency-Key": str(uuid.uuid4())}
+            headers = {"Idempotency-Key": str(uuid.uuid4()), "X-Account": "acme"}
             payment = {"account": "acme", "amount": 10}
             first = await client.post("/payments", json=payment, headers=headers)
             rest = await asyncio.gather(*(client.post("/payments", json=payment, headers=headers) for _ in range(5)))

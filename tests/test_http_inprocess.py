@@ -14,9 +14,10 @@ import redis
 
 from dedupe_worker import Deduplicator
 from dedupe_worker.asyncio import AsyncDeduplicator
-from dedupe_worker.http import IdempotencyMiddleware, WSGIIdempotencyMiddleware, current_claim
+from dedupe_worker.http import IdempotencyMiddleware, WSGIIdempotencyMiddleware, current_claim, header_scope
 
 KEY = [(b"idempotency-key", b'"k-1"')]
+SCOPE = header_scope("idempotency-key")  # every request of these tests has one caller
 asyncio_test = pytest.mark.asyncio
 
 
@@ -86,7 +87,7 @@ class Counting:
 @asyncio_test
 async def test_asgi_exception_releases_the_key(adedupe: AsyncDeduplicator) -> None:
     app = Counting("raise")
-    middleware = IdempotencyMiddleware(app, adedupe)
+    middleware = IdempotencyMiddleware(app, adedupe, scope=SCOPE)
     with pytest.raises(RuntimeError):
         await call(middleware, scope())
     sent = await call(middleware, scope())
@@ -101,7 +102,7 @@ async def test_asgi_exception_releases_the_key(adedupe: AsyncDeduplicator) -> No
 @pytest.mark.parametrize("how", ["cut", "send fails"])
 async def test_asgi_response_cut_off_releases_the_key(adedupe: AsyncDeduplicator, how: str) -> None:
     app = Counting("cut" if how == "cut" else "ok")
-    middleware = IdempotencyMiddleware(app, adedupe)
+    middleware = IdempotencyMiddleware(app, adedupe, scope=SCOPE)
     if how == "cut":
         await call(middleware, scope())
     else:
@@ -116,7 +117,7 @@ async def test_asgi_response_cut_off_releases_the_key(adedupe: AsyncDeduplicator
 @asyncio_test
 async def test_asgi_body_in_pieces_reaches_the_app_intact_and_claim_is_current(adedupe: AsyncDeduplicator) -> None:
     app = Counting()
-    middleware = IdempotencyMiddleware(app, adedupe)
+    middleware = IdempotencyMiddleware(app, adedupe, scope=SCOPE)
     await call(middleware, scope(), body=(b'{"a": ', b"1", b"}"))
     assert app.bodies == [b'{"a": 1}']
     assert app.claims[0] is not None and app.claims[0].key.startswith("http:")
@@ -128,7 +129,7 @@ async def test_asgi_body_in_pieces_reaches_the_app_intact_and_claim_is_current(a
 @asyncio_test
 async def test_asgi_client_gone_before_the_body_runs_nothing(adedupe: AsyncDeduplicator) -> None:
     app = Counting()
-    sent = await call(IdempotencyMiddleware(app, adedupe), scope(), body=(), disconnect=True)
+    sent = await call(IdempotencyMiddleware(app, adedupe, scope=SCOPE), scope(), body=(), disconnect=True)
     assert sent == [] and app.runs == 0
     await adedupe.aclose()
 
@@ -137,12 +138,12 @@ async def test_asgi_client_gone_before_the_body_runs_nothing(adedupe: AsyncDedup
 async def test_asgi_store_down_is_503_and_app_not_run() -> None:
     app = Counting()
     down = AsyncDeduplicator.from_url("redis://127.0.0.1:1/0", namespace="down")
-    sent = await call(IdempotencyMiddleware(app, down), scope())
+    sent = await call(IdempotencyMiddleware(app, down, scope=SCOPE), scope())
     assert status(sent) == 503 and app.runs == 0
     assert (b"content-type", b"application/problem+json") in sent[0]["headers"]
     await down.aclose()
     fail_open = AsyncDeduplicator.from_url("redis://127.0.0.1:1/0", namespace="down", fail_open=True)
-    sent = await call(IdempotencyMiddleware(app, fail_open), scope())
+    sent = await call(IdempotencyMiddleware(app, fail_open, scope=SCOPE), scope())
     assert status(sent) == 201 and app.runs == 1 and app.bodies == [b"{}"]  # run without a claim
     await fail_open.aclose()
 
@@ -154,7 +155,7 @@ async def test_asgi_other_scopes_pass_through(adedupe: AsyncDeduplicator) -> Non
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         seen.append(scope["type"])
 
-    await IdempotencyMiddleware(app, adedupe)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
+    await IdempotencyMiddleware(app, adedupe, scope=SCOPE)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
     assert seen == ["lifespan"]
     await adedupe.aclose()
 
@@ -201,7 +202,7 @@ class WsgiCounting:
 
 def test_wsgi_exception_and_early_close_release(dedupe: Deduplicator) -> None:
     app = WsgiCounting("raise")
-    middleware = WSGIIdempotencyMiddleware(app, dedupe)
+    middleware = WSGIIdempotencyMiddleware(app, dedupe, scope=SCOPE)
     with pytest.raises(RuntimeError):
         wsgi_call(middleware, environ())
     wsgi_call(middleware, environ(), consume=1)  # the server stopped after one chunk (client gone)
@@ -215,7 +216,7 @@ def test_wsgi_exception_and_early_close_release(dedupe: Deduplicator) -> None:
 def test_store_down_wsgi_is_503(namespace: str) -> None:
     down = Deduplicator(redis.Redis(port=1), namespace=namespace)
     app = WsgiCounting()
-    status, headers, _ = wsgi_call(WSGIIdempotencyMiddleware(app, down), environ())
+    status, headers, _ = wsgi_call(WSGIIdempotencyMiddleware(app, down, scope=SCOPE), environ())
     assert status.startswith("503") and app.runs == 0 and ("retry-after", "1") in headers
     down.close()
 
@@ -225,7 +226,7 @@ def test_wsgi_response_with_content_length_is_stored_before_its_last_chunk_is_wr
         start_response("201 Created", [("Content-Type", "text/plain"), ("Content-Length", "6")])
         return [b"abc", b"def"]
 
-    middleware = WSGIIdempotencyMiddleware(app, dedupe)
+    middleware = WSGIIdempotencyMiddleware(app, dedupe, scope=SCOPE)
     body = middleware(environ(), lambda status, headers, exc_info=None: None)
     chunks = iter(body)
     assert next(chunks) == b"abc"
@@ -239,7 +240,7 @@ def test_wsgi_response_with_content_length_is_stored_before_its_last_chunk_is_wr
 @asyncio_test
 async def test_asgi_response_is_stored_before_its_last_chunk_goes_out(adedupe: AsyncDeduplicator) -> None:
     app = Counting()
-    middleware = IdempotencyMiddleware(app, adedupe)
+    middleware = IdempotencyMiddleware(app, adedupe, scope=SCOPE)
     seen_in_send: list[list[dict[str, Any]]] = []
     inner = [{"type": "http.request", "body": b"{}", "more_body": False}]
 

@@ -48,10 +48,11 @@ SURFACE: dict[str, list[str]] = {
     "dedupe_worker.kafka": ["ConsumerHooks", "DeadLetter", "DeadLetterProducer", "DedupeKafkaConsumer"],
     "dedupe_worker.http": [
         "IdempotencyMiddleware", "IdempotencyRules", "KeyProblem", "RequestInfo", "Response",
-        "WSGIIdempotencyMiddleware", "current_claim", "parse_key", "stored_status",
+        "WSGIIdempotencyMiddleware", "applied_as_json", "asgi_user_scope", "current_claim", "flask_login_scope",
+        "header_scope", "parse_key", "stored_status",
     ],
     "dedupe_worker.sql": ["AlreadyApplied", "Atomic", "AtomicOutcome", "SqlOutcomes", "atomic", "ddl"],
-    "dedupe_worker.django": ["IdempotencyMiddleware", "atomic"],
+    "dedupe_worker.django": ["IdempotencyMiddleware", "atomic", "user_scope"],
     "dedupe_worker.replay": [
         "REPLAYED", "Destination", "Entry", "Found", "Pacer", "Planner", "Progress", "ReplayOptions", "Step",
         "Summary", "format_table", "replay_headers", "replay_kafka", "replay_rabbitmq",

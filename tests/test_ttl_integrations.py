@@ -141,11 +141,11 @@ async def test_http_ttl_option_and_idempotency_ttl_header(redis_url: str, redis_
         await app(scope, receive, send, b"17")
 
     async with AsyncDeduplicator.from_url(redis_url, namespace=namespace, result_ttl=60.0) as dedupe:
-        await call(IdempotencyMiddleware(app, dedupe, ttl=13), scope())
+        await call(IdempotencyMiddleware(app, dedupe, scope=lambda request: "tenant-1", ttl=13), scope())
         assert len(result_pttls(redis_client, namespace)) == 1
         assert_kept(result_pttls(redis_client, namespace)[0], 13)
     async with AsyncDeduplicator.from_url(redis_url, namespace=namespace + "h", result_ttl=60.0) as dedupe:
-        sent = await call(IdempotencyMiddleware(with_header, dedupe, ttl=13), scope())
+        sent = await call(IdempotencyMiddleware(with_header, dedupe, scope=lambda request: "tenant-1", ttl=13), scope())
         assert all(name != b"idempotency-ttl" for name, _ in sent[0]["headers"])  # stripped
         assert_kept(result_pttls(redis_client, namespace + "h")[0], 17)  # the app's header wins
     for name in redis_client.scan_iter(match=f"{namespace}h:*", count=100_000):

@@ -6,18 +6,25 @@
                   "dedupe_worker.django.IdempotencyMiddleware", ...]
     DEDUPE_REDIS_URL = "redis://localhost:6379/0"
     DEDUPE_NAMESPACE = "shop-api"
-    DEDUPE_HTTP = {"required": True, "wait": 2.0, "scope": lambda request: str(request.raw.user.pk)}
+    DEDUPE_HTTP = {"scope": "dedupe_worker.django.user_scope", "required": True, "wait": 2.0}
 
 ``DEDUPE_HTTP`` holds the options of :class:`~dedupe_worker.http.IdempotencyRules` by their
 names (the ASGI and WSGI middleware take the same ones), and the client options ``lease`` and
-``result_ttl``. The rules are the same code as the other two middleware; this module only turns
-Django's request and response into theirs. Placed after ``AuthenticationMiddleware``, a
-``scope=`` callable can read ``request.raw.user``.
+``result_ttl``; ``scope`` is required, a callable or its dotted path (:func:`user_scope`: the
+signed-in user, else the visitor's session). The rules are the same code as the other two
+middleware; this module only turns Django's request and response into theirs. Placed after
+``AuthenticationMiddleware``, a ``scope=`` callable can read ``request.raw.user``.
+
+The body is read from the request's stream once, at most ``max_request_bytes`` (past it, a 413),
+hashed as it arrives and spooled beyond 1 MiB, then given back to Django as the request's stream:
+the view reads ``request.body``, ``request.POST`` or ``request.FILES`` as without the middleware,
+under Django's own limits (a multipart upload is parsed from the spool, not from memory).
 
 Django turns an exception in a view into a 500 response before it reaches this middleware, so it
-releases the key like any 5xx. A streaming response keeps its lease renewed while it streams; it
-is stored when the server has read its last chunk, and the key released when the server closes
-it before that.
+releases the key like any 5xx; an :class:`~dedupe_worker.AlreadyApplied` (``atomic()`` found the
+effect committed) is caught first (``process_exception``) and answered from the committed result.
+A streaming response keeps its lease renewed while it streams; it is stored when the server has
+read its last chunk, and the key released when the server closes it before that.
 """
 
 from __future__ import annotations
@@ -27,18 +34,35 @@ from collections.abc import Callable
 from typing import Any
 
 from .._deduplicator import Deduplicator
-from .._errors import StoreUnavailable
+from .._errors import AlreadyApplied
 from .._protocol.claim import Claim
+from ..http._body import CHUNK, Body, declared_length
+from ..http._claiming import REPAIR_SCRIPT, claim_flow, drive
+from ..http._recorder import Recorder, stored_size
 from ..http._request import RequestInfo
-from ..http._rules import IdempotencyRules, Recorder
+from ..http._rules import IdempotencyRules
 from ..http._stored import Response
-from ..http._wsgi import RecordedBody, settle_claim
+from ..http._wsgi import RecordedBody, claim_steps, repair_with, settle_claim, store_settled
 
-__all__ = ["IdempotencyMiddleware"]
+__all__ = ["IdempotencyMiddleware", "user_scope"]
 
 log = logging.getLogger(__name__)
 
 _CLIENT_OPTIONS = ("lease", "result_ttl")
+#: The request attribute holding the claim while the view runs (for ``process_exception``).
+_CLAIM = "_dedupe_http_claim"
+
+
+def user_scope(request: RequestInfo) -> str | None:
+    """The principal of a Django request: the signed-in user (``user:<pk>``), else an anonymous
+    visitor's session (``session:<key>``, once the session exists), else ``None`` (refused).
+    Needs ``AuthenticationMiddleware`` (and ``SessionMiddleware``) before this middleware."""
+    user = getattr(request.raw, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    session = getattr(request.raw, "session", None)
+    key = getattr(session, "session_key", None)
+    return f"session:{key}" if key else None
 
 
 def request_info(request: Any) -> RequestInfo:
@@ -68,6 +92,34 @@ def response_headers(response: Any) -> list[tuple[str, str]]:
     return headers
 
 
+def read_stream(request: Any, limit: int) -> Body | None:
+    """The request body read from Django's stream into a :class:`Body` (``None``: over ``limit``),
+    then put back as the stream the view reads, as if untouched."""
+    length = declared_length(request.META.get("CONTENT_LENGTH") or None)
+    if length is not None and length > limit:
+        return None
+    body = Body(limit)
+    while True:
+        chunk = request.read(CHUNK)
+        if not chunk:
+            break
+        if not body.feed(chunk):
+            body.close()
+            return None
+    request._stream = body.stream()  # Django reads body, POST and FILES from it
+    request._read_started = False
+    return body
+
+
+def scope_option(value: Any) -> Any:
+    """``DEDUPE_HTTP["scope"]``: a callable, or the dotted path of one."""
+    if isinstance(value, str):
+        from django.utils.module_loading import import_string
+
+        return import_string(value)
+    return value
+
+
 class IdempotencyMiddleware:
     """Django middleware applying the Idempotency-Key rules, from ``DEDUPE_REDIS_URL``,
     ``DEDUPE_NAMESPACE`` and ``DEDUPE_HTTP``. One :class:`Deduplicator` per process.
@@ -80,14 +132,22 @@ class IdempotencyMiddleware:
 
     def __init__(self, get_response: Callable[[Any], Any], *, dedupe: Deduplicator | None = None) -> None:
         from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
 
         self.get_response = get_response
         options = dict(getattr(settings, "DEDUPE_HTTP", None) or {})
         client_options = {name: options.pop(name) for name in _CLIENT_OPTIONS if name in options}
-        self.rules = IdempotencyRules(**options)
+        if "scope" in options:
+            options["scope"] = scope_option(options["scope"])
+        try:
+            self.rules = IdempotencyRules(**options)
+        except TypeError as exc:
+            raise ImproperlyConfigured(f"DEDUPE_HTTP: {exc}") from exc
         self.dedupe = dedupe if dedupe is not None else Deduplicator.from_url(
             getattr(settings, "DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"),
             namespace=getattr(settings, "DEDUPE_NAMESPACE", "dedupe"), **client_options)
+        self._repair_script: Any = None
+        self._measure = stored_size(self.dedupe)
 
     def __call__(self, request: Any) -> Any:
         info = request_info(request)
@@ -96,26 +156,51 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         if isinstance(screened, Response):
             return to_django(screened)
-        attempt = self.rules.attempt(info, screened, request.body)  # Django keeps the body for the view
-        try:
-            claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
-                                      ttl=self.rules.request_ttl(info))
-        except StoreUnavailable as exc:
-            down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
-            return self.get_response(request) if down is None else to_django(down)
-        answer = self.rules.answer(claim)
+        caller = self.rules.caller(info)
+        if isinstance(caller, Response):
+            return to_django(caller)
+        body = read_stream(request, self.rules.max_request_bytes)
+        if body is None:
+            return to_django(self.rules.too_large())
+        attempt = self.rules.attempt(info, screened, caller, body.digest())
+        claim, answer = drive(claim_flow(self.rules, attempt, self.dedupe.fail_open),
+                              claim_steps(self.dedupe, attempt, self.rules.request_ttl(info), self._repair))
         if answer is not None:
             return to_django(answer)
+        if claim is None:
+            return self.get_response(request)
         return self._run(request, info, claim)
+
+    def _repair(self, names: list[str]) -> Any:
+        if self._repair_script is None:
+            self._repair_script = self.dedupe.store.client.register_script(REPAIR_SCRIPT)
+        return repair_with(self._repair_script, names)
+
+    def process_exception(self, request: Any, exception: Exception) -> Any:
+        """An ``AlreadyApplied`` out of the view: answered from the committed result (the response
+        then comes back through :meth:`__call__`, which stores it); other exceptions: Django's."""
+        claim = getattr(request, _CLAIM, None)
+        if claim is None or not isinstance(exception, AlreadyApplied):
+            return None
+        stored, answer = self.rules.applied(exception)
+        reply = to_django(answer)
+        reply._dedupe_applied = stored  # read back by _run
+        return reply
 
     def _run(self, request: Any, info: RequestInfo, claim: Claim) -> Any:
         recorder = self.rules.recorder(info)
+        setattr(request, _CLAIM, claim)
         try:
             with self.dedupe.hold(claim):
                 response = self.get_response(request)
         except BaseException:
             settle_claim(self.dedupe, claim, recorder, completed=False)
             raise
+        applied = getattr(response, "_dedupe_applied", None)
+        if applied is not None:  # stored whatever its status: the key is never released for it
+            store_settled(self.dedupe, claim,
+                          recorder.stored(applied, False, self.dedupe.max_result_bytes, self._measure))
+            return response
         recorder.start(response.status_code, response_headers(response))
         if self.rules.ttl_header in response:
             del response[self.rules.ttl_header]

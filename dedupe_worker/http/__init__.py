@@ -1,6 +1,8 @@
 """The Idempotency-Key layer for HTTP APIs: ASGI, WSGI (and Django) middleware on the claim protocol.
 
-A ``POST`` or ``PATCH`` carrying ``Idempotency-Key`` runs once per key (scoped to the caller):
+A ``POST`` or ``PATCH`` carrying ``Idempotency-Key`` runs once per key and caller (``scope=``,
+required: :func:`asgi_user_scope`, :func:`flask_login_scope`, :func:`header_scope`,
+``dedupe_worker.django.user_scope``, or a callable naming the principal):
 a retry while it runs waits up to ``wait`` seconds, then gets a 409 with ``Retry-After``; a
 retry after it gets the first response replayed byte for byte with ``Idempotent-Replayed: true``;
 the same key with another request is a 422. The behaviour follows
@@ -21,7 +23,8 @@ from __future__ import annotations
 from .._protocol.context import current_claim
 from ._asgi import IdempotencyMiddleware
 from ._request import KeyProblem, RequestInfo, parse_key
-from ._rules import IdempotencyRules, stored_status
+from ._rules import IdempotencyRules, applied_as_json, stored_status
+from ._scopes import asgi_user_scope, flask_login_scope, header_scope
 from ._stored import Response
 from ._wsgi import WSGIIdempotencyMiddleware
 
@@ -32,7 +35,11 @@ __all__ = [
     "RequestInfo",
     "Response",
     "WSGIIdempotencyMiddleware",
+    "applied_as_json",
+    "asgi_user_scope",
     "current_claim",
+    "flask_login_scope",
+    "header_scope",
     "parse_key",
     "stored_status",
 ]

@@ -6,7 +6,10 @@ Pure ASGI (no Starlette import), so it wraps FastAPI, Starlette, Quart or a bare
 
 The rules are :class:`~dedupe_worker.http.IdempotencyRules`' (shared with the WSGI and
 Django middleware); this module only moves ASGI messages. The request body is read once, before
-the claim (it is part of the fingerprint), and handed to the app intact. The response streams to
+the claim (its hash is part of the fingerprint), at most ``max_request_bytes`` of it (past that,
+a 413 and nothing more is read), held in memory up to 1 MiB and spooled beyond, and handed to the
+app intact. An :class:`~dedupe_worker.AlreadyApplied` out of the app (``atomic()`` found the
+effect committed) is answered from the committed result and stored under the key. The response streams to
 the client as the app sends it; it is stored when the app hands over its last chunk, before that
 chunk goes out (so a client that received the whole response finds it stored).
 
@@ -19,13 +22,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Literal
 
-from .._errors import LeaseLost, StoreUnavailable
+from redis.exceptions import RedisError
+
+from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
 from .._protocol.claim import Claim
 from ..asyncio._deduplicator import AsyncDeduplicator
+from ._body import Body, declared_length
+from ._claiming import BEGIN, FORGET, REPAIR_SCRIPT, claim_flow, drive_async, record_names
+from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
-from ._rules import IdempotencyRules, Recorder
+from ._rules import Attempt, IdempotencyRules
 from ._stored import Response
 
 __all__ = ["IdempotencyMiddleware"]
@@ -57,16 +65,24 @@ async def send_response(send: Send, response: Response) -> None:
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-async def read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or ``None`` when the client went away before sending it."""
-    chunks = []
+async def read_body(receive: Receive, request: RequestInfo, limit: int) -> Body | Literal[False] | None:
+    """The request body, read as it arrives into a :class:`Body` of at most ``limit`` bytes;
+    ``False`` when it is over ``limit`` (announced by ``Content-Length``, or found so while
+    reading: nothing more is read); ``None`` when the client went away before sending it."""
+    declared = declared_length(request.header("content-length"))
+    if declared is not None and declared > limit:
+        return False
+    body = Body(limit)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            body.close()
             return None
-        chunks.append(message.get("body", b""))
+        if not body.feed(message.get("body", b"")):
+            body.close()
+            return False
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return body
 
 
 class IdempotencyMiddleware:
@@ -82,6 +98,8 @@ class IdempotencyMiddleware:
         self.app = app
         self.dedupe = dedupe
         self.rules = rules if rules is not None else IdempotencyRules(**options)
+        self._repair_script: Any = None
+        self._measure = stored_size(dedupe)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,27 +113,51 @@ class IdempotencyMiddleware:
         if isinstance(screened, Response):
             await send_response(send, screened)
             return
-        body = await read_body(receive)
+        caller = self.rules.caller(request)
+        if isinstance(caller, Response):
+            await send_response(send, caller)
+            return
+        body = await read_body(receive, request, self.rules.max_request_bytes)
         if body is None:
             return  # the client left before its request was read: nothing ran, nothing to answer
-        attempt = self.rules.attempt(request, screened, body)
-        try:
-            claim = await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
-                                            ttl=self.rules.request_ttl(request))
-        except StoreUnavailable as exc:
-            down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
-            if down is not None:
-                await send_response(send, down)
-            else:
-                await self.app(scope, _replaying(body, receive), send)
+        if body is False:
+            await send_response(send, self.rules.too_large())
             return
-        answer = self.rules.answer(claim)
+        try:
+            await self._claimed(scope, request, self.rules.attempt(request, screened, caller, body.digest()), body,
+                                receive, send)
+        finally:
+            body.close()
+
+    async def _claimed(self, scope: Scope, request: RequestInfo, attempt: Attempt, body: Body, receive: Receive,
+                       send: Send) -> None:
+        ttl = self.rules.request_ttl(request)
+
+        async def perform(step: str, argument: Any) -> Any:
+            if step == BEGIN:
+                return await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
+                                               ttl=ttl)
+            if step == FORGET:
+                return await self.dedupe.forget(attempt.key, token=argument)
+            return await self._repair(record_names(self.dedupe, attempt.key))
+
+        claim, answer = await drive_async(claim_flow(self.rules, attempt, self.dedupe.fail_open), perform)
         if answer is not None:
             await send_response(send, answer)
-            return
-        await self._run(scope, request, body, receive, send, claim)
+        elif claim is None:
+            await self.app(scope, _replaying(body, receive), send)
+        else:
+            await self._run(scope, request, body, receive, send, claim)
 
-    async def _run(self, scope: Scope, request: RequestInfo, body: bytes, receive: Receive, send: Send,
+    async def _repair(self, names: list[str]) -> Any:
+        if self._repair_script is None:
+            self._repair_script = self.dedupe.store.client.register_script(REPAIR_SCRIPT)
+        try:
+            return await self._repair_script(keys=names)
+        except RedisError as exc:
+            raise StoreUnavailable(f"repairing the records failed: {exc}") from exc
+
+    async def _run(self, scope: Scope, request: RequestInfo, body: Body, receive: Receive, send: Send,
                    claim: Claim) -> None:
         recorder = self.rules.recorder(request)
         settled = False
@@ -139,6 +181,15 @@ class IdempotencyMiddleware:
         try:
             with self.dedupe.hold(claim):
                 await self.app(scope, _replaying(body, receive), recording_send)
+        except AlreadyApplied as exc:
+            if recorder.status:  # the app had started its answer: it cannot be replaced any more
+                if not settled:
+                    await self._release(claim)
+                raise
+            stored, answer = self.rules.applied(exc)
+            await self._store(claim, recorder.stored(stored, False, self.dedupe.max_result_bytes, self._measure))
+            await send_response(send, answer)
+            return
         except BaseException:
             if not settled:
                 await self._release(claim)
@@ -149,12 +200,15 @@ class IdempotencyMiddleware:
     async def _settle(self, claim: Claim, recorder: Recorder, *, completed: bool) -> None:
         """Store the recorded response, or release the key, as :meth:`Recorder.settle` says. Never
         raises: a store that fails leaves the lease to run out."""
-        settle = recorder.settle(completed, self.dedupe.max_result_bytes)
+        settle = recorder.settle(completed, self.dedupe.max_result_bytes, self._measure)
         if not settle.store:
             log.info("released key=%s token=%s: status %s, response %s", claim.key, claim.token,
                      recorder.status, "complete" if completed else "cut off")
             await self._release(claim)
             return
+        await self._store(claim, settle)
+
+    async def _store(self, claim: Claim, settle: Settle) -> None:
         try:
             await self.dedupe.complete(claim, settle.value, ttl=settle.ttl)
         except LeaseLost:
@@ -169,16 +223,17 @@ class IdempotencyMiddleware:
             log.error("release failed key=%s token=%s: %s", claim.key, claim.token, exc)
 
 
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that gives the app the body read before the claim, then the client's own
-    messages (``http.disconnect`` when it goes away)."""
-    pending = True
+def _replaying(body: Body, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app the body read before the claim (in chunks when it was
+    spooled), then the client's own messages (``http.disconnect`` when it goes away)."""
+    chunks = body.chunks()
+    pending: bytes | None = next(chunks, b"")
 
     async def replaying_receive() -> Message:
         nonlocal pending
-        if pending:
-            pending = False
-            return {"type": "http.request", "body": body, "more_body": False}
+        if pending is not None:
+            chunk, pending = pending, next(chunks, None)
+            return {"type": "http.request", "body": chunk, "more_body": pending is not None}
         return await receive()
 
     return replaying_receive

@@ -13,7 +13,7 @@ import orjson
 from ._request import KeyProblem
 from ._stored import Response
 
-__all__ = ["conflict", "in_progress", "invalid_key", "unavailable"]
+__all__ = ["conflict", "in_progress", "invalid_key", "no_scope", "problem", "too_large", "unavailable"]
 
 _DETAIL = "This operation is idempotent and it requires correct usage of Idempotency Key."
 _KEY_DETAILS = {
@@ -44,6 +44,20 @@ def invalid_key(why: KeyProblem, header: str, docs_url: str | None) -> Response:
     return problem(400, "missing-key" if why is KeyProblem.MISSING else "invalid-key", title, detail, docs_url)
 
 
+def no_scope(header: str, docs_url: str | None) -> Response:
+    """403: the request carries a key, but the application's ``scope`` names no caller for it, so
+    there is no one the key could belong to (it never runs under a shared scope)."""
+    return problem(403, "scope-refused", f"{header} needs an identified caller",
+                   f"This operation takes an {header} only from a caller the server can identify (signed in, or"
+                   " with a session); the request was not processed.", docs_url)
+
+
+def too_large(limit: int, docs_url: str | None) -> Response:
+    """413: the request body is over ``max_request_bytes``; the request was not processed."""
+    return problem(413, "too-large", "Request body too large",
+                   f"The request body is over {limit} bytes; the request was not processed.", docs_url)
+
+
 def conflict(docs_url: str | None) -> Response:
     """422: the key was used before with a different request."""
     return problem(422, "key-reused", "Idempotency-Key is already used",
@@ -52,7 +66,8 @@ def conflict(docs_url: str | None) -> Response:
 
 
 def in_progress(retry_after: float, docs_url: str | None) -> Response:
-    """409 with ``Retry-After`` (whole seconds, at least 1): the first request still runs."""
+    """409 with ``Retry-After`` (``retry_after`` rounded up to whole seconds, at least 1): the first
+    request still runs."""
     seconds = max(1, math.ceil(retry_after))
     return problem(409, "request-outstanding", "A request is outstanding for this Idempotency-Key",
                    "A request with the same Idempotency-Key for the same operation is being processed"

@@ -51,7 +51,7 @@ def kept_headers(headers: list[tuple[str, str]] | tuple[tuple[str, str], ...], *
     return tuple(out)
 
 
-def encode(response: Response, *, compress_above: int, compression: str) -> dict[str, Any]:
+def encode(response: Response, *, compress_above: int | None, compression: str) -> dict[str, Any]:
     """The JSON-able value stored for ``response``: ``v`` (format version), ``s``, ``h``, ``b``
     (base64 body), ``z`` (``"deflate"``/``"gzip"`` when compressed) and ``o`` when omitted."""
     value: dict[str, Any] = {"v": _VERSION, "s": response.status, "h": [list(pair) for pair in response.headers]}
@@ -60,7 +60,7 @@ def encode(response: Response, *, compress_above: int, compression: str) -> dict
         value["b"] = ""
         return value
     body = response.body
-    if len(body) > compress_above:
+    if compress_above is not None and len(body) > compress_above:
         packed = gzip.compress(body, mtime=0) if compression == "gzip" else zlib.compress(body)
         if len(packed) < len(body):
             value["z"] = compression
@@ -69,21 +69,34 @@ def encode(response: Response, *, compress_above: int, compression: str) -> dict
     return value
 
 
-def decode(value: Any) -> Response | None:
+def decode(value: Any, max_body_bytes: int) -> Response | None:
     """The response stored as ``value`` by :func:`encode`; ``None`` when it is not one (a value
-    written by something else, or by a later format)."""
+    written by something else or by a later format, truncated, invalid base64, or a compressed
+    body that inflates past ``max_body_bytes``: decompression stops there, so a stored blob
+    never costs more memory than the largest body the layer stores)."""
     if not isinstance(value, dict) or value.get("v") != _VERSION:
         return None
     try:
-        body = base64.b64decode(value["b"])
+        body = base64.b64decode(value["b"], validate=True)
         packing = value.get("z")
-        if packing == "deflate":
-            body = zlib.decompress(body)
-        elif packing == "gzip":
-            body = gzip.decompress(body)
-        elif packing is not None:
-            return None
+        if packing is not None:
+            inflated = _inflate(body, packing, max_body_bytes)
+            if inflated is None:
+                return None
+            body = inflated
         headers = tuple((str(name), str(text)) for name, text in value["h"])
         return Response(int(value["s"]), headers, body, bool(value.get("o", False)))
     except (KeyError, TypeError, ValueError, zlib.error, OSError):
         return None
+
+
+def _inflate(packed: bytes, packing: Any, limit: int) -> bytes | None:
+    """``packed`` decompressed (``"deflate"`` or ``"gzip"``), ``None`` when it is neither, is cut
+    short, or holds more than ``limit`` bytes."""
+    if packing not in ("deflate", "gzip"):
+        return None
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if packing == "gzip" else zlib.MAX_WBITS)
+    body = inflater.decompress(packed, limit + 1)
+    if len(body) > limit or not inflater.eof:
+        return None
+    return body

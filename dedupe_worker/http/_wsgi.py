@@ -16,18 +16,23 @@ held until its lease runs out (a retry gets 409 meanwhile).
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .._deduplicator import Deduplicator
-from .._errors import LeaseLost, StoreUnavailable
+from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
 from .._protocol.claim import Claim
 from .._protocol.context import Holding
+from ._applied import RAISED, notice_exceptions
+from ._body import CHUNK, Body, declared_length
+from ._claiming import BEGIN, FORGET, REPAIR_SCRIPT, claim_flow, drive, record_names
+from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
-from ._rules import IdempotencyRules, Recorder
+from ._rules import Attempt, IdempotencyRules
 from ._stored import Response
 
 __all__ = ["WSGIIdempotencyMiddleware"]
@@ -67,20 +72,27 @@ def respond(start_response: StartResponse, response: Response) -> list[bytes]:
     return [response.body]
 
 
-def read_input(environ: Environ) -> bytes:
-    """The whole request body (``CONTENT_LENGTH`` bytes, or all of a terminated input)."""
+def read_input(environ: Environ, limit: int) -> Body | None:
+    """The request body (``CONTENT_LENGTH`` bytes, or all of a terminated input) read in chunks
+    into a :class:`Body` of at most ``limit`` bytes; ``None`` when it is over ``limit`` (announced
+    by ``CONTENT_LENGTH``, or found so while reading: nothing more is read)."""
+    body = Body(limit)
     stream = environ.get("wsgi.input")
-    if stream is None:
-        return b""
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length > 0:
-        return bytes(stream.read(length))
-    if environ.get("wsgi.input_terminated"):
-        return bytes(stream.read())
-    return b""
+    length = declared_length(environ.get("CONTENT_LENGTH") or None)
+    if length is not None and length > limit:
+        return None
+    if stream is None or (not length and not environ.get("wsgi.input_terminated")):
+        return body
+    left = length if length else limit + 1
+    while left > 0:
+        chunk = stream.read(min(CHUNK, left))
+        if not chunk:
+            break
+        left -= len(chunk)
+        if not body.feed(bytes(chunk)):
+            body.close()
+            return None
+    return body
 
 
 class WSGIIdempotencyMiddleware:
@@ -96,6 +108,9 @@ class WSGIIdempotencyMiddleware:
         self.app = app
         self.dedupe = dedupe
         self.rules = rules if rules is not None else IdempotencyRules(**options)
+        self._repair_script: Any = None
+        self._measure = stored_size(dedupe)
+        notice_exceptions()
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         request = request_info(environ)
@@ -104,43 +119,86 @@ class WSGIIdempotencyMiddleware:
             return self.app(environ, start_response)
         if isinstance(screened, Response):
             return respond(start_response, screened)
-        body = read_input(environ)
-        environ["wsgi.input"] = io.BytesIO(body)
-        environ["CONTENT_LENGTH"] = str(len(body))
-        attempt = self.rules.attempt(request, screened, body)
-        try:
-            claim = self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
-                                      ttl=self.rules.request_ttl(request))
-        except StoreUnavailable as exc:
-            down = self.rules.store_down(attempt, exc, self.dedupe.fail_open)
-            return self.app(environ, start_response) if down is None else respond(start_response, down)
-        answer = self.rules.answer(claim)
+        caller = self.rules.caller(request)
+        if isinstance(caller, Response):
+            return respond(start_response, caller)
+        body = read_input(environ, self.rules.max_request_bytes)
+        if body is None:
+            return respond(start_response, self.rules.too_large())
+        environ["wsgi.input"] = body.stream()  # closed (and a spool deleted) with it, when collected
+        environ["CONTENT_LENGTH"] = str(body.size)
+        attempt = self.rules.attempt(request, screened, caller, body.digest())
+        claim, answer = drive(claim_flow(self.rules, attempt, self.dedupe.fail_open),
+                              claim_steps(self.dedupe, attempt, self.rules.request_ttl(request), self._repair))
         if answer is not None:
+            body.close()
             return respond(start_response, answer)
+        if claim is None:
+            return self.app(environ, start_response)
         return self._run(environ, start_response, request, claim)
+
+    def _repair(self, names: list[str]) -> Any:
+        if self._repair_script is None:
+            self._repair_script = self.dedupe.store.client.register_script(REPAIR_SCRIPT)
+        return repair_with(self._repair_script, names)
 
     def _run(self, environ: Environ, start_response: StartResponse, request: RequestInfo,
              claim: Claim) -> Iterable[bytes]:
         recorder = self.rules.recorder(request)
+        # The server's start_response is called once the app returned (or at its first write()),
+        # so a framework's error page for AlreadyApplied can still be replaced by the answer.
+        started: list[Any] = []
+        writes: list[Callable[[bytes], Any]] = []
+
+        def flush() -> Callable[[bytes], Any]:
+            if not writes:
+                writes.append(start_response(*started))
+            return writes[0]
 
         def recording_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            write = start_response(status, recorder.start(int(status.split(" ", 1)[0]), headers), exc_info)
+            started[:] = [status, recorder.start(int(status.split(" ", 1)[0]), headers), exc_info]
+            if writes:  # called again after a write(): the server decides (PEP 3333)
+                start_response(*started)
 
             def recording_write(data: bytes) -> Any:
                 recorder.body(data)
-                return write(data)
+                return flush()(data)
 
             return recording_write
 
         holding = self.dedupe.hold(claim)
         holding.__enter__()
+        token = RAISED.set(None)
         try:
             iterable = self.app(environ, recording_start_response)
+        except AlreadyApplied as exc:
+            holding.__exit__(None, None, None)
+            return self._applied(start_response, claim, recorder, exc)
         except BaseException:
             holding.__exit__(None, None, None)
             settle_claim(self.dedupe, claim, recorder, completed=False)
             raise
-        return RecordedBody(iterable, recorder, lambda completed: self._settle(holding, claim, recorder, completed))
+        finally:
+            noticed = RAISED.get()
+            RAISED.reset(token)
+        if isinstance(noticed, AlreadyApplied) and not writes:  # the framework made it its error page
+            close = getattr(iterable, "close", None)
+            if close is not None:
+                close()
+            holding.__exit__(None, None, None)
+            return self._applied(start_response, claim, recorder, noticed)
+        if started:
+            flush()
+        return RecordedBody(iterable, recorder, lambda completed: self._settle(holding, claim, recorder, completed),
+                            flush if not started else None)
+
+    def _applied(self, start_response: StartResponse, claim: Claim, recorder: Recorder,
+                 exc: AlreadyApplied) -> list[bytes]:
+        """Answer from the committed result, stored under the key."""
+        stored, answer = self.rules.applied(exc)
+        store_settled(self.dedupe, claim, recorder.stored(stored, False, self.dedupe.max_result_bytes, self._measure))
+        start_response(status_line(answer.status), list(answer.headers))
+        return [answer.body]
 
     def _settle(self, holding: Holding, claim: Claim, recorder: Recorder, completed: bool) -> None:
         try:
@@ -153,18 +211,46 @@ class WSGIIdempotencyMiddleware:
 def settle_claim(dedupe: Deduplicator, claim: Claim, recorder: Recorder, *, completed: bool) -> None:
     """Store the recorded response, or release the key, as :meth:`Recorder.settle` says. Never
     raises: the response has gone out; a store that fails leaves the lease to run out."""
-    settle = recorder.settle(completed, dedupe.max_result_bytes)
+    settle = recorder.settle(completed, dedupe.max_result_bytes, stored_size(dedupe))
+    if not settle.store:
+        log.info("released key=%s token=%s: status %s, response %s", claim.key, claim.token,
+                 recorder.status, "complete" if completed else "cut off")
+    store_settled(dedupe, claim, settle)
+
+
+def store_settled(dedupe: Deduplicator, claim: Claim, settle: Settle) -> None:
+    """Store ``settle``'s value under ``claim`` (or release it). Never raises."""
     try:
         if settle.store:
             dedupe.complete(claim, settle.value, ttl=settle.ttl)
         else:
-            log.info("released key=%s token=%s: status %s, response %s", claim.key, claim.token,
-                     recorder.status, "complete" if completed else "cut off")
             dedupe.release(claim)
     except LeaseLost:
         log.warning("response not stored key=%s token=%s: the lease was lost", claim.key, claim.token)
     except StoreUnavailable as exc:
         log.error("response not settled key=%s token=%s: %s", claim.key, claim.token, exc)
+
+
+def repair_with(script: Any, names: list[str]) -> Any:
+    """Run the registered :data:`REPAIR_SCRIPT` on ``names``; a Redis error as ``StoreUnavailable``."""
+    try:
+        return script(keys=names)
+    except RedisError as exc:
+        raise StoreUnavailable(f"repairing the records failed: {exc}") from exc
+
+
+def claim_steps(dedupe: Deduplicator, attempt: Attempt, ttl: float | None,
+                repair: Callable[[list[str]], Any]) -> Callable[[str, Any], Any]:
+    """How the sync middleware (WSGI, Django) performs each step of :func:`claim_flow`."""
+
+    def perform(step: str, argument: Any) -> Any:
+        if step == BEGIN:
+            return dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait, ttl=ttl)
+        if step == FORGET:
+            return dedupe.forget(attempt.key, token=argument)
+        return repair(record_names(dedupe, attempt.key))
+
+    return perform
 
 
 class RecordedBody:
@@ -173,13 +259,18 @@ class RecordedBody:
     handed to the server), or else when the server asks past the last chunk; released by
     ``close()`` (which PEP 3333 servers always call) if neither happened."""
 
-    def __init__(self, iterable: Iterable[bytes], recorder: Recorder, settle: Callable[[bool], None]) -> None:
+    def __init__(self, iterable: Iterable[bytes], recorder: Recorder, settle: Callable[[bool], None],
+                 start: Callable[[], Any] | None = None) -> None:
         self.iterable = iterable
         self.recorder = recorder
         self._settle: Callable[[bool], None] | None = settle
+        self._start = start
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.iterable:
+            start, self._start = self._start, None
+            if start is not None:  # an app that starts its response from its iterable
+                start()
             self.recorder.body(chunk)
             if self.recorder.received_all:
                 self.settle(True)  # stored before the server writes it: whoever got it all can get it again

@@ -34,6 +34,10 @@ class Observer:
     def lease_lost(self) -> None:
         """A lease was found taken over by a larger token."""
 
+    def http_answered(self, answer: str) -> None:
+        """The HTTP Idempotency-Key layer decided a request: ``ran``, ``replayed``, ``conflict``,
+        ``mismatch``, ``missing_key``, ``too_large``, ``scope_refused``, ``already_applied``, ``error``."""
+
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Around a claim, a handler or a completion; the yielded dict takes attributes learned inside."""
@@ -83,6 +87,10 @@ class Observers(Observer):
     def lease_lost(self) -> None:
         for o in self.enabled:
             o.lease_lost()
+
+    def http_answered(self, answer: str) -> None:
+        for o in self.enabled:
+            o.http_answered(answer)
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -20,7 +20,8 @@ class MetricsObserver(Observer):
     """``dedupe_decisions_total{integration,reason}``, ``dedupe_sends_total{integration,outcome}``,
     ``dedupe_round_trip_seconds{op}``,
     ``dedupe_handler_seconds{integration}``, ``dedupe_leases_held``,
-    ``dedupe_lease_renewals_failed_total``, ``dedupe_leases_lost_total``."""
+    ``dedupe_lease_renewals_failed_total``, ``dedupe_leases_lost_total``,
+    ``dedupe_http_requests_total{answer}``."""
 
     _made: ClassVar[dict[int, MetricsObserver]] = {}
 
@@ -41,6 +42,8 @@ class MetricsObserver(Observer):
                                                   "Leases whose renewal round trip failed", registry=r)
         self.lost = prometheus.Counter("dedupe_leases_lost", "Leases found taken over by a larger token",
                                        registry=r)
+        self.http = prometheus.Counter("dedupe_http_requests", "HTTP Idempotency-Key requests, by the layer's "
+                                       "answer", ["answer"], registry=r)
 
     @classmethod
     def get(cls, registry: Any = None, port: int | None = None) -> MetricsObserver:
@@ -72,3 +75,6 @@ class MetricsObserver(Observer):
 
     def lease_lost(self) -> None:
         self.lost.inc()
+
+    def http_answered(self, answer: str) -> None:
+        self.http.labels(answer).inc()
