@@ -20,7 +20,9 @@ What is guaranteed: nothing more than without it. The mark is a hint with a TTL:
 message is lost, the next send after ``dedupe_send_ttl`` publishes again; once a worker has
 claimed the key, a send publishes as soon as no live lease holds it (the worker released it after
 a retryable failure, or died), and the worker's claim still makes the body run once. When Redis
-cannot be reached the send publishes (logged as a warning): a send is never lost to the check.
+cannot be reached the send publishes (logged as a warning), and a publish that raises takes its
+mark back (below): a send is never lost to the check, but for the rare cases the crash story
+lists, each bounded by ``dedupe_send_ttl``.
 
 The mark follows the publish. ``send.lua`` writes it *before* publishing, in the same round trip
 that decides, so of two senders racing on a key exactly one is told PUBLISH and the other is
