@@ -1,7 +1,7 @@
 -- send.lua: decide whether a producer publishes a message for a key (state: free -> sent;
 -- every other answer changes nothing).
 --
--- KEYS[1] - the started key (claim.lua's: owner, deadline, fp)
+-- KEYS[1] - the started key (claim.lua's: owner, deadline, fp, next)
 -- KEYS[2] - the stem        (complete.lua's outcome in record format 2)
 -- KEYS[3] - the result key  (complete.lua's outcome in record format 1)
 -- KEYS[4] - the send mark   (hash: id, until, fp, n)
