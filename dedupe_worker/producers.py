@@ -20,6 +20,11 @@ That is a hint, nothing more: a key in progress, free, or unreadable (Redis down
 warning) is published, and the consumer's claim makes the work apply once whatever the producer
 did. The payload is not compared here (``status`` has no fingerprint): a done key sent with
 another body is skipped, where the consumer would have dead-lettered it as ``conflict``.
+
+Nothing is written before the publish (no send mark, unlike Celery's ``dedupe_on_send``), so a
+publish that raises leaves no trace: the error reaches the caller, whose retry is checked and
+published like a first send, and ``dedupe_sends_total{outcome="published"}`` counts only
+publishes that returned.
 """
 
 from __future__ import annotations
@@ -58,14 +63,19 @@ def stamp(key: str, headers: Mapping[str, Any] | None = None, header: str = DEFA
 
 
 def _after_status(state: KeyState | None, key: str, integration: str) -> Sent | None:
-    """``Sent(False, state)`` when ``state`` says the key is done; ``None``: publish (counted as
-    published: the caller publishes next). The decision of the sync and the asyncio helpers."""
+    """``Sent(False, state)`` when ``state`` says the key is done; ``None``: publish, then
+    :func:`_published`. The decision of the sync and the asyncio helpers."""
     if state is not None and state.state is State.DONE:
         observer.sent(integration, "skipped_done")
         log.info("not sending, done key=%s token=%s", key, state.token)
         return Sent(False, state)
-    observer.sent(integration, "published")
     return None
+
+
+def _published(integration: str) -> Sent:
+    """Counted once the publish returned: one that raised is no send."""
+    observer.sent(integration, "published")
+    return Sent(True)
 
 
 def _unavailable(key: str, exc: Exception) -> None:
@@ -92,7 +102,7 @@ def publish_once(producer: Any, body: Any, *, key: str, deduplicator: Deduplicat
         return skipped
     headers = stamp(key, publish.pop("headers", None), header)
     producer.publish(body, headers=headers, **publish)
-    return Sent(True)
+    return _published("kombu")
 
 
 def produce_once(producer: Any, topic: str, value: Any, *, key: str, deduplicator: Deduplicator | None = None,
@@ -110,7 +120,7 @@ def produce_once(producer: Any, topic: str, value: Any, *, key: str, deduplicato
     if "partition_key" in produce:
         produce["key"] = produce.pop("partition_key")
     producer.produce(topic, value, headers=pairs, **produce)
-    return Sent(True)
+    return _published("kafka")
 
 
 def send_actor_once(actor: Any, *args: Any, deduplicator: Deduplicator | None = None, **kwargs: Any) -> Sent:
@@ -127,7 +137,7 @@ def send_actor_once(actor: Any, *args: Any, deduplicator: Deduplicator | None = 
     if skipped is not None:
         return skipped
     actor.broker.enqueue(message)
-    return Sent(True)
+    return _published("dramatiq")
 
 
 async def broker_publish_once(broker: Any, message: Any, *args: Any, key: str, deduplicator: Any = None,
@@ -146,4 +156,4 @@ async def broker_publish_once(broker: Any, message: Any, *args: Any, key: str, d
     if skipped is not None:
         return skipped
     await broker.publish(message, *args, headers=stamp(key, publish.pop("headers", None), header), **publish)
-    return Sent(True)
+    return _published("faststream")

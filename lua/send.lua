@@ -1,10 +1,10 @@
 -- send.lua: decide whether a producer publishes a message for a key (state: free -> sent;
 -- every other answer changes nothing).
 --
--- KEYS[1] - the started key (claim.lua's: owner, deadline, fp)
+-- KEYS[1] - the started key (claim.lua's: owner, deadline, fp, next)
 -- KEYS[2] - the stem        (complete.lua's outcome in record format 2)
 -- KEYS[3] - the result key  (complete.lua's outcome in record format 1)
--- KEYS[4] - the send mark   (hash: id, until, fp)
+-- KEYS[4] - the send mark   (hash: id, until, fp, n)
 -- ARGV[1] - the task id of this send (recorded in the mark when it publishes)
 -- ARGV[2] - send TTL in milliseconds: how long the mark answers "queued" (countdown included)
 -- ARGV[3] - keep in milliseconds: how long the mark's task id outlives that (the result TTL),
@@ -24,10 +24,14 @@
 -- The mark is a hint, never a lock: a live lease with no mark (the task was sent without this
 -- check) answers PUBLISH, and a mark whose 'until' passed no longer answers QUEUED, so a message
 -- lost in the broker or a worker killed before it claimed blocks sends for at most the send TTL.
+-- A mark also records the started key's token counter ('next', '' when none) as 'n': once a
+-- claim has been taken since (the counter moved), the task it names has been started, so when no
+-- live lease holds the key it was released (a retryable failure) or its worker died, and the mark
+-- no longer answers QUEUED: the send publishes. A publish that failed is taken back by unsend.lua.
 -- The worker's claim still makes the body run once whatever this answers. Every record written
 -- here expires (PEXPIREAT at until + keep); the started and result keys are only read, with the
--- fields claim.lua reads, so records of every release are understood. The fingerprint is
--- written only when non-empty (a missing field reads as '').
+-- fields claim.lua reads, so records of every release are understood. The fingerprint and the
+-- counter are written only when non-empty (a missing field reads as '').
 local fp = ARGV[4]
 -- The stored outcome in either format (see complete.lua): status, token, value, fingerprint
 -- ('' for none); nil when no outcome is stored. Format 2 is a string at the stem, format 1 a hash
@@ -55,8 +59,9 @@ if status then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local st = redis.call('HMGET', KEYS[1], 'owner', 'deadline', 'fp')
-local mark = redis.call('HMGET', KEYS[4], 'id', 'until', 'fp')
+local st = redis.call('HMGET', KEYS[1], 'owner', 'deadline', 'fp', 'next')
+local mark = redis.call('HMGET', KEYS[4], 'id', 'until', 'fp', 'n')
+local counter = st[4] or ''
 local owner = tonumber(st[1]) or 0
 local deadline = tonumber(st[2]) or 0
 if owner > 0 and deadline > now_ms then
@@ -64,18 +69,17 @@ if owner > 0 and deadline > now_ms then
   if mark[1] then return {3, owner, deadline - now_ms, false, mark[1]} end
 else
   local until_ms = tonumber(mark[2]) or 0
-  if mark[1] and until_ms > now_ms then
+  if mark[1] and until_ms > now_ms and (mark[4] or '') == counter then
     if fp ~= '' and mark[3] and mark[3] ~= '' and mark[3] ~= fp then return {4, 0, false, false, false} end
     return {5, 0, until_ms - now_ms, false, mark[1]}
   end
 end
 local ttl_ms = tonumber(ARGV[2])
 local until_s = string.format('%d', now_ms + ttl_ms)
-if fp == '' then
-  redis.call('HSET', KEYS[4], 'id', ARGV[1], 'until', until_s)
-  if mark[3] then redis.call('HDEL', KEYS[4], 'fp') end
-else
-  redis.call('HSET', KEYS[4], 'id', ARGV[1], 'until', until_s, 'fp', fp)
-end
+local fields = {'id', ARGV[1], 'until', until_s}
+if fp ~= '' then fields[#fields + 1] = 'fp'; fields[#fields + 1] = fp end
+if counter ~= '' then fields[#fields + 1] = 'n'; fields[#fields + 1] = counter end
+redis.call('DEL', KEYS[4])  -- no field of an earlier mark survives (fp, n)
+redis.call('HSET', KEYS[4], unpack(fields))
 redis.call('PEXPIREAT', KEYS[4], string.format('%d', now_ms + ttl_ms + tonumber(ARGV[3])))
 return {1, 0, ttl_ms, false, ARGV[1]}

@@ -357,7 +357,7 @@ async def test_a_missing_script_reloads_them_all(
         first = await d.begin("given-back")  # NOSCRIPT for claim.lua
         assert sync_client.script_exists(*shas) == [True] * len(shas)
         request = d.request("given-back")
-        released, replies = await d.drive_async(d.round_trip((
+        released, replies = await d._drive(d.round_trip((
             d.store.release_calls([(first.stem, first.token)], 5000),
             d.store.claim_calls([(request.stem, request.fingerprint, request.original)], 5000, 60_000))))
         (again,) = d.store.claim_replies(replies)

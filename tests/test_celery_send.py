@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from celery import Celery, chain
 from celery.beat import ScheduleEntry, Scheduler
 from celery.result import AsyncResult, EagerResult
 from celery.signals import before_task_publish
+from kombu.exceptions import OperationalError
 
 from dedupe_worker import KeyConflict, PreviouslyFailed
 from dedupe_worker.observe import current
@@ -224,3 +226,65 @@ def test_beat_entries_are_deduplicated(sender: Celery, published: Published) -> 
     with effects(sender) as r:  # the mark lives in the key's hash slot, with a TTL
         mark = f"{sender.conf.dedupe_namespace}:{{charge:14}}:sent"
         assert r.hget(mark, "id") == first.id and 0 < r.pttl(mark)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_send_during_a_broker_outage_leaves_no_mark_and_the_retry_publishes_once(
+        sender: Celery, celery_config: dict[str, Any], published: Published) -> None:
+    down = make_app(**{**celery_config, "broker": f"amqp://guest:guest@127.0.0.1:{closed_port()}//"})
+    down.conf.update(dedupe_on_send=True, broker_connection_timeout=0.5,
+                     task_publish_retry_policy={"max_retries": 0})
+    try:
+        with pytest.raises(OperationalError):  # the producer sees the outage, as without the check
+            down.tasks["dt.charge"].delay(15, 150)
+    finally:
+        down.close()
+    with effects(sender) as r:  # the failed publish took its mark back
+        assert not r.exists(f"{sender.conf.dedupe_namespace}:{{charge:15}}:sent")
+
+    before = published("dt.charge")  # the signal fired for the failed attempt too
+
+    retried = sender.tasks["dt.charge"].delay(15, 150)  # the producer's retry, the broker back
+    assert sender.tasks["dt.charge"].delay(15, 150).id == retried.id  # and one more: still one
+    assert published("dt.charge") == before + 1 and queued(sender, celery_config["queue"]) == 1
+    assert not isinstance(retried, EagerResult)
+
+
+def test_a_send_after_a_release_publishes(sender: Celery, celery_config: dict[str, Any], published: Published,
+                                          tmp_path: Path) -> None:
+    flaky = sender.tasks["dt.flaky"]  # autoretry_for, max_retries=3
+    worker = start_worker(celery_config, tmp_path)
+    try:
+        first = flaky.delay("r1", 99)  # fails every attempt: each failure releases the key
+        with pytest.raises(ValueError):
+            first.get(timeout=TIMEOUT)
+        assert count(sender, "flaky", "r1") == 4
+
+        again = flaky.delay("r1", 99)  # well within dedupe_send_ttl of the first: the key is free
+
+        assert again.id != first.id and published("dt.flaky") == 2  # Celery's retries are the worker's
+        with pytest.raises(ValueError):
+            again.get(timeout=TIMEOUT)
+    finally:
+        worker.stop()
+    assert count(sender, "flaky", "r1") == 8  # the second send ran its four attempts
+
+
+def test_two_racing_senders_publish_once_per_key(sender: Celery, celery_config: dict[str, Any],
+                                                 published: Published) -> None:
+    other = make_app(**celery_config)  # a second producer: its own connections to RabbitMQ and Redis
+    other.conf.dedupe_on_send = True
+    keys = range(100, 140)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.map(lambda app: [app.tasks["dt.charge"].delay(k, k) for k in keys], (sender, other))
+    finally:
+        other.close()
+    assert [x.id for x in a] == [y.id for y in b]  # every key: both hold the one task sent for it
+    assert published("dt.charge") == len(keys) and queued(sender, celery_config["queue"]) == len(keys)

@@ -21,7 +21,7 @@ from .async_fixtures import adedupe, aredis
 __all__ = ["adedupe", "aredis"]
 
 #: Names that differ by design: the asyncio spelling of the same thing.
-ASYNC_NAMES = {"__enter__": "__aenter__", "__exit__": "__aexit__", "drive": "drive_async"}
+ASYNC_NAMES = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 #: Only on asyncio: the name asyncio libraries use for ``close``.
 ASYNC_ONLY = {"aclose"}
 

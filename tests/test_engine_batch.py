@@ -542,7 +542,7 @@ def test_verdicts_are_built_when_asked_for_and_equal_what_a_single_decide_gives(
     values = {"n": None, "v": {"a": [1, 2]}, "big": "x" * 2000, "s": "text"}
     first = decide_many(dedupe, [(k, f"fp-{k}", (lambda v=v: v)) for k, v in values.items()], ttl=90)
     items = [(k, f"fp-{k}", (lambda: pytest.fail("a duplicate ran"))) for k in values]
-    verdicts = dedupe.drive(verdicts_flow(dedupe, [k for k, _, _ in items], [fp for _, fp, _ in items],
+    verdicts = dedupe._drive(verdicts_flow(dedupe, [k for k, _, _ in items], [fp for _, fp, _ in items],
                                           lambda handler: handler(), [h for _, _, h in items], ttl=90))
     assert verdicts.reasons == [Reason.DUPLICATE] * len(values)
     assert all(d is None for d in verdicts._batch.decisions)  # nothing built yet

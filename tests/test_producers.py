@@ -3,16 +3,22 @@ and a key already done is not published (RabbitMQ through kombu, Kafka through t
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
+import pytest
 import redis
 from confluent_kafka import Producer
 from kombu import Connection
 from kombu import Producer as KombuProducer
+from kombu.exceptions import OperationalError
+from prometheus_client import CollectorRegistry
 
 from dedupe_worker import Deduplicator, State
 from dedupe_worker._messages.envelope import from_kafka, from_kombu
 from dedupe_worker.keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT
+from dedupe_worker.observe import current
+from dedupe_worker.observe._metrics import MetricsObserver
 from dedupe_worker.producers import Sent, produce_once, publish_once, send_actor_once, stamp
 
 from .kafka_fixtures import Topics, kafka_topics, read_topic
@@ -50,6 +56,27 @@ def test_kombu_helper_publishes_while_redis_is_down(amqp: Connection, queue_name
                         routing_key=queue_name)
     assert sent == Sent(True)
     wait_for(lambda: depth(amqp, queue_name) == 1, what="the message in the queue")
+
+
+def test_kombu_helper_a_publish_that_raises_leaves_nothing_and_its_retry_publishes_once(
+        amqp: Connection, queue_name: str, dedupe: Deduplicator) -> None:
+    registry = CollectorRegistry()
+    observer = current.enable(MetricsObserver(registry))
+    try:
+        with socket.socket() as s:  # a port nothing listens on: the broker is down
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with Connection(f"amqp://guest:guest@127.0.0.1:{port}//", connect_timeout=0.5,
+                        transport_options={"max_retries": 0}) as down, pytest.raises(OperationalError):
+            publish_once(KombuProducer(down), b"x", key="k2", deduplicator=dedupe, exchange="",
+                         routing_key=queue_name, retry=False)
+        sent = publish_once(KombuProducer(amqp.default_channel), b"x", key="k2", deduplicator=dedupe,
+                            exchange="", routing_key=queue_name)  # the caller's retry, the broker back
+    finally:
+        current.disable(observer)
+    assert sent == Sent(True)
+    wait_for(lambda: depth(amqp, queue_name) == 1, what="the message in the queue")
+    assert registry.get_sample_value("dedupe_sends_total", {"integration": "kombu", "outcome": "published"}) == 1
 
 
 def test_kafka_helper_stamps_the_consumers_key_and_skips_work_done(
@@ -122,4 +149,4 @@ def test_exported_names() -> None:
     assert dedupe_worker.celery._send.__all__ == ["EXPECTED_QUEUE_TIME", "send_once", "send_ttl",
                                                  "sends_deduplicated"]
     assert dedupe_worker._protocol.sending.__all__ == ["SendAnswer", "SendState", "check_send", "send_answer",
-                                                      "send_call"]
+                                                      "send_call", "unsend"]

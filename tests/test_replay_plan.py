@@ -323,3 +323,15 @@ def test_exports() -> None:
     assert sorted(exported) == sorted([
         "REPLAYED", "Destination", "Entry", "Found", "Pacer", "Planner", "Progress", "ReplayOptions", "Step",
         "Summary", "format_table", "replay_headers", "replay_kafka", "replay_rabbitmq"])
+
+
+def test_key_only_trusts_an_outcome_without_a_fingerprint_and_compares_the_others(dedupe: Deduplicator) -> None:
+    dedupe.run("plain", lambda: "done")  # no fingerprint stored with it
+    apply_before(dedupe, "order-8", b'{"amount": 1}')
+    planner = Planner(dedupe, header_key(), key_only=True)
+
+    plain = planner.judge(envelope("plain"), "handler_error")
+    other = planner.judge(envelope("order-8", b'{"amount": 2}'), "handler_error")
+
+    assert (plain.state, plain.step) == ("applied", Step.DROP) and "--key-only" in plain.note
+    assert (other.state, other.step) == ("conflict", Step.LEAVE)  # a stored fingerprint is still compared

@@ -367,3 +367,31 @@ def test_the_consumers_own_dead_letters_are_judged_by_the_fingerprints_it_stored
     status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--dry-run",
                                   "--filter", "conflict"))
     assert [(e["key"], e["state"], e["action"]) for e in json.loads(out)["plan"]] == [("a", "conflict", "leave")]
+
+
+def test_key_only_drops_outcomes_stored_without_a_fingerprint_and_still_keeps_conflicts(
+        amqp: Connection, rabbitmq_url: str, queue: str, redis_url: str, namespace: str, dedupe: Deduplicator,
+        redis_client: redis.Redis) -> None:
+    """A consumer run with ``fingerprint=None`` (or ``run()``) stores outcomes with no fingerprint:
+    only ``--key-only`` counts them as applied; another payload's outcome stays a conflict."""
+    dead_letter(amqp, queue, 0)
+    dedupe.run("k0", lambda: "done")                           # stored without a fingerprint
+    dead_letter(amqp, queue, 1)
+    apply_before(dedupe, "k1", b'{"id": "k1", "amount": 999}')  # another payload's outcome
+    dead_letter(amqp, queue, 2)                                # free
+    before = redis_snapshot(redis_client, namespace)
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--dry-run", "--json"))
+    plan = {e["key"]: (e["state"], e["action"]) for e in json.loads(out)["plan"]}
+    assert status == 0 and plan == {"k0": ("unproven", "leave"), "k1": ("conflict", "leave"),
+                                    "k2": ("free", "replay")}
+    assert "--key-only" in {e["key"]: e["note"] for e in json.loads(out)["plan"]}["k0"]  # the way out, named
+
+    status, out = cli(replay_args(rabbitmq_url, queue, redis_url, namespace, "--json", "--key-only"))
+
+    assert status == 0
+    assert json.loads(out) == {"dry_run": False, "examined": 3, "replayed": 1, "already_applied": 1,
+                               "left_in_place": 1, "failed": 0}
+    assert [m.headers["idempotency-key"] for m in take_all(amqp, queue)] == ["k2"]
+    assert [raw_body(m) for m in take_all(amqp, queue + ".dlq")] == [body_of(1)]  # the conflict stays
+    assert redis_snapshot(redis_client, namespace) == before

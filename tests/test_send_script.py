@@ -12,7 +12,7 @@ import redis
 
 from dedupe_worker import Deduplicator, PreviouslyFailed
 from dedupe_worker._protocol import KeyLayout, Stored
-from dedupe_worker._protocol.sending import SendState, check_send
+from dedupe_worker._protocol.sending import SendState, check_send, unsend
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
 
@@ -70,3 +70,38 @@ def test_records_of_the_previous_release_are_read(dedupe: Deduplicator, redis_cl
     redis_client.evalsha(sha["complete"], 3, started, result, notice, 60000, token, Stored.COMPLETED.value, b'"ok"')
     done = check_send(dedupe, "k5", "id-2", ttl=5, fingerprint="fp")
     assert done.state is SendState.DONE and done.claim is not None and Deduplicator.answer(done.claim) == "ok"
+
+
+def test_unsend_removes_only_the_mark_of_its_own_task(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    assert check_send(dedupe, "k6", "id-1", ttl=5, fingerprint="fp").state is SendState.PUBLISH
+    assert not unsend(dedupe, "k6", "id-0")  # an earlier send's publish raised late: the mark stays
+    assert check_send(dedupe, "k6", "id-2", ttl=5, fingerprint="fp").state is SendState.QUEUED
+    assert unsend(dedupe, "k6", "id-1")  # id-1's publish raised: nothing is queued for the key
+    assert not redis_client.exists(KeyLayout.sent(dedupe.request("k6").stem))
+    again = check_send(dedupe, "k6", "id-3", ttl=5, fingerprint="fp")
+    assert again.state is SendState.PUBLISH and again.task_id == "id-3"
+    assert not unsend(dedupe, "k7", "id-1")  # no mark at all
+
+
+def test_a_released_claim_frees_the_mark_for_the_next_send(dedupe: Deduplicator) -> None:
+    assert check_send(dedupe, "k8", "id-1", ttl=5, fingerprint="fp").state is SendState.PUBLISH
+    claim = dedupe.begin("k8", fingerprint="fp")  # a worker took task id-1
+    assert check_send(dedupe, "k8", "id-2", ttl=5, fingerprint="fp").state is SendState.RUNNING
+    assert dedupe.release(claim)  # a retryable failure: task id-1 is no longer queued
+    again = check_send(dedupe, "k8", "id-3", ttl=5, fingerprint="fp")
+    assert again.state is SendState.PUBLISH and again.task_id == "id-3"
+    assert check_send(dedupe, "k8", "id-4", ttl=5, fingerprint="fp").state is SendState.QUEUED  # id-3's mark
+
+
+def test_a_mark_of_a_key_claimed_before_stays_queued_until_a_new_claim(redis_client: redis.Redis,
+                                                                       namespace: str) -> None:
+    short = Deduplicator(redis_client, namespace=namespace, lease=0.2, result_ttl=60.0)
+    try:
+        short.release(short.begin("k9"))  # an earlier run of the key, released: its counter stays
+        assert check_send(short, "k9", "id-1", ttl=5).state is SendState.PUBLISH
+        assert check_send(short, "k9", "id-2", ttl=5).state is SendState.QUEUED
+        short.begin("k9")  # taken, then its worker dies: the lease runs out
+        time.sleep(0.25)
+        assert check_send(short, "k9", "id-3", ttl=5).state is SendState.PUBLISH
+    finally:
+        short.close()

@@ -116,3 +116,22 @@ def test_the_documented_imports_resolve() -> None:
                 assert name in module.__all__, f"{doc.name}: {name} is not in {module_name}.__all__"
                 seen += 1
     assert seen > 20
+
+
+#: Public on the asyncio classes only: the name asyncio libraries give ``close`` (httpx's ``aclose``).
+ASYNC_ONLY = {"aclose"}
+
+
+@pytest.mark.parametrize(("sync_name", "async_name"), [("Deduplicator", "AsyncDeduplicator"),
+                                                       ("ClaimClient", "AsyncClaimClient")])
+def test_the_sync_and_asyncio_classes_show_the_same_public_attributes(sync_name: str, async_name: str) -> None:
+    """Internals (the drivers, the performers' helpers) stay private on both, so what a user can
+    reach on one they can reach on the other."""
+    import dedupe_worker.asyncio
+
+    def public(cls: type) -> set[str]:
+        return {name for name in dir(cls) if not name.startswith("_")}
+
+    sync, asyn = getattr(dedupe_worker, sync_name), getattr(dedupe_worker.asyncio, async_name)
+    assert public(sync) == public(asyn) - ASYNC_ONLY
+    assert ASYNC_ONLY <= public(asyn)

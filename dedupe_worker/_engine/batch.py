@@ -677,7 +677,7 @@ def decide_many(
     one per item (``None`` for ``result_ttl``), e.g. read from each message's header. Raises
     ``ValueError`` before anything is claimed when one is not a positive number.
     """
-    return dedupe.drive(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration, ttl))
+    return dedupe._drive(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration, ttl))
 
 
 def _ttls(ttl: float | Sequence[float | None] | None, count: int) -> list[float | None] | None:

@@ -104,7 +104,7 @@ def found_before_flow(dedupe: ClientCore, claim: Claim) -> Flow[Decision | None]
 
 def lookup(dedupe: ClaimClient, claim: Claim) -> AlreadyApplied | None:
     """:func:`lookup_flow` on the sync client (the batch engine's)."""
-    return dedupe.drive(lookup_flow(dedupe, claim))
+    return dedupe._drive(lookup_flow(dedupe, claim))
 
 
 def unbound_claim(dedupe: ClaimCodec, key: str | bytes) -> Claim:

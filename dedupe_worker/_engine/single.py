@@ -73,7 +73,7 @@ def settle_failure_flow(dedupe: ClientCore, claim: Claim, exc: BaseException) ->
 
 def settle_failure(dedupe: ClaimClient, claim: Claim, exc: BaseException) -> None:
     """:func:`settle_failure_flow`, driven with blocking calls."""
-    dedupe.drive(settle_failure_flow(dedupe, claim, exc))
+    dedupe._drive(settle_failure_flow(dedupe, claim, exc))
 
 
 def unavailable_flow(dedupe: ClientCore, exc: StoreUnavailable,
@@ -104,7 +104,7 @@ def unavailable_flow(dedupe: ClientCore, exc: StoreUnavailable,
 def unavailable(dedupe: ClaimClient, exc: StoreUnavailable,
                 runs: Sequence[tuple[str | bytes, Callable[[], Any]]]) -> list[Decision]:
     """:func:`unavailable_flow`, driven with blocking calls."""
-    return dedupe.drive(unavailable_flow(dedupe, exc, runs))
+    return dedupe._drive(unavailable_flow(dedupe, exc, runs))
 
 
 def outage(dedupe: ClientOptions, exc: StoreUnavailable, count: int) -> list[Decision] | None:
@@ -196,7 +196,7 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
 
 def execute(dedupe: ClaimClient, claim: Claim, handler: Callable[[], Any], integration: str = "run") -> Decision:
     """:func:`execute_flow`, driven with blocking calls."""
-    return dedupe.drive(execute_flow(dedupe, claim, handler, integration))
+    return dedupe._drive(execute_flow(dedupe, claim, handler, integration))
 
 
 def refused(error: BaseException, integration: str) -> Decision:
@@ -251,7 +251,7 @@ def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *,
     :meth:`~dedupe_worker._protocol.ClaimClient.begin`) before answering IN_PROGRESS.
     ``integration`` names the caller in metrics and traces. ``ttl``: seconds the outcome is kept,
     instead of the client's ``result_ttl`` (the lease is unchanged); ``ValueError`` unless positive."""
-    return dedupe.drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
+    return dedupe._drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
 
 
 def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: Any,

@@ -3,7 +3,9 @@ kept (``ttl=`` of the engine) instead of the deduplicator's ``result_ttl``.
 
 One parser for every consumer (RabbitMQ, Kafka, FastStream, Dramatiq, Celery): the header
 ``x-dedupe-ttl`` (the name is configurable per consumer) holds a positive number of seconds as
-text (``"3600"``, ``"0.5"``) or as a number. A missing or empty header means ``result_ttl``. Any
+text or bytes (``"3600"``, ``b"0.5"``: Kafka headers are bytes) or as any number a header
+carries (an AMQP integer of any width, a float, or a ``Decimal``: kombu decodes AMQP decimals so,
+and ``Decimal("5")`` is five seconds). A missing or empty header means ``result_ttl``. Any
 other value is bad input: :func:`header_ttl` raises :class:`~dedupe_worker.UndecodableMessage`,
 which the consumers turn into a dead-lettered message whose reason names the header and the value.
 Dead-lettered rather than run with ``result_ttl``: the sender asked for a retention, and keeping
@@ -14,6 +16,7 @@ longer than the sender allows; a dead letter loses nothing and can be replayed o
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Number
 from typing import Any
 
 from .._errors import UndecodableMessage
@@ -24,6 +27,9 @@ __all__ = ["TTL_HEADER", "TtlHeader", "header_ttl", "parse_ttl"]
 #: The default name of the header that carries a message's retention in seconds.
 TTL_HEADER = "x-dedupe-ttl"
 
+#: At most this many characters of a bad value are shown in the error.
+_SHOWN = 80
+
 
 def parse_ttl(value: Any, source: str = f"{TTL_HEADER} header") -> float | None:
     """``value`` (a header's text, bytes or number) as seconds; ``None`` when absent or empty.
@@ -33,19 +39,26 @@ def parse_ttl(value: Any, source: str = f"{TTL_HEADER} header") -> float | None:
         return None
     if isinstance(value, (bytes, bytearray, memoryview)):
         value = bytes(value).decode("utf-8", "backslashreplace")
+    seconds: Any = value
     if isinstance(value, str):
         if not value.strip():
             return None
         try:
-            seconds: Any = float(value)
+            seconds = float(value)
         except ValueError:
-            seconds = value
-    else:
-        seconds = value
+            pass
+    elif isinstance(value, Number) and not isinstance(value, bool):  # Decimal, int of any width, float
+        try:
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):  # complex, Decimal('sNaN'), an int past float's range
+            pass
     try:
         ttl_ms(seconds)
     except ValueError:
-        raise UndecodableMessage(f"{source}: {value!r} is not a positive number of seconds") from None
+        shown = repr(value)  # bounded: the reason travels in a dead letter's header
+        if len(shown) > _SHOWN:
+            shown = shown[:_SHOWN - 3] + "..."
+        raise UndecodableMessage(f"{source}: {shown} is not a positive number of seconds") from None
     return float(seconds)
 
 

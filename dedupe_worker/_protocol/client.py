@@ -155,7 +155,7 @@ class ClaimClient(ClientCore):
 
     # -- the driver -----------------------------------------------------------------------------
 
-    def drive(self, flow: Flow[T]) -> T:
+    def _drive(self, flow: Flow[T]) -> T:
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
         it yields with blocking calls (:meth:`performers`): a round trip on the store,
         ``time.sleep``, a wait on the key watcher's notice, the handler called. An effect's
@@ -167,7 +167,6 @@ class ClaimClient(ClientCore):
                 steps.value = perform(effect)
         return steps.result
 
-    _drive = drive
     _sleep = staticmethod(time.sleep)
 
     @staticmethod
@@ -202,7 +201,7 @@ class ClaimClient(ClientCore):
         long (``retention`` is raised to ``ttl`` for this key). Raises ``ValueError`` unless it is
         a positive number.
         """
-        return self.drive(self.begin_flow(key, fingerprint, wait, ttl))
+        return self._drive(self.begin_flow(key, fingerprint, wait, ttl))
 
     def begin_many(
         self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None, wait: float = 0.0,
@@ -215,7 +214,7 @@ class ClaimClient(ClientCore):
         ``wait``, keys held by others are waited on as in :meth:`begin`, one after the other, all
         within ``wait`` seconds in total. ``ttl``: as in :meth:`begin`, for every key.
         """
-        claims, held = self.drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
+        claims, held = self._drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
         deadline = time.monotonic() + wait
         for i, request in held:  # one after the other
             claims[i] = self.wait_for(request, claims[i], deadline)
@@ -231,11 +230,11 @@ class ClaimClient(ClientCore):
         IN_PROGRESS and wait on. A waiter never holds the claim; the wait never outlasts
         ``deadline``; every record it touches keeps a TTL.
         """
-        return self.drive(self.wait_flow(request, claim, deadline))
+        return self._drive(self.wait_flow(request, claim, deadline))
 
     def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
         """:meth:`begin_many` for requests already checked by :meth:`request`."""
-        return self.drive(self.claims_flow(requests))
+        return self._drive(self.claims_flow(requests))
 
     def settle_and_claim(
         self,
@@ -257,7 +256,7 @@ class ClaimClient(ClientCore):
         ``released`` and ``claimed=0`` (the claims are not retried). Otherwise raises
         :class:`StoreUnavailable`; the outcomes may then have been stored or not.
         """
-        return self.drive(self.settle_and_claim_flow(outcomes, releases, requests))
+        return self._drive(self.settle_and_claim_flow(outcomes, releases, requests))
 
     def settle_and_stream(
         self,
@@ -300,7 +299,7 @@ class ClaimClient(ClientCore):
         them."""
         store = self.store
         if len(claims) <= step or store.durability is not None or store.scripts.held is None:
-            return self.drive(self.handed_on_flow(outcomes, releases, claims, each, step))
+            return self._drive(self.handed_on_flow(outcomes, releases, claims, each, step))
         completes, frees = self.settle_calls(outcomes, releases)
         if completes or frees:
             self.renewer.settle(leases_of(outcomes, releases))
@@ -324,7 +323,7 @@ class ClaimClient(ClientCore):
             exc.claimed = min(len(claims), answered * step)
             raise
         except StoreUnavailable as exc:  # before any claim was handed on
-            return self.drive(self.settle_failed_flow(exc, outcomes, releases, completes, frees, claims))
+            return self._drive(self.settle_failed_flow(exc, outcomes, releases, completes, frees, claims))
         return self.settled(outcomes, *_head(outcomes, releases, replies))
 
     def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
@@ -335,39 +334,39 @@ class ClaimClient(ClientCore):
         :class:`ResultNotSerializable` after storing "completed, body omitted" for a value JSON
         cannot hold. A transient store error is retried while the lease lasts (:mod:`.retry`).
         """
-        self.drive(self.complete_flow(claim, value, ttl))
+        self._drive(self.complete_flow(claim, value, ttl))
 
     def complete_many(self, items: Sequence[tuple[Claim, Any]]) -> list[bool]:
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
 
         Values that cannot be serialised are stored as omitted (and logged), as in :meth:`complete`.
         """
-        return self.drive(self.complete_many_flow(items))
+        return self._drive(self.complete_many_flow(items))
 
     def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable | None]:
         """:meth:`complete_many`, telling per item what :meth:`complete` would have raised: ``None``
         when stored, :class:`LeaseLost` when nothing was written, :class:`ResultNotSerializable`
         when the outcome was stored as omitted."""
-        return self.drive(self.complete_each_flow(items))
+        return self._drive(self.complete_each_flow(items))
 
     def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome: later deliveries answer DUPLICATE with
         ``failed=True`` instead of running again. Raises :class:`LeaseLost` when fenced off."""
-        self.drive(self.fail_flow(claim, error))
+        self._drive(self.fail_flow(claim, error))
 
     def release(self, claim: Claim) -> bool:
         """Give the claim up after a retryable failure so the next delivery may claim again.
         ``False`` when the token no longer owned it (nothing changed)."""
-        return self.drive(self.release_flow((claim,)))[0]
+        return self._drive(self.release_flow((claim,)))[0]
 
     def release_many(self, claims: Sequence[Claim]) -> list[bool]:
         """:meth:`release` for a batch, in one round trip (sent again on a transient store error
         while the leases last, as completions are)."""
-        return self.drive(self.release_flow(claims))
+        return self._drive(self.release_flow(claims))
 
     def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""
-        return self.drive(self.renew_flow(claim))
+        return self._drive(self.renew_flow(claim))
 
     def forget(self, key: str | bytes, *, token: int | None = None, force: bool = False) -> bool:
         """Remove ``key``'s records (one ``forget.lua`` call), so its next delivery is new work.
@@ -376,11 +375,11 @@ class ClaimClient(ClientCore):
         (the live lease's owner, the token that stored the outcome, or the last one handed out);
         without it, a live lease is freed only with ``force``. True when records were removed,
         False when there were none or the check refused (nothing changed)."""
-        return self.drive(self.forget_flow(key, token, force))
+        return self._drive(self.forget_flow(key, token, force))
 
     def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them (for replay and inspection)."""
-        return self.drive(self.status_flow(key))
+        return self._drive(self.status_flow(key))
 
 
 def _head(outcomes: Sequence[Any], releases: Sequence[Claim], replies: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -6,8 +6,8 @@ httpx writes its auth flows: it yields an *effect* (a round trip, a pause, a wai
 handler to call) and receives its result, or has its exception thrown in. It never touches a
 socket, a clock it sleeps on, or an event loop. Two drivers run the same flows:
 
-- :meth:`dedupe_worker.ClaimClient.drive` performs effects with blocking calls;
-- :meth:`dedupe_worker.asyncio.AsyncClaimClient.drive_async` awaits them.
+- ``ClaimClient._drive`` performs effects with blocking calls;
+- ``AsyncClaimClient._drive`` awaits them.
 
 The loop that advances a flow is written once too (:class:`Steps`): a driver only performs each
 effect, by a call or an ``await``.
@@ -273,10 +273,10 @@ class ClientCore(ClaimCodec):
     # -- effects --------------------------------------------------------------------------------
 
     def performers(self) -> dict[type[Any], Callable[[Any], Any]]:
-        """How each effect is performed, written once for both drivers: ``drive`` calls the entry
-        for an effect's type and sends its value into the flow; ``drive_async`` awaits it (on the
-        asyncio client the store's calls, the handler, the sleep, the wait and the store check
-        return awaitables). What differs is the client's: ``_sleep``, ``_wait``, ``_either``,
+        """How each effect is performed, written once for both drivers: the sync ``_drive`` calls
+        the entry for an effect's type and sends its value into the flow; the asyncio one awaits it
+        (on the asyncio client the store's calls, the handler, the sleep, the wait and the store
+        check return awaitables). What differs is the client's: ``_sleep``, ``_wait``, ``_either``,
         ``_drive`` (its driver), ``check_store`` and ``stream_claims``."""
         client: Any = self
         return {
@@ -291,7 +291,7 @@ class ClientCore(ClaimCodec):
         }
 
     def _drive(self, flow: Flow[Any]) -> Any:
-        """The client's driver (``drive``, or ``drive_async`` whose value is awaited)."""
+        """The client's driver (its ``_drive``; the asyncio one's value is awaited)."""
         raise NotImplementedError
 
     # -- round trips ----------------------------------------------------------------------------

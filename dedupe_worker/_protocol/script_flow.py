@@ -62,10 +62,10 @@ _logged: set[str] = set()
 
 SCRIPT_NAMES = ("claim", "complete", "release", "renew", "inspect", "watch", "forget")
 
-#: Scripts a producer runs before it publishes (``send.lua``): never pipelined with the worker's,
-#: so they are loaded first after a ``NOSCRIPT``. Kept apart from :data:`SCRIPT_NAMES`, the
-#: scripts workers of every release share records through.
-SENDER_SCRIPTS = ("send",)
+#: Scripts a producer runs around a publish (``send.lua``, ``unsend.lua``): never pipelined with
+#: the worker's, so they are loaded first after a ``NOSCRIPT``. Kept apart from
+#: :data:`SCRIPT_NAMES`, the scripts workers of every release share records through.
+SENDER_SCRIPTS = ("send", "unsend")
 
 #: The order scripts are loaded in after a ``NOSCRIPT``: those a pipeline sends last (it sends
 #: complete, release, then claim) are loaded last, so whenever one is loaded so are the earlier.

@@ -3,11 +3,14 @@
 ``send.lua`` reads the key's claim and outcome, and the *send mark* a producer leaves when it
 publishes (``<namespace>:{<key>}:sent``: the task id it sent, until when that counts as queued,
 the payload fingerprint). :func:`send_call` builds the call and :func:`send_answer` reads the
-reply without I/O; :func:`check_send` is the synchronous round trip.
+reply without I/O; :func:`check_send` is the synchronous round trip. :func:`unsend` takes back
+the mark of a send whose publish raised (``unsend.lua``, fenced by the task id).
 
 The answer is a hint. A mark lives ``ttl`` seconds as "queued", then only names the task; the
 worker's claim, not this check, is what makes the work run once. When the message is lost or the
-worker dies before it claims, the next send after ``ttl`` publishes again.
+worker dies before it claims, the next send after ``ttl`` publishes again; once a worker has
+claimed the key since the mark, a send publishes as soon as no live lease holds it (the claim was
+released after a retryable failure, or its worker died).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .codec import ClaimCodec, Request
 from .layout import KeyLayout
 from .scripts import Call
 
-__all__ = ["SendAnswer", "SendState", "check_send", "send_answer", "send_call"]
+__all__ = ["SendAnswer", "SendState", "check_send", "send_answer", "send_call", "unsend"]
 
 
 class SendState(enum.Enum):
@@ -99,3 +102,11 @@ def check_send(client: ClaimClient, key: str | bytes, task_id: str, *, ttl: floa
     request = client.request(key, fingerprint)
     reply = client.store.scripts.call(*send_call(request, task_id, int(ttl * 1000), client._result_ttl_ms))
     return send_answer(client, request, reply)
+
+
+def unsend(client: ClaimClient, key: str | bytes, task_id: str) -> bool:
+    """One round trip: remove ``key``'s send mark if it still names ``task_id`` (whose publish
+    raised), so the next send publishes. ``False``: the mark names another send, or is gone.
+    Raises :class:`StoreUnavailable` (the mark then lapses after its ``ttl``)."""
+    request = client.request(key)
+    return bool(client.store.scripts.call("unsend", (KeyLayout.sent(request.stem),), (task_id,)))

@@ -17,10 +17,28 @@ otherwise       publishes as usual; the mark records its task id for ``dedupe_se
 ==============  ==========================================================================
 
 What is guaranteed: nothing more than without it. The mark is a hint with a TTL: when the
-message is lost or the worker is killed before it stores an outcome, the next send after
-``dedupe_send_ttl`` (or once the dead worker's lease ran out) publishes again, and the worker's
-claim still makes the body run once. When Redis cannot be reached the send publishes (logged as
-a warning): a send is never lost to the check.
+message is lost, the next send after ``dedupe_send_ttl`` publishes again; once a worker has
+claimed the key, a send publishes as soon as no live lease holds it (the worker released it after
+a retryable failure, or died), and the worker's claim still makes the body run once. When Redis
+cannot be reached the send publishes (logged as a warning), and a publish that raises takes its
+mark back (below): a send is never lost to the check, but for the rare cases the crash story
+lists, each bounded by ``dedupe_send_ttl``.
+
+The mark follows the publish. ``send.lua`` writes it *before* publishing, in the same round trip
+that decides, so of two senders racing on a key exactly one is told PUBLISH and the other is
+answered with its task id (one publish per key). Writing it only after the publish would let
+both decide "free" and both publish. When the publish raises (broker down, connection refused,
+a publish timeout), ``unsend.lua`` removes the mark, fenced by this send's task id (a later
+send's mark stays), and the error reaches the caller: its retry publishes. Crash story:
+
+* the publish raised after the broker took the message (a lost confirm): the mark is removed,
+  so the caller's retry publishes a second copy; the worker's claim answers it as a duplicate;
+* the publish raised and Redis is unreachable for ``unsend.lua`` too (logged as a warning): the
+  mark lapses after ``dedupe_send_ttl``; until then sends of the key answer "queued";
+* the sending process dies between the mark and the publish: the same, the mark lapses;
+* a sender that raced with a publish that then raised, and was answered "queued" in between,
+  holds the id of a task that was never sent: rare (both within one publish attempt) and bounded
+  by ``dedupe_send_ttl``, as above.
 
 A send whose task id the caller fixed (chain steps, group members, ``apply_async(task_id=...)``)
 is skipped only when done, and the stored outcome is then also written to the result backend
@@ -45,7 +63,7 @@ from redis.exceptions import RedisError
 
 from .._deduplicator import Deduplicator
 from .._errors import DedupeError, InvalidKey, KeyConflict, StoreUnavailable
-from .._protocol.sending import SendAnswer, SendState, check_send
+from .._protocol.sending import SendAnswer, SendState, check_send, unsend
 from ..observe._base import current as observer
 from ._options import identify
 
@@ -120,9 +138,30 @@ def send_once(task: Any, publish: Callable[..., AsyncResult], args: Any, kwargs:
 
 def _published(task: Any, publish: Callable[..., AsyncResult], args: Any, kwargs: Any,
                options: dict[str, Any], key: str) -> AsyncResult:
-    observer.sent("celery", "published")
     log.debug("publishing task=%s id=%s key=%s", task.name, options["task_id"], key)
-    return publish(args, kwargs, **options)
+    result = publish(args, kwargs, **options)
+    observer.sent("celery", "published")
+    return result
+
+
+def _marked(task: Any, publish: Callable[..., AsyncResult], args: Any, kwargs: Any,
+            options: dict[str, Any], key: str) -> AsyncResult:
+    """:func:`_published` for a send ``send.lua`` marked: a publish that raises takes its mark back."""
+    try:
+        return _published(task, publish, args, kwargs, options, key)
+    except BaseException:
+        _unmark(task, key, options["task_id"])
+        raise
+
+
+def _unmark(task: Any, key: str, task_id: str) -> None:
+    try:
+        unsend(task.deduplicator, key, task_id)
+    except (StoreUnavailable, RedisError, OSError) as exc:
+        log.warning("publish failed and Redis unavailable: the send mark of task=%s id=%s key=%s token=- "
+                    "answers queued until dedupe_send_ttl: %s", task.name, task_id, key, exc)
+    else:
+        log.info("publish failed, send mark removed task=%s id=%s key=%s token=-", task.name, task_id, key)
 
 
 def _act(task: Any, publish: Callable[..., AsyncResult], answer: SendAnswer, args: Any, kwargs: Any,
@@ -130,7 +169,7 @@ def _act(task: Any, publish: Callable[..., AsyncResult], answer: SendAnswer, arg
     """What the send does with ``send.lua``'s answer; ``fixed``: the caller chose the task id."""
     key, state = answer.key, answer.state
     if state is SendState.PUBLISH:
-        return _published(task, publish, args, kwargs, options, key)
+        return _marked(task, publish, args, kwargs, options, key)
     if state is SendState.CONFLICT:
         observer.sent("celery", "conflict")
         log.info("send refused, key used for other arguments task=%s key=%s token=-", task.name, key)

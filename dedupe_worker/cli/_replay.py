@@ -5,7 +5,8 @@ Keys are derived with the same options and defaults as the consumer commands
 (:func:`~dedupe_worker.cli._options.key_strategy_from`), so pass the consumer's ``--key-header`` /
 ``--key-field`` and ``--namespace`` here too. A message is dropped as already applied only when
 the outcome stored under its key carries its own payload fingerprint (the consumers' default,
-the hash of the body); ``conflict`` and ``undecodable`` dead letters stay where they are unless
+the hash of the body), or, with ``--key-only``, when the outcome was stored without any
+fingerprint; ``conflict`` and ``undecodable`` dead letters stay where they are unless
 ``--filter`` names them. Exit status: 0; 1 when any message failed; 2 when the dead-letter queue
 or topic does not exist.
 """
@@ -57,6 +58,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="replay only messages dead-lettered for this reason (repeatable; "
                              "e.g. handler_error); the others are left in place. Without it, all but "
                              "conflict and undecodable dead letters, which are examined only when named")
+    parser.add_argument("--key-only", action="store_true",
+                        help="an outcome stored WITHOUT a fingerprint (run(), @idempotent, a consumer with "
+                             "fingerprint=None) counts as applied by its key alone: the message is dropped. "
+                             "Risk: a key reused for another payload drops a message that never ran. "
+                             "Outcomes stored with a fingerprint are still compared")
     parser.add_argument("--json", action="store_true", help="print the summary (and the plan) as JSON")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="live progress on stderr (default: when stderr is a terminal)")
@@ -102,7 +108,7 @@ def _run(args: argparse.Namespace, default: KeyStrategy,
     strategy = key_strategy_from(args, default)
     if getattr(args, "position_fallback", False):
         strategy = first_of(strategy, position_key())
-    planner = Planner(deduplicator_from(args), strategy, reasons=_reasons(args.reasons))
+    planner = Planner(deduplicator_from(args), strategy, reasons=_reasons(args.reasons), key_only=args.key_only)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     progress = Progress(sys.stderr) if show else None
     options = ReplayOptions(dry_run=args.dry_run, limit=args.limit, rate=args.rate, keep_entries=args.dry_run,

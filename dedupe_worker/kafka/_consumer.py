@@ -443,7 +443,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         is built only if a hook asks for it."""
         batch = self.batch_handler
         run_batch = None if batch is None else (lambda chosen: batch([messages[i] for i in chosen]))
-        return self.dedupe.drive(verdicts_flow(self.dedupe, keys, fingerprints, self.handler or _batched, messages,
+        return self.dedupe._drive(verdicts_flow(self.dedupe, keys, fingerprints, self.handler or _batched, messages,
                                                run_batch=run_batch, pacing=self.pacing, integration="kafka", ttl=ttl))
 
     def _verdict(self, msg: Message, key: str, decision: Decision,

@@ -17,7 +17,8 @@ done (c / o)      DROP         already applied: the stored outcome's fingerprint
 conflict          LEAVE        an outcome is stored for a *different* payload under this key:
                                this payload never ran (forget the key, or re-key the message)
 unproven          LEAVE        an outcome is stored without a fingerprint (or this message's
-                               could not be computed): nothing shows this payload ran
+                               could not be computed): nothing shows this payload ran (with
+                               ``key_only``, ``--key-only``: DROP, the key alone is the proof)
 done (f)          LEAVE        a stored permanent failure; the consumer would only ack it
                                as ``previously_failed``, so replaying cannot help
 in_progress       LEAVE        another copy is being handled right now
@@ -35,7 +36,11 @@ computed from the dead-lettered message exactly as the consumer computed it (by 
 with the fingerprint the consumer's claim stored with the outcome (``inspect.lua`` reads it from
 a result of either record format). With ``fingerprint=None`` (a
 consumer run without conflict detection) a stored outcome counts as applied for any payload, as
-that consumer itself would answer it.
+that consumer itself would answer it. With ``key_only`` (the command's ``--key-only``) an outcome
+stored *without* a fingerprint (by ``run()``, ``@idempotent`` or a consumer with
+``fingerprint=None``) counts as applied by its key alone, while one stored with a fingerprint is
+still compared: the risk is a message whose key was reused for another payload by such a caller,
+dropped though its payload never ran.
 
 The planner is advisory: between the look-up and the consumer's claim anything may happen, and
 the consumer's own deduplication is what finally prevents a second application.
@@ -132,15 +137,19 @@ class Planner:
     :param fingerprint: the consumer's ``Envelope -> fingerprint`` (default: the consumers'
         default, :func:`~dedupe_worker.keys.body_fingerprint`); ``None`` when the
         consumer ran without conflict detection.
+    :param key_only: an outcome stored without a fingerprint counts as this message's (dropped as
+        applied) instead of ``unproven``; an outcome stored with one is still compared.
     """
 
     def __init__(self, dedupe: Deduplicator, key_strategy: KeyStrategy,
                  reasons: Collection[str] | None = None,
-                 fingerprint: Callable[[Envelope], Any] | None = body_fingerprint) -> None:
+                 fingerprint: Callable[[Envelope], Any] | None = body_fingerprint, *,
+                 key_only: bool = False) -> None:
         self.dedupe = dedupe
         self.key_strategy = key_strategy
         self.reasons = frozenset(reasons) if reasons else None
         self.fingerprint = fingerprint
+        self.key_only = key_only
 
     def judge(self, envelope: Envelope, reason: str = "") -> Entry:
         """The plan for one message (:meth:`judge_many` of one). Never raises."""
@@ -244,12 +253,15 @@ class Planner:
         read with the state)."""
         if self.fingerprint is None:
             return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome stored", state.token)
+        stored = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
+        if not stored and self.key_only:
+            return Entry(key, Found.APPLIED, Step.DROP, reason,
+                         "outcome stored without a fingerprint: applied by its key (--key-only)", state.token)
         try:
             ours = request_fingerprint(self.fingerprint(envelope))
         except Exception as exc:  # a user's fingerprint function; nothing proves the payload ran
             return Entry(key, Found.UNPROVEN, Step.LEAVE, reason,
                          f"fingerprint of this message failed: {type(exc).__name__}: {exc}", state.token)
-        stored = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
         if stored and stored == ours:
             return Entry(key, Found.APPLIED, Step.DROP, reason, "outcome of this payload stored", state.token)
         if stored:
@@ -259,7 +271,8 @@ class Planner:
                          f"outcome stored for a different payload (fingerprint {stored}, this message {ours}): "
                          "this one never ran", state.token)
         return Entry(key, Found.UNPROVEN, Step.LEAVE, reason,
-                     "outcome stored without a fingerprint: nothing shows this payload ran", state.token)
+                     "outcome stored without a fingerprint: nothing shows this payload ran "
+                     "(--key-only drops it on its key alone)", state.token)
 
 
 def replay_headers(headers: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
