@@ -7,33 +7,63 @@
 -- KEYS[2] - the stem: the outcome in record format 2
 -- KEYS[3] - the result key: the outcome in record format 1
 -- KEYS[4] - the notice list
+-- KEYS[5] - optional: the send mark (send.lua), removed with the records
 -- ARGV[1] - the token the caller expects the key to carry ('' = any): the owner of a live
 --           lease, the token that stored the outcome, else the last token handed out
--- ARGV[2] - '1' to free a live lease too, else '0'
+-- ARGV[2] - '1' to free a live lease too, and to remove records these scripts cannot read;
+--           else '0'
 --
--- Returns {code, token}:
---   {1, token}   the records were removed (token: the one they carried)
+-- Returns {code, token} (and a third value, detail, with -3):
+--   {1, token}   the records were removed (token: the one they carried, 0 when unreadable)
 --   {0, 0}       there was nothing to remove
 --   {-1, owner}  refused: a live lease holds the key and ARGV[2] is not '1' (nothing changed)
 --   {-2, token}  refused: the key carries another token than ARGV[1] (nothing changed)
+--   {-3, 0, detail} refused: a record under the key's names is not one these scripts write
+--                (another type, a truncated or foreign format-2 string: claim.lua answers
+--                UNREADABLE for it), and ARGV[2] is not '1' or ARGV[1] names a token, which
+--                cannot be checked (nothing changed); with ARGV[2] '1' and no token, whatever
+--                lies under the names is removed, whatever its type or shape
 -- Tokens stay increasing after a forget: the next claim's token comes from Redis' clock
 -- (see claim.lua). A worker still running under a freed lease is fenced as after an expiry.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- The token of a stored outcome in either format (see complete.lua), else nil.
+local LETTERS = {c = true, o = true, f = true}
+local function holds(key, expected)
+  return key .. ' holds a ' .. redis.call('TYPE', key)['ok'] .. ', not a ' .. expected
+end
+-- The token of a stored outcome in either format (see complete.lua), else nil; false and what
+-- was found for a record these scripts do not write (read with pcall and checked).
 local function stored_token(stem, result)
-  local raw = redis.call('GET', stem)
-  if not raw then return tonumber(redis.call('HGET', result, 't')) end
+  local raw = redis.pcall('GET', stem)
+  if type(raw) == 'table' then return false, holds(stem, 'string') end
+  if not raw then
+    local h = redis.pcall('HMGET', result, 's', 't')
+    if h['err'] then return false, holds(result, 'hash') end
+    if h[1] and not LETTERS[h[1]] then return false, 'format-1 record ' .. result .. ' has an unknown status' end
+    return tonumber(h[2])
+  end
+  if #raw < 9 or not LETTERS[string.lower(string.sub(raw, 1, 1))] then
+    return false, stem .. ' holds a ' .. #raw .. '-byte string that is not a format-2 record'
+  end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   return ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
 end
-local done = stored_token(KEYS[2], KEYS[3])
-local st = redis.call('HMGET', KEYS[1], 'next', 'owner', 'deadline')
+local names = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
+if KEYS[5] then names[5] = KEYS[5] end
+local done, detail = stored_token(KEYS[2], KEYS[3])
+local st = redis.pcall('HMGET', KEYS[1], 'next', 'owner', 'deadline')
+if st['err'] then done, detail = false, holds(KEYS[1], 'hash') end
+if done == false then
+  if ARGV[2] ~= '1' or ARGV[1] ~= '' then return {-3, 0, detail} end
+  redis.call('DEL', unpack(names))
+  return {1, 0}
+end
 local owner = tonumber(st[2]) or 0
 local live = owner > 0 and (tonumber(st[3]) or 0) > now_ms
 local token = done or (live and owner) or tonumber(st[1]) or 0
-if not done and not st[1] then return {0, 0} end
+-- nothing that names a token: removed all the same when a record of another shape lies there
+if not done and not st[1] and redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then return {0, 0} end
 if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= token then return {-2, token} end
 if live and not done and ARGV[2] ~= '1' and ARGV[1] == '' then return {-1, owner} end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('DEL', unpack(names))
 return {1, token}

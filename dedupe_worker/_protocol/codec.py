@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._errors import InvalidKey, ResultNotSerializable
+from .._errors import InvalidKey, ResultNotSerializable, UnreadableRecord
 from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
@@ -202,17 +202,24 @@ class ClaimCodec:
             elif code == 2 and json and value == b"null" and status == b"c":
                 append(Claim(r[0], _DUPLICATE, token, None, 0.0, False, None, r[1], r[2]))
             else:
-                append(self._claim(r, _claim_reply(code, token, status, value)))
+                append(self.claim_of(r, code, token, status, value))
         return claims
 
     def claim_of(self, request: Request, code: Any, token: Any, a: Any, b: Any) -> Claim:
-        """The claim of ``request`` from its four values of ``claim.lua``'s reply. Raises
-        :class:`~dedupe_worker.StoreUnavailable` for a stored record we cannot read."""
-        return self._claim(request, _claim_reply(code, token, a, b))
+        """The claim of ``request`` from its four values of ``claim.lua``'s reply (UNREADABLE for
+        a record the script could not read, as for a status letter we never write)."""
+        try:
+            return self._claim(request, _claim_reply(code, token, a, b))
+        except UnreadableRecord as exc:
+            return self._claim(request, ClaimReply(Outcome.UNREADABLE, 0, value=exc.detail))
 
     def _claim(self, request: Request, reply: ClaimReply) -> Claim:
         key, stem, fp = request.key, request.stem, request.fingerprint
         outcome = reply.outcome
+        if outcome is Outcome.UNREADABLE:
+            error = UnreadableRecord(key, str(reply.value))
+            log.error("record of key=%s cannot be read, nothing run for it: %s", key, error.detail)
+            return Claim(key, outcome, 0, error=error, stem=stem, fingerprint=fp)
         if outcome is Outcome.DUPLICATE:
             if reply.status is Stored.FAILED:
                 error = self._stored(key, reply)
