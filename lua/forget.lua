@@ -42,8 +42,14 @@ local function stored_token(stem, result)
     if h[1] and not LETTERS[h[1]] then return false, 'format-1 record ' .. result .. ' has an unknown status' end
     return tonumber(h[2])
   end
-  if #raw < 9 or not LETTERS[string.lower(string.sub(raw, 1, 1))] then
-    return false, stem .. ' holds a ' .. #raw .. '-byte string that is not a format-2 record'
+  local size, status = #raw, string.sub(raw, 1, 1)
+  if size < 9 or not LETTERS[string.lower(status)] then
+    return false, stem .. ' holds a ' .. size .. '-byte string that is not a format-2 record'
+  end
+  if status ~= string.lower(status) then  -- the fingerprint and original key must fit, as claim.lua reads them
+    local fl = size >= 11 and string.byte(raw, 10) * 256 + string.byte(raw, 11) or size
+    local ol = size >= 13 + fl and string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl) or size
+    if size < 13 + fl + ol then return false, 'format-2 record ' .. stem .. ' is truncated (' .. size .. ' bytes)' end
   end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   return ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8

@@ -40,10 +40,10 @@ class KeyReport:
         return asdict(self)
 
 
-def _text(stored: bytes | str | None) -> str:
-    """A stored value as text: decompressed when it was stored compressed."""
+def _text(stored: bytes | str | None, limit: int) -> str:
+    """A stored value as text: decompressed when it was stored compressed (at most ``limit`` bytes)."""
     try:
-        data = unpack(stored) if stored else b""
+        data = unpack(stored, limit) if stored else b""
     except Exception as exc:  # a codec this process lacks, or corrupted data: say so, show nothing
         return f"(stored compressed, {len(stored or b'')} bytes, unreadable here: {exc})"
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
@@ -72,7 +72,7 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     name = state.state.value
     if state.state is State.DONE and state.status is Stored.FAILED:
         name = "failed"
-    value = _text(state.value)
+    value = _text(state.value, dedupe.decode_limit)
     if state.status is Stored.OMITTED:
         value = "(omitted: larger than max_result_bytes, or not JSON)"
     preview = value if len(value) <= PREVIEW else value[:PREVIEW] + f"... ({len(value)} chars)"
