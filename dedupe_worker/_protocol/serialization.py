@@ -179,7 +179,12 @@ def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | 
         if decompressor is None:
             decompressor = local.decompressor = zstandard.ZstdDecompressor()
         # Streamed, never decompress(): a one-shot frame carries its content size, which
-        # decompress() allocates whole, whatever it is (a few KB can claim gigabytes).
+        # decompress() allocates whole, whatever it is (a few KB can claim gigabytes). A declared
+        # size past the limit is refused before any work; one we read must be what came out (a
+        # frame cut short streams what it holds without an error).
+        declared = zstandard.frame_content_size(data)
+        if declared > limit:
+            raise TooLarge(limit)
         chunks, size = [], 0
         with decompressor.stream_reader(data) as reader:
             while size <= limit:
@@ -190,6 +195,8 @@ def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | 
                 size += len(chunk)
         if size > limit:
             raise TooLarge(limit)
+        if declared >= 0 and size != declared:
+            raise zstandard.ZstdError(f"frame holds {size} of its {declared} bytes: cut short")
         return b"".join(chunks)
 
     return compress, decompress
