@@ -18,11 +18,14 @@ from dedupe_worker import Deduplicator, Outcome, Reason, StoreUnavailable, Unrea
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker._protocol.script_flow import SCRIPTS_ENV
 from dedupe_worker._protocol.sending import SendState, check_send
+from dedupe_worker.asyncio import AsyncDeduplicator
+from dedupe_worker.asyncio import decide_many as decide_many_async
 from dedupe_worker.rabbitmq import DedupeConsumer, dlq
 
+from .async_fixtures import adedupe, aredis
 from .rabbitmq_fixtures import amqp, consumer_thread, dead_letters, depth, publish, queue_name, wait_for
 
-__all__ = ["amqp", "queue_name"]  # fixtures used by name
+__all__ = ["adedupe", "amqp", "aredis", "queue_name"]  # fixtures used by name
 
 
 @pytest.fixture(params=["fcall", "eval"])
@@ -52,6 +55,24 @@ def test_claim_and_inspect_answer_the_unreadable_key_alone(dedupe: Deduplicator,
     with pytest.raises(UnreadableRecord, match="truncated"):
         dedupe.status("b")
     assert dedupe.status("a").state == "in_progress"
+
+
+@pytest.mark.asyncio
+async def test_the_asyncio_engine_sets_the_unreadable_message_aside_and_decides_the_rest(
+        adedupe: AsyncDeduplicator, redis_client: redis.Redis) -> None:
+    redis_client.rpush(adedupe.request("k2").stem, "another program's list")
+    ran: list[str] = []
+
+    async def handler(key: str) -> str:
+        ran.append(key)
+        return key
+
+    keys = [f"k{i}" for i in range(8)]
+    decisions = await decide_many_async(adedupe, [(k, None, (lambda k=k: handler(k))) for k in keys])
+    assert [d.reason for d in decisions] == [Reason.APPLIED] * 2 + [Reason.UNREADABLE_RECORD] + [Reason.APPLIED] * 5
+    assert "holds a list, not a string" in decisions[2].detail and "k2" not in ran and len(ran) == 7
+    assert await adedupe.forget("k2", force=True)
+    assert (await adedupe.begin("k2")).acquired
 
 
 def test_complete_release_and_renew_answer_a_taken_over_key_alone(
