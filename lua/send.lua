@@ -20,6 +20,8 @@
 --   {4, 0, false, false, false}         CONFLICT: the claim, outcome or live mark carries
 --                                       another fingerprint
 --   {5, 0, remaining_ms, false, id}     QUEUED: a live mark, no claim yet (sent, not started)
+--   an error reply 'UNREADABLE ...'     a record under the key's names is not one these scripts
+--                                       write (claim.lua answers UNREADABLE for it)
 --
 -- The mark is a hint, never a lock: a live lease with no mark (the task was sent without this
 -- check) answers PUBLISH, and a mark whose 'until' passed no longer answers QUEUED, so a message
