@@ -2,7 +2,7 @@
 program's key of another type, a truncated format-2 string) is answered for that key alone, never
 with a Lua error that fails the whole call, on both ways the scripts run (``FCALL`` of the
 function library, ``EVALSHA``); ``forget --force`` removes whatever lies under a key's names; a
-real consumer (RabbitMQ) dead-letters that one message with its reason and goes on."""
+real consumer (RabbitMQ, Kafka) dead-letters that one message with its reason and goes on."""
 
 from __future__ import annotations
 
@@ -15,17 +15,20 @@ import redis
 from kombu import Connection
 
 from dedupe_worker import Deduplicator, Outcome, Reason, StoreUnavailable, UnreadableRecord
+from dedupe_worker._messages.deadletter import ERROR, REASON
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker._protocol.script_flow import SCRIPTS_ENV
 from dedupe_worker._protocol.sending import SendState, check_send
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide_many as decide_many_async
+from dedupe_worker.kafka import DedupeKafkaConsumer
 from dedupe_worker.rabbitmq import DedupeConsumer, dlq
 
 from .async_fixtures import adedupe, aredis
+from .kafka_fixtures import Topics, headers_of, kafka_topics, produce, read_topic
 from .rabbitmq_fixtures import amqp, consumer_thread, dead_letters, depth, publish, queue_name, wait_for
 
-__all__ = ["adedupe", "amqp", "aredis", "queue_name"]  # fixtures used by name
+__all__ = ["adedupe", "amqp", "aredis", "kafka_topics", "queue_name"]  # fixtures used by name
 
 
 @pytest.fixture(params=["fcall", "eval"])
@@ -160,3 +163,28 @@ def test_a_rabbitmq_consumer_dead_letters_the_unreadable_message_and_decides_the
     assert "truncated" in letter.headers["x-dedupe-error"] and orjson.loads(letter.body) == {"id": "m3"}
     assert depth(amqp, queue_name) == 0
     dedupe.close()
+
+
+def test_a_kafka_consumer_dead_letters_the_unreadable_record_and_commits_past_the_batch(
+        kafka_bootstrap: str, kafka_topics: Topics, redis_client: redis.Redis, namespace: str) -> None:
+    """A partition is never held by a record that will not heal: the unreadable key's record goes
+    to ``<topic>.dlq`` with its reason, the 7 others are applied, the group commits past all 8."""
+    from .test_kafka import body, config, consume_all
+
+    topic = kafka_topics.create(partitions=1)
+    dedupe = Deduplicator(redis_client, namespace=namespace, lease=5.0, result_ttl=60.0)
+    redis_client.set(KeyLayout.started(stem(dedupe, "order-5")), b"1")  # a string where a hash belongs
+    records = [(0, None, body(f"m{n}"), [("idempotency-key", f"order-{n}".encode())]) for n in range(8)]
+    positions = produce(kafka_bootstrap, topic, records)
+    applied: list[str] = []
+    consumer = DedupeKafkaConsumer(config(kafka_bootstrap), [topic],
+                                   lambda msg: applied.append(orjson.loads(msg.value())["id"]), dedupe,
+                                   batch_size=500, poll_timeout=0.2)
+    try:
+        consume_all(consumer, positions)
+    finally:
+        dedupe.close()
+    assert sorted(applied) == [f"m{n}" for n in range(8) if n != 5]
+    [letter] = read_topic(kafka_bootstrap, f"{topic}.dlq", expected=1)
+    assert headers_of(letter)[REASON] == "unreadable_record" and letter.value() == body("m5")
+    assert "holds a string, not a hash" in headers_of(letter)[ERROR]
