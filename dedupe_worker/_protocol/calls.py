@@ -71,7 +71,7 @@ def _status(letter: Any) -> Stored:
 
 def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
     """One key's four values of ``claim.lua``'s reply. UNREADABLE carries what the script found
-    (``value``, as text); an unknown code is a script of another release: ``ValueError``."""
+    (``value``, as text); an unknown code is a script of another release: ``KeyError``."""
     outcome = _OUTCOMES[int(code)]
     if outcome is Outcome.DUPLICATE:
         return ClaimReply(outcome, int(token), _status(a), b)
