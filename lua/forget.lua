@@ -7,7 +7,9 @@
 -- KEYS[2] - the stem: the outcome in record format 2
 -- KEYS[3] - the result key: the outcome in record format 1
 -- KEYS[4] - the notice list
--- KEYS[5] - optional: the send mark (send.lua), removed with the records
+-- KEYS[5] - optional: the send mark (send.lua). It lapses by itself and is left alone, unless a
+--           record these scripts cannot read is removed (ARGV[2] '1'): then it goes too, as does
+--           a mark of another type (which is such a record)
 -- ARGV[1] - the token the caller expects the key to carry ('' = any): the owner of a live
 --           lease, the token that stored the outcome, else the last token handed out
 -- ARGV[2] - '1' to free a live lease too, and to remove records these scripts cannot read;
@@ -54,14 +56,17 @@ local function stored_token(stem, result)
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   return ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
 end
-local names = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
-if KEYS[5] then names[5] = KEYS[5] end
 local done, detail = stored_token(KEYS[2], KEYS[3])
 local st = redis.pcall('HMGET', KEYS[1], 'next', 'owner', 'deadline')
 if st['err'] then done, detail = false, holds(KEYS[1], 'hash') end
+if done ~= false and KEYS[5] then
+  local kind = redis.call('TYPE', KEYS[5])['ok']
+  if kind ~= 'none' and kind ~= 'hash' then done, detail = false, holds(KEYS[5], 'hash') end
+end
 if done == false then
   if ARGV[2] ~= '1' or ARGV[1] ~= '' then return {-3, 0, detail} end
-  redis.call('DEL', unpack(names))
+  if KEYS[5] then redis.call('DEL', KEYS[5]) end
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
   return {1, 0}
 end
 local owner = tonumber(st[2]) or 0
@@ -71,5 +76,5 @@ local token = done or (live and owner) or tonumber(st[1]) or 0
 if not done and not st[1] and redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then return {0, 0} end
 if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= token then return {-2, token} end
 if live and not done and ARGV[2] ~= '1' and ARGV[1] == '' then return {-1, owner} end
-redis.call('DEL', unpack(names))
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return {1, token}

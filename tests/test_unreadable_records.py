@@ -188,3 +188,15 @@ def test_a_kafka_consumer_dead_letters_the_unreadable_record_and_commits_past_th
     [letter] = read_topic(kafka_bootstrap, f"{topic}.dlq", expected=1)
     assert headers_of(letter)[REASON] == "unreadable_record" and letter.value() == body("m5")
     assert "holds a string, not a hash" in headers_of(letter)[ERROR]
+
+
+def test_forget_leaves_a_readable_keys_send_mark_to_lapse(dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    """As docs/celery.md says: a forgotten key's mark lapses by itself (only an unreadable record's
+    removal takes it)."""
+    assert check_send(dedupe, "m", "task-1", ttl=5).state is SendState.PUBLISH
+    dedupe.run("m", lambda: "done")
+    assert dedupe.forget("m")
+    assert redis_client.exists(KeyLayout.sent(stem(dedupe, "m")))
+    redis_client.sadd(KeyLayout.sent(stem(dedupe, "n")), "another program's set")  # alone under a name
+    assert dedupe.store.forget(stem(dedupe, "n"), None, False)[0] == -3
+    assert dedupe.forget("n", force=True) and not redis_client.exists(KeyLayout.sent(stem(dedupe, "n")))

@@ -377,7 +377,7 @@ class ClaimClient(ClientCore):
         Ownership-checked like every write: with ``token``, only if the key carries that token
         (the live lease's owner, the token that stored the outcome, or the last one handed out);
         without it, a live lease is freed only with ``force``, and so is a record that is not one
-        we write (removed whatever its type, send mark included; refused with ``token``). True
+        we write (removed whatever its type, the send mark with it; refused with ``token``). True
         when records were removed, False when there were none or the check refused (nothing
         changed)."""
         return self.drive(self.forget_flow(key, token, force))
