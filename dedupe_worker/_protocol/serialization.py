@@ -131,18 +131,30 @@ class TooLarge(ValueError):
         self.limit = limit
 
 
+#: Output bytes produced per step of a bounded decompression: what it holds beyond the bytes kept
+#: (one output buffer of ``limit`` bytes would be grown in blocks, then joined: twice that).
+_STEP = 1 << 20
+
+
 def inflate(data: bytes, limit: int, wbits: int = zlib.MAX_WBITS) -> bytes:
     """``zlib.decompress(data, wbits)`` that stops past ``limit`` output bytes (:class:`TooLarge`),
-    holding at most ``limit + 1`` of them. ``wbits``: ``zlib.MAX_WBITS`` for zlib, ``16 +
-    zlib.MAX_WBITS`` for gzip, ``-zlib.MAX_WBITS`` for raw deflate. Raises ``zlib.error`` for a
-    stream that is corrupt or ends early."""
+    holding about ``limit`` bytes at most meanwhile. ``wbits``: ``zlib.MAX_WBITS`` for zlib,
+    ``16 + zlib.MAX_WBITS`` for gzip, ``-zlib.MAX_WBITS`` for raw deflate. Raises ``zlib.error``
+    for a stream that is corrupt or ends early."""
     inflater = zlib.decompressobj(wbits)
-    out = inflater.decompress(data, limit + 1)
-    if len(out) > limit:
-        raise TooLarge(limit)
+    chunks, size, pending = [], 0, data
+    while not inflater.eof:
+        chunk = inflater.decompress(pending, min(_STEP, limit + 1 - size))
+        pending = inflater.unconsumed_tail
+        if not chunk and not pending:
+            break  # the input ended before the stream did
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(limit)
     if not inflater.eof:
         raise zlib.error("incomplete or truncated stream")
-    return out
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | None:
@@ -188,7 +200,7 @@ def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | 
         chunks, size = [], 0
         with decompressor.stream_reader(data) as reader:
             while size <= limit:
-                chunk = reader.read(limit + 1 - size)
+                chunk = reader.read(min(_STEP, limit + 1 - size))
                 if not chunk:
                     break
                 chunks.append(chunk)
