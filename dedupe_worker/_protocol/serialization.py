@@ -190,13 +190,15 @@ def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | 
         decompressor = getattr(local, "decompressor", None)
         if decompressor is None:
             decompressor = local.decompressor = zstandard.ZstdDecompressor()
-        # Streamed, never decompress(): a one-shot frame carries its content size, which
-        # decompress() allocates whole, whatever it is (a few KB can claim gigabytes). A declared
-        # size past the limit is refused before any work; one we read must be what came out (a
-        # frame cut short streams what it holds without an error).
+        # A one-shot frame carries its content size, which decompress() allocates whole, whatever
+        # it is (a few KB can claim gigabytes): one past the limit is refused before any work, one
+        # within it is decompressed at once (zstd checks the output is that size). A frame that
+        # declares none is streamed, in steps, to the limit.
         declared = zstandard.frame_content_size(data)
         if declared > limit:
             raise TooLarge(limit)
+        if declared >= 0:
+            return decompressor.decompress(data)  # type: ignore[no-any-return,unused-ignore]
         chunks, size = [], 0
         with decompressor.stream_reader(data) as reader:
             while size <= limit:
@@ -207,8 +209,6 @@ def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | 
                 size += len(chunk)
         if size > limit:
             raise TooLarge(limit)
-        if declared >= 0 and size != declared:
-            raise zstandard.ZstdError(f"frame holds {size} of its {declared} bytes: cut short")
         return b"".join(chunks)
 
     return compress, decompress
