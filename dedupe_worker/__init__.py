@@ -36,6 +36,7 @@ from ._errors import (
     ResultNotSerializable,
     StoreUnavailable,
     UndecodableMessage,
+    UnreadableRecord,
 )
 from ._messages.envelope import Envelope
 from ._protocol import OMITTED, Claim, ClaimClient, KeyState, Omitted, Outcome, State, Stored
@@ -70,6 +71,7 @@ __all__ = [
     "StoreUnavailable",
     "Stored",
     "UndecodableMessage",
+    "UnreadableRecord",
     "current_claim",
     "decide",
     "decide_many",

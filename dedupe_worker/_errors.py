@@ -7,6 +7,7 @@ One root, so ``except DedupeError`` catches everything this package raises::
     │   └── MissingKey        the message carries no key where one is required
     ├── UndecodableMessage    the message body cannot be decoded to derive a key
     ├── StoreUnavailable      Redis could not be reached; nothing was run
+    │   └── UnreadableRecord  a record under the key's names is not one we write; not run
     ├── EvictionPolicyError   Redis may evict our records (maxmemory-policy); nothing was run
     ├── ResultNotSerializable the handler's value cannot be stored as JSON
     ├── AlreadyApplied        an earlier run of the key committed in the database (``.result``)
@@ -33,6 +34,7 @@ __all__ = [
     "ResultNotSerializable",
     "StoreUnavailable",
     "UndecodableMessage",
+    "UnreadableRecord",
 ]
 
 
@@ -54,6 +56,29 @@ class UndecodableMessage(DedupeError, ValueError):
 
 class StoreUnavailable(DedupeError):
     """Redis could not be reached or answered with an error; the handler was not run."""
+
+
+class UnreadableRecord(StoreUnavailable):
+    """A record under ``key``'s Redis names is not one dedupe-worker writes (``detail`` says
+    what lies there): another program's key of another type under the namespace, a truncated or
+    foreign string at the key's stem. Nothing was run and nothing was written for the key; the
+    other keys of its batch are decided as usual.
+
+    The engine dead-letters the message as ``unreadable_record``: whether its work was done is not
+    known, so it is neither run nor acked. Until the record expires or is removed (``dedupe-worker
+    forget KEY --force`` removes whatever lies under the key's names), every message of the key is
+    answered so. A subclass of :class:`StoreUnavailable`, as the store cannot be read for this
+    key; ``args`` holds ``(key, detail)``, so it survives pickling.
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(key, detail)
+        self.key = key
+        self.detail = detail
+
+    def __str__(self) -> str:
+        where = f" for key {self.key!r}" if self.key else ""
+        return f"unreadable record{where}: {self.detail} (dedupe-worker forget --force removes it)"
 
 
 class EvictionPolicyError(DedupeError, RuntimeError):

@@ -22,6 +22,12 @@
 --                                       'o' completed with the body omitted, 'f' failed)
 --   {3, owner_token, remaining_ms, false} IN_PROGRESS: a live lease is held by another token
 --   {4, 0, false, false}                CONFLICT: the key was used with another fingerprint
+--   {5, 0, detail, false}               UNREADABLE: a record under the key's names is not one
+--                                       these scripts write (another program's key of another
+--                                       type, a truncated or foreign format-2 string, a format-1
+--                                       hash with an unknown status); detail says which. Nothing
+--                                       is written for that key, and the other keys of the call
+--                                       are answered as usual
 --
 -- The lease deadline is taken from Redis' own clock (TIME) and kept as a field, so the
 -- started key outlives its lease and the fencing token never goes backwards while the
@@ -58,34 +64,51 @@ local function clock()
 end
 
 -- The stored outcome in either format: status, token, value, fingerprint ('' for none); nil when
--- no outcome is stored. Format 2 (complete.lua), a string at the stem: a status letter, the token
+-- no outcome is stored; false and what was found for a record these scripts do not write (read
+-- with pcall and checked, so one foreign record answers UNREADABLE for its key instead of failing
+-- the whole call). Format 2 (complete.lua), a string at the stem: a status letter, the token
 -- as 8 bytes big-endian, the value; after an upper-case letter the value is preceded by the
 -- fingerprint and the original key, each after its 2-byte length. Format 1, the hash at the
 -- result key: s, v, t, f, orig.
 local strings_first = #ARGV == 2 * #KEYS / 3 + 3 and ARGV[#ARGV] == '2'
+local LETTERS = {c = true, o = true, f = true}
+local function holds(key, expected)
+  return key .. ' holds a ' .. redis.call('TYPE', key)['ok'] .. ', not a ' .. expected
+end
 local function from_hash(result)
-  local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
+  local h = redis.pcall('HMGET', result, 's', 'v', 't', 'f')
+  if h['err'] then return false, holds(result, 'hash') end
   if not h[1] then return nil end
+  if not LETTERS[h[1]] then return false, 'format-1 record ' .. result .. ' has an unknown status' end
   return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
+end
+local function from_string(stem, raw)
+  local size = #raw
+  local status = string.sub(raw, 1, 1)
+  local lower = string.lower(status)
+  if size < 9 or not LETTERS[lower] then
+    return false, stem .. ' holds a ' .. size .. '-byte string that is not a format-2 record'
+  end
+  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
+  local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
+  if status == lower then return status, token, string.sub(raw, 10), '' end
+  local fl = size >= 11 and string.byte(raw, 10) * 256 + string.byte(raw, 11) or size
+  local ol = size >= 13 + fl and string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl) or size
+  if size < 13 + fl + ol then return false, 'format-2 record ' .. stem .. ' is truncated (' .. size .. ' bytes)' end
+  return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
 local function outcome(stem, result)
   if not strings_first then  -- the format this worker writes is looked for first
     local status, token, value, fp = from_hash(result)
-    if status then return status, token, value, fp end
+    if status ~= nil then return status, token, value, fp end
   end
-  local raw = redis.call('GET', stem)
+  local raw = redis.pcall('GET', stem)
+  if type(raw) == 'table' then return false, holds(stem, 'string') end
   if not raw then
     if strings_first then return from_hash(result) end
     return nil
   end
-  local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
-  local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
-  local status = string.sub(raw, 1, 1)
-  local lower = string.lower(status)
-  if status == lower then return status, token, string.sub(raw, 10), '' end
-  local fl = string.byte(raw, 10) * 256 + string.byte(raw, 11)
-  local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
-  return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
+  return from_string(stem, raw)
 end
 
 -- The claim's fields, one HSET. An empty fingerprint or original key is not written (a missing
@@ -118,7 +141,11 @@ for i = 1, #KEYS / 3 do
     out[n + 1] = 1; out[n + 2] = now_us; out[n + 3] = false; out[n + 4] = false; n = n + 4
   else
     local status, stored_token, value, stored_fp = outcome(stem, result)
-    if status then
+    local st = status == nil and redis.pcall('HMGET', started, 'next', 'owner', 'deadline', 'fp')
+    if st and st['err'] then status, stored_token = false, holds(started, 'hash') end
+    if status == false then
+      out[n + 1] = 5; out[n + 2] = 0; out[n + 3] = stored_token; out[n + 4] = false; n = n + 4
+    elseif status then
       if fp ~= '' and stored_fp ~= '' and stored_fp ~= fp then
         out[n + 1] = 4; out[n + 2] = 0; out[n + 3] = false; out[n + 4] = false; n = n + 4
       else
@@ -126,7 +153,6 @@ for i = 1, #KEYS / 3 do
       end
     else
       if not now_ms then clock() end
-      local st = redis.call('HMGET', started, 'next', 'owner', 'deadline', 'fp')
       local owner = tonumber(st[2]) or 0
       local until_ms = tonumber(st[3]) or 0
       if owner > 0 and until_ms > now_ms then

@@ -18,7 +18,10 @@
 --              (record format 2), anything else or nothing the hash (record format 1)
 --
 -- Returns one value per message: 1 when the outcome was stored, 0 (LEASE_LOST) when the
--- token no longer owns the claim. A lost claim writes nothing, so a late worker can never
+-- token no longer owns the claim, which includes a started key or a format-1 result key that
+-- another program's value of another type took over (read with pcall: such a key answers 0 for
+-- its message, never an error for the whole call; claim.lua then answers UNREADABLE for it).
+-- A lost claim writes nothing, so a late worker can never
 -- overwrite what its successor stored. The started key is deleted on success: once a
 -- result exists every claim answers DUPLICATE, and the result keeps the final token.
 -- When watch.lua counted waiters, one notice per waiter is pushed to the notice list (which
@@ -45,27 +48,45 @@ local function length(s)
   return string.char(math.floor(#s / 256), #s % 256)
 end
 
--- The token a stored result carries, in either format ('' when none is stored); the format this
--- worker writes is looked for first.
+-- The token a stored result carries, in either format ('' when none is stored, or when what is
+-- stored is not a record these scripts write); the format this worker writes is looked for first.
+local function hashed_token(result)
+  local t = redis.pcall('HGET', result, 't')
+  if type(t) ~= 'string' then return '' end
+  return t
+end
 local function stored_token(stem, result)
   if not compact then
-    local t = redis.call('HGET', result, 't')
-    if t then return t end
+    local t = hashed_token(result)
+    if t ~= '' then return t end
   end
-  local raw = redis.call('GET', stem)
-  if not raw then
-    if compact then return redis.call('HGET', result, 't') or '' end
+  local raw = redis.pcall('GET', stem)
+  if type(raw) ~= 'string' then
+    if compact then return hashed_token(result) end
     return ''
   end
+  if #raw < 9 then return '' end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   return string.format('%.0f', ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8)
+end
+
+-- One notice per counted waiter (at most MAX_NOTICES: a count this large is not one watch.lua
+-- kept, and a waiter not told wakes at its own deadline). A notice list of another type is
+-- replaced: its name is ours, and only waiters read it.
+local MAX_NOTICES = 10000
+local function notify(notice, waiters, token)
+  if waiters <= 0 then return end
+  if redis.call('TYPE', notice)['ok'] ~= 'list' then redis.call('DEL', notice) end
+  for _ = 1, math.min(waiters, MAX_NOTICES) do redis.call('RPUSH', notice, token) end
+  redis.call('PEXPIRE', notice, NOTICE_TTL_MS)
 end
 
 local out, n = {}, 0
 for i = 1, #KEYS / 4 do
   local started, stem, result, notice = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local token = ARGV[3 * i - 1]
-  local st = redis.call('HMGET', started, 'owner', 'fp', 'orig', 'w')
+  local st = redis.pcall('HMGET', started, 'owner', 'fp', 'orig', 'w')
+  if st['err'] then st = {} end  -- another type: not a claim of ours
   if st[1] and st[1] == token then
     local status, value, fp, orig = ARGV[3 * i], ARGV[3 * i + 1], st[2], st[3]
     if fp == '' then fp = nil end
@@ -78,22 +99,26 @@ for i = 1, #KEYS / 4 do
                    .. length(orig) .. orig .. string.sub(value, 10), 'PX', result_ttl_ms)
       end
     else
+      local written
       if not fp and not orig then
-        redis.call('HSET', result, 's', status, 'v', value, 't', token)
+        written = redis.pcall('HSET', result, 's', status, 'v', value, 't', token)
       elseif not orig then
-        redis.call('HSET', result, 's', status, 'v', value, 't', token, 'f', fp)
+        written = redis.pcall('HSET', result, 's', status, 'v', value, 't', token, 'f', fp)
       elseif not fp then
-        redis.call('HSET', result, 's', status, 'v', value, 't', token, 'orig', orig)
+        written = redis.pcall('HSET', result, 's', status, 'v', value, 't', token, 'orig', orig)
       else
-        redis.call('HSET', result, 's', status, 'v', value, 't', token, 'f', fp, 'orig', orig)
+        written = redis.pcall('HSET', result, 's', status, 'v', value, 't', token, 'f', fp, 'orig', orig)
       end
-      redis.call('PEXPIRE', result, result_ttl_ms)
+      if type(written) == 'table' then status = nil end  -- the result key holds another type
+      if status then redis.call('PEXPIRE', result, result_ttl_ms) end
     end
-    redis.call('DEL', started)
-    local waiters = tonumber(st[4]) or 0
-    for _ = 1, waiters do redis.call('RPUSH', notice, token) end
-    if waiters > 0 then redis.call('PEXPIRE', notice, NOTICE_TTL_MS) end
-    out[n + 1] = 1; n = n + 1
+    if status then
+      redis.call('DEL', started)
+      notify(notice, tonumber(st[4]) or 0, token)
+      out[n + 1] = 1; n = n + 1
+    else
+      out[n + 1] = 0; n = n + 1
+    end
   elseif not st[1] and stored_token(stem, result) == token then
     out[n + 1] = 1; n = n + 1
   else

@@ -10,7 +10,9 @@
 --
 -- Returns one value per message: 1 when the lease was extended, 0 when the token no longer
 -- owns the claim (completed, released, or taken over by a larger token after expiry).
--- A lease that ran out but was not yet taken by anyone is still ours and is extended.
+-- A lease that ran out but was not yet taken by anyone is still ours and is extended. A started
+-- key of another type (another program's value) answers 0 for its message (read with pcall),
+-- never an error for the whole call.
 local lease_ms = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -19,8 +21,8 @@ local deadline = string.format('%d', now_ms + lease_ms)
 local expire_at = string.format('%d', now_ms + math.max(lease_ms, tonumber(ARGV[2])))
 local out, n = {}, 0
 for i = 1, #KEYS do
-  local owner = redis.call('HGET', KEYS[i], 'owner')
-  if owner and owner == ARGV[i + 2] then
+  local owner = redis.pcall('HGET', KEYS[i], 'owner')
+  if type(owner) == 'string' and owner == ARGV[i + 2] then
     redis.call('HSET', KEYS[i], 'deadline', deadline)
     redis.call('PEXPIREAT', KEYS[i], expire_at)
     out[n + 1] = 1; n = n + 1

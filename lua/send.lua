@@ -20,6 +20,8 @@
 --   {4, 0, false, false, false}         CONFLICT: the claim, outcome or live mark carries
 --                                       another fingerprint
 --   {5, 0, remaining_ms, false, id}     QUEUED: a live mark, no claim yet (sent, not started)
+--   an error reply 'UNREADABLE ...'     a record under the key's names is not one these scripts
+--                                       write (claim.lua answers UNREADABLE for it)
 --
 -- The mark is a hint, never a lock: a live lease with no mark (the task was sent without this
 -- check) answers PUBLISH, and a mark whose 'until' passed no longer answers QUEUED, so a message
@@ -33,34 +35,49 @@
 -- fields claim.lua reads, so records of every release are understood. The fingerprint and the
 -- counter are written only when non-empty (a missing field reads as '').
 local fp = ARGV[4]
+-- A record these scripts do not write (another program's key of another type, a format-2 string
+-- shorter than its head) is answered with an error reply naming it, for this send alone, never a
+-- Lua error: the producer publishes (this check is a hint) and the worker's claim.lua answers
+-- UNREADABLE for the key.
+local function unreadable(key)
+  return redis.error_reply('UNREADABLE ' .. key .. ' holds a ' .. redis.call('TYPE', key)['ok']
+                           .. ' that is not a record of ours')
+end
 -- The stored outcome in either format (see complete.lua): status, token, value, fingerprint
 -- ('' for none); nil when no outcome is stored. Format 2 is a string at the stem, format 1 a hash
 -- at the result key; at most one of them exists.
 local function outcome(stem, result)
-  local raw = redis.call('GET', stem)
+  local raw = redis.pcall('GET', stem)
+  if type(raw) == 'table' then return false, unreadable(stem) end
   if not raw then
-    local h = redis.call('HMGET', result, 's', 'v', 't', 'f')
+    local h = redis.pcall('HMGET', result, 's', 'v', 't', 'f')
+    if h['err'] then return false, unreadable(result) end
     if not h[1] then return nil end
     return h[1], tonumber(h[3]) or 0, h[2] or '', h[4] or ''
   end
+  if #raw < 9 then return false, unreadable(stem) end
   local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(raw, 2, 9)
   local token = ((((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7) * 256 + b8
   local status = string.sub(raw, 1, 1)
   local lower = string.lower(status)
   if status == lower then return status, token, string.sub(raw, 10), '' end
-  local fl = string.byte(raw, 10) * 256 + string.byte(raw, 11)
-  local ol = string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl)
+  local fl = #raw >= 11 and string.byte(raw, 10) * 256 + string.byte(raw, 11) or #raw
+  local ol = #raw >= 13 + fl and string.byte(raw, 12 + fl) * 256 + string.byte(raw, 13 + fl) or #raw
+  if #raw < 13 + fl + ol then return false, unreadable(stem) end
   return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
 local status, token, value, stored_fp = outcome(KEYS[2], KEYS[3])
+if status == false then return token end
 if status then
   if fp ~= '' and stored_fp ~= '' and stored_fp ~= fp then return {4, 0, false, false, false} end
   return {2, token, status, value, redis.call('HGET', KEYS[4], 'id') or ''}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local st = redis.call('HMGET', KEYS[1], 'owner', 'deadline', 'fp', 'next')
-local mark = redis.call('HMGET', KEYS[4], 'id', 'until', 'fp', 'n')
+local st = redis.pcall('HMGET', KEYS[1], 'owner', 'deadline', 'fp', 'next')
+if st['err'] then return unreadable(KEYS[1]) end
+local mark = redis.pcall('HMGET', KEYS[4], 'id', 'until', 'fp', 'n')
+if mark['err'] then return unreadable(KEYS[4]) end
 local counter = st[4] or ''
 local owner = tonumber(st[1]) or 0
 local deadline = tonumber(st[2]) or 0

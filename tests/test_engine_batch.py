@@ -559,18 +559,71 @@ def test_verdicts_are_built_when_asked_for_and_equal_what_a_single_decide_gives(
     assert [d.claim.token for d in first] == [d.claim.token for d in verdicts.all()]
 
 
-def test_an_unreadable_record_defers_its_key_and_the_rest_of_the_batch_goes_on(
-        dedupe: Deduplicator, redis_client: redis.Redis, namespace: str) -> None:
-    """Another program's string at a key's stem (where record format 2 keeps a string we would
-    parse): that key is deferred (STORE_UNAVAILABLE, never run as new), its neighbours in the same
-    claim call are decided as usual."""
-    redis_client.set(f"{namespace}:{{garbage}}", b"not a record of ours")
+#: One key's records made unreadable, each as the review found them: ``(suffix, type, value)``.
+CORRUPT = {
+    "short value at the stem": ("", "string", b"1"),
+    "truncated format-2 record": ("", "string", b"C" + (7).to_bytes(8, "big") + b"\x00\x40" + b"fp"),
+    "list at the stem": ("", "list", b"x"),
+    "string at the started key": (":started", "string", b"1"),
+    "string at the format-1 result key": (":result", "string", b"1"),
+    "format-1 hash of an unknown status": (":result", "hash", b"x"),
+}
+
+
+def corrupt(client: redis.Redis, stem: str, variant: str) -> None:
+    suffix, kind, value = CORRUPT[variant]
+    name = stem + suffix
+    if kind == "string":
+        client.set(name, value)
+    elif kind == "list":
+        client.rpush(name, value)
+    else:
+        client.hset(name, mapping={"s": value, "v": b"null", "t": 1})
+
+
+@pytest.mark.parametrize("record_format", [1, 2])
+@pytest.mark.parametrize("variant", sorted(CORRUPT))
+def test_one_unreadable_record_sets_its_message_aside_and_the_batch_of_8_is_decided(
+        redis_client: redis.Redis, redis_url: str, namespace: str, variant: str, record_format: int,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A batch of 8 with one key whose records are not ours: that key is UNREADABLE_RECORD
+    (dead-lettered with what lies there, not run, nothing written), the 7 others are applied in
+    the same batch, a copy of the bad key is answered alike; ``dedupe-worker forget KEY --force``
+    removes the record (refused without ``--force``), and the key then runs once."""
+    from dedupe_worker import Action
+    from dedupe_worker.cli import main
+
+    dedupe = Deduplicator(redis_client, namespace=namespace, lease=5.0, result_ttl=60.0)
+    dedupe.store.write_format(record_format)
+    corrupt(redis_client, f"{namespace}:{{k3}}", variant)
+    before = sorted(redis_client.scan_iter(match=f"{namespace}:*"))
     ran: list[str] = []
-    keys = ["before", "garbage", "after"]
-    decisions = decide_many(dedupe, [(k, None, (lambda k=k: ran.append(k))) for k in keys])
-    assert [d.reason for d in decisions] == [Reason.APPLIED, Reason.STORE_UNAVAILABLE, Reason.APPLIED]
-    assert ran == ["before", "after"]
-    assert "unreadable record" in str(decisions[1].error)
+    keys = [f"k{i}" for i in range(8)] + ["k3"]
+    decisions = decide_many(dedupe, [(k, None, (lambda k=k: ran.append(k) or k)) for k in keys])
+    reasons = [d.reason for d in decisions]
+    assert reasons == [Reason.APPLIED] * 3 + [Reason.UNREADABLE_RECORD] + [Reason.APPLIED] * 4 \
+        + [Reason.UNREADABLE_RECORD]
+    assert sorted(ran) == [k for k in keys[:8] if k != "k3"]
+    bad = decisions[3]
+    assert bad.action is Action.DEAD_LETTER and "k3" in bad.detail and "forget --force" in bad.detail
+    assert sorted(redis_client.scan_iter(match=f"{namespace}:{{k3}}*")) == [
+        k for k in before if k.startswith(f"{namespace}:{{k3}}".encode())]  # nothing written for it
+
+    def forget(*flags: str) -> tuple[int, str]:
+        code = main(["forget", "--redis-url", redis_url, "--namespace", namespace, *flags, "k3"])
+        return code, capsys.readouterr().out
+
+    code, out = forget()
+    assert code == 1 and "refused" in out and "--force" in out
+    code, out = forget("--force", "--dry-run")
+    assert code == 0 and "would be removed (unreadable" in out
+    code, out = forget("--force")
+    assert code == 0 and "k3: removed" in out, out
+    assert not list(redis_client.scan_iter(match=f"{namespace}:{{k3}}*"))
+    again = decide_many(dedupe, [(k, None, (lambda k=k: ran.append(k) or k)) for k in keys[:8]])
+    assert [d.reason for d in again] == [Reason.DUPLICATE] * 3 + [Reason.APPLIED] + [Reason.DUPLICATE] * 4
+    assert ran.count("k3") == 1
+    dedupe.close()
 
 
 def test_a_batchs_leases_are_renewed_while_its_handlers_run_past_the_lease(redis_client: redis.Redis,

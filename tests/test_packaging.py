@@ -189,7 +189,8 @@ def test_public_names() -> None:
         "Decision", "EvictionPolicyError", "Hooks", "State", "Stored",
         "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
         "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",
-        "StoreUnavailable", "UndecodableMessage", "current_claim", "decide", "decide_many", "idempotent",
+        "StoreUnavailable", "UndecodableMessage", "UnreadableRecord", "current_claim", "decide", "decide_many",
+        "idempotent",
     }
     assert set(dedupe_worker.__all__) == expected
     for name in expected:

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from dedupe_worker import OMITTED, Deduplicator, LeaseLost, Outcome, Reason, StoreUnavailable, decide
+from dedupe_worker import OMITTED, Action, Deduplicator, LeaseLost, Outcome, Reason, StoreUnavailable, decide
 from dedupe_worker._protocol.layout import KeyLayout
 
 from .doubles import redis_or_double  # noqa: F401 - each test runs on Redis and on the double
@@ -260,21 +260,28 @@ def test_init_takes_exactly_the_declared_fields_and_defaults(cls: str) -> None:
         instance.token = 9  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("suffix", "says"), [("", "unreadable record"), (":result", "WRONGTYPE")])
-def test_a_record_we_never_wrote_defers_instead_of_crashing(redis_client: redis.Redis, dedupe: Deduplicator,
-                                                            namespace: str, suffix: str, says: str) -> None:
+@pytest.mark.parametrize(("suffix", "says"), [("", "20-byte string that is not a format-2 record"),
+                                               (":result", "holds a string, not a hash")])
+def test_a_record_we_never_wrote_is_unreadable_for_its_key_alone(redis_client: redis.Redis, dedupe: Deduplicator,
+                                                                 namespace: str, suffix: str, says: str) -> None:
     """Another program's string under one of our outcome key names (the stem, where format 2 keeps
-    a string we would parse, or ``:result``, where format 1 keeps a hash): every reader says
-    StoreUnavailable (the message is deferred, never run as new), not a KeyError from the reply
-    decoding."""
+    a string we would parse, or ``:result``, where format 1 keeps a hash): the claim answers
+    UNREADABLE with what lies there (never run as new, nothing written), ``status`` raises
+    :class:`UnreadableRecord` (a StoreUnavailable), and the verdict sets the message aside."""
+    from dedupe_worker import UnreadableRecord
+
     redis_client.set(f"{namespace}:{{garbage}}{suffix}", b"not a record of ours")
-    with pytest.raises(StoreUnavailable, match=says):
-        dedupe.begin("garbage")
+    claim = dedupe.begin("garbage")
+    assert claim.outcome is Outcome.UNREADABLE and not claim.acquired
+    assert isinstance(claim.error, UnreadableRecord) and says in claim.error.detail
     with pytest.raises(StoreUnavailable, match=says):
         dedupe.status("garbage")
     ran: list[int] = []
     decision = decide(dedupe, "garbage", lambda: ran.append(1))
-    assert decision.reason is Reason.STORE_UNAVAILABLE and ran == []
+    assert decision.reason is Reason.UNREADABLE_RECORD and decision.action is Action.DEAD_LETTER and ran == []
+    assert says in decision.detail and "forget --force" in decision.detail
+    assert redis_client.type(f"{namespace}:{{garbage}}{suffix}") == b"string"  # left as it was
+    assert not redis_client.exists(f"{namespace}:{{garbage}}:started")
 
 
 def test_a_lease_group_is_renewed_marked_lost_and_let_go_as_its_single_leases_are() -> None:

@@ -4,11 +4,13 @@ are tested in ``test_lua_compat.py``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
 import redis.asyncio
 
-from dedupe_worker import Deduplicator, Envelope, Outcome, Stored
+from dedupe_worker import Deduplicator, Envelope, Outcome, Stored, decide_many
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker._protocol.record import parse_result
 from dedupe_worker._protocol.serialization import MARK
@@ -110,3 +112,58 @@ def test_the_replay_reads_the_fingerprint_of_either_format_in_one_batch(
         ("applied", Step.DROP), ("applied", Step.DROP), ("conflict", Step.LEAVE), ("conflict", Step.LEAVE)]
     f1.close()
     f2.close()
+
+
+def test_workers_writing_formats_1_and_2_racing_leave_one_record_per_key(
+        redis_client: redis.Redis, redis_url: str, namespace: str) -> None:
+    """Mid-switch, a worker writing format 1 and one writing format 2 race over the same 300 keys
+    (each key sent to both, each batch in its own order, twice): every key runs once, and holds
+    exactly one outcome record, in the format of the worker that ran it, which both read."""
+    import collections
+    import random
+    import threading
+
+    keys = [f"race-{i}" for i in range(300)]
+    ran: collections.Counter[tuple[int, str]] = collections.Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def worker(record_format: int) -> None:
+        d = Deduplicator(redis.Redis.from_url(redis_url), namespace=namespace, lease=5.0, result_ttl=60.0)
+        d.store.write_format(record_format)
+        order = random.Random(record_format).sample(keys, len(keys))
+
+        def handler(key: str) -> Any:
+            with lock:
+                ran[(record_format, key)] += 1
+            return {"by": record_format}
+
+        try:
+            start.wait(10)
+            for _ in range(2):
+                for i in range(0, len(order), 50):
+                    chunk = order[i:i + 50]
+                    decide_many(d, [(k, None, (lambda k=k: handler(k))) for k in chunk])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            d.close()
+
+    threads = [threading.Thread(target=worker, args=(f,)) for f in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    by_key = collections.Counter(key for _, key in ran.elements())
+    assert by_key == {key: 1 for key in keys}  # deferred copies aside, each key ran once in all
+    assert all(sum(n for (f, _), n in ran.items() if f == fmt) > 0 for fmt in (1, 2))  # both won some
+    reader = Deduplicator(redis_client, namespace=namespace)
+    for key in keys:
+        stem = reader.request(key).stem
+        formats = [f for f in (1, 2) if ran[(f, key)]]
+        held = [redis_client.exists(KeyLayout.result(stem)), redis_client.exists(KeyLayout.record(stem))]
+        assert held == ([1, 0] if formats == [1] else [0, 1]), (key, formats, held)
+        assert reader.begin(key).result == {"by": formats[0]}
+    reader.close()

@@ -149,7 +149,7 @@ def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_m
         dedupe: Deduplicator, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     apply_before(dedupe, "applied", b'{"id": 1}')
     apply_before(dedupe, "other", b'{"id": 9}')
-    redis_client.sadd(KeyLayout.result(dedupe.request("broken").stem), "x")  # WRONGTYPE in either format
+    redis_client.sadd(KeyLayout.result(dedupe.request("broken").stem), "x")  # another type, in either format
     planner = Planner(dedupe, header_key())
     sent: list[int] = []  # commands per round trip, on the held connection or a pipeline
     real_pipeline = redis_client.pipeline
@@ -175,7 +175,7 @@ def test_a_batch_is_judged_in_one_round_trip_and_a_failed_call_leaves_only_its_m
     assert [(e.key, e.state, e.step) for e in entries] == [
         ("applied", "applied", Step.DROP), ("broken", "unavailable", Step.LEAVE),
         ("other", "conflict", Step.LEAVE), ("new", "free", Step.REPLAY), (None, "no_key", Step.LEAVE)]
-    assert "WRONGTYPE" in entries[1].note
+    assert "holds a set, not a hash" in entries[1].note  # what inspect.lua found there, for this key alone
 
 
 def test_redis_down_leaves_every_message_of_the_batch(private_redis: RedisServer) -> None:

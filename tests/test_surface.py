@@ -20,8 +20,8 @@ SURFACE: dict[str, list[str]] = {
         "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "Decision", "DedupeError",
         "DedupeSettings", "Deduplicator", "Envelope", "EvictionPolicyError", "Hooks", "InProgress", "InvalidKey",
         "KeyConflict", "KeyState", "LeaseLost", "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason",
-        "ResultNotSerializable", "State", "StoreUnavailable", "Stored", "UndecodableMessage", "current_claim",
-        "decide", "decide_many", "idempotent",
+        "ResultNotSerializable", "State", "StoreUnavailable", "Stored", "UndecodableMessage", "UnreadableRecord",
+        "current_claim", "decide", "decide_many", "idempotent",
     ],
     "dedupe_worker.asyncio": [
         "AsyncClaimClient", "AsyncDeduplicator", "AsyncHandler", "AsyncItem", "AsyncKeyWaiter", "AsyncLeaseRenewer",

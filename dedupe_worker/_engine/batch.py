@@ -82,7 +82,8 @@ Item = tuple[str | bytes, Any, Callable[[], Any]]
 #: others (our handler failed, our lease was lost, Redis failed) a copy is deferred unclaimed,
 #: so one batch never runs a key twice.
 _ASK_STORE = frozenset({Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED, Reason.PERMANENT_FAILURE,
-                        Reason.UNSERIALIZABLE_RESULT, Reason.CONFLICT, Reason.IN_PROGRESS})
+                        Reason.UNSERIALIZABLE_RESULT, Reason.CONFLICT, Reason.IN_PROGRESS,
+                        Reason.UNREADABLE_RECORD})
 
 
 #: A handler that finished, its outcome going out with the next round trip:
@@ -252,11 +253,8 @@ class _Batch:
                 if copies:
                     self.decided(i, _DUPLICATE, 0.0)
                 continue
-            try:
-                claim = self.dedupe.claim_of(self.request(i), code, token, status, value)
-            except StoreUnavailable as exc:  # a record we cannot read: as when Redis is down, never run as new
-                self.verdict(i, (yield from unavailable_flow(self.dedupe, exc, [(texts[i], self.handler(i))]))[0])
-                continue
+            # a record the script could not read is UNREADABLE for this key alone (settle: set aside)
+            claim = self.dedupe.claim_of(self.request(i), code, token, status, value)
             if ttls is not None and ttls[i] is not None:
                 claim = self.dedupe.with_ttl([claim], ttls[i])[0]
             decision = settle(claim)

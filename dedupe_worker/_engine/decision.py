@@ -17,7 +17,8 @@ handler_error             RETRY        claim released; retry with backoff, dead-
 conflict, invalid_key,    DEAD_LETTER  dead-letter with the reason and error attached
 undecodable,
 permanent_failure,
-unserializable_result
+unserializable_result,
+unreadable_record
 ========================  ===========  ==============================================
 """
 
@@ -57,6 +58,9 @@ class Reason(str, enum.Enum):
     UNDECODABLE = "undecodable"
     PERMANENT_FAILURE = "permanent_failure"
     UNSERIALIZABLE_RESULT = "unserializable_result"
+    #: A record under the key's names is not one we write (:class:`~dedupe_worker.UnreadableRecord`):
+    #: nothing ran; set aside until an operator removes it (``forget --force``) or it expires.
+    UNREADABLE_RECORD = "unreadable_record"
 
 
 _ACTION = {
@@ -72,6 +76,7 @@ _ACTION = {
     Reason.UNDECODABLE: Action.DEAD_LETTER,
     Reason.PERMANENT_FAILURE: Action.DEAD_LETTER,
     Reason.UNSERIALIZABLE_RESULT: Action.DEAD_LETTER,
+    Reason.UNREADABLE_RECORD: Action.DEAD_LETTER,
 }
 
 #: Reasons for which the handler ran and failed (they count as an attempt).
@@ -109,8 +114,8 @@ def outcome(decision: Decision) -> Any:
     """The value of an APPLIED or DUPLICATE verdict; raise the verdict's error for any other.
 
     The one mapping from verdict to exception, shared by ``run()``, ``@idempotent`` and Celery:
-    ``InProgress``, ``KeyConflict``, ``PreviouslyFailed``, ``LeaseLost``, ``StoreUnavailable``,
-    ``ResultNotSerializable``, ``InvalidKey``, or the handler's own exception.
+    ``InProgress``, ``KeyConflict``, ``PreviouslyFailed``, ``LeaseLost``, ``StoreUnavailable``
+    (``UnreadableRecord``), ``ResultNotSerializable``, ``InvalidKey``, or the handler's own exception.
     """
     if decision.error is None:
         return decision.value
@@ -133,6 +138,8 @@ def settle(claim: Claim) -> Decision | None:
         return Decision(Reason.DUPLICATE, claim, claim.result)
     if claim.outcome is Outcome.IN_PROGRESS:
         return in_progress(claim.key, claim.retry_after, claim)
+    if claim.outcome is Outcome.UNREADABLE:
+        return Decision(Reason.UNREADABLE_RECORD, claim, error=claim.error)
     return Decision(Reason.CONFLICT, claim, error=KeyConflict(claim.key))
 
 

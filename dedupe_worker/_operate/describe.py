@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._errors import UnreadableRecord
 from .._protocol.claim import State, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.layout import KeyLayout
@@ -18,7 +19,8 @@ PREVIEW = 120
 
 @dataclass(frozen=True)
 class KeyReport:
-    """``state`` is ``done``, ``failed``, ``in_progress`` or ``free``; TTLs in ms (-2: no record);
+    """``state`` is ``done``, ``failed``, ``in_progress``, ``free`` or ``unreadable`` (a record under
+    the key's names is not one we write: ``result_preview`` says what lies there); TTLs in ms (-2: no record);
     ``result_ttl_ms`` is the TTL of the outcome in whichever record format it is stored."""
 
     key: str
@@ -38,10 +40,10 @@ class KeyReport:
         return asdict(self)
 
 
-def _text(stored: bytes | str | None) -> str:
-    """A stored value as text: decompressed when it was stored compressed."""
+def _text(stored: bytes | str | None, limit: int) -> str:
+    """A stored value as text: decompressed when it was stored compressed (at most ``limit`` bytes)."""
     try:
-        data = unpack(stored) if stored else b""
+        data = unpack(stored, limit) if stored else b""
     except Exception as exc:  # a codec this process lacks, or corrupted data: say so, show nothing
         return f"(stored compressed, {len(stored or b'')} bytes, unreadable here: {exc})"
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
@@ -50,8 +52,11 @@ def _text(stored: bytes | str | None) -> str:
 def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     """Read ``key``'s records (``inspect.lua`` for the state, one pipeline for TTLs and ``orig``)."""
     request = dedupe.request(key)
-    state = dedupe.store.inspect(request.stem)
     stem = request.stem
+    try:
+        state = dedupe.store.inspect(stem)
+    except UnreadableRecord as exc:
+        return _unreadable(dedupe, key, stem, exc.detail)
     pipe = dedupe.store.client.pipeline(transaction=False)
     pipe.pttl(KeyLayout.started(stem))
     pipe.pttl(KeyLayout.record(stem))
@@ -67,10 +72,22 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
     name = state.state.value
     if state.state is State.DONE and state.status is Stored.FAILED:
         name = "failed"
-    value = _text(state.value)
+    value = _text(state.value, dedupe.decode_limit)
     if state.status is Stored.OMITTED:
         value = "(omitted: larger than max_result_bytes, or not JSON)"
     preview = value if len(value) <= PREVIEW else value[:PREVIEW] + f"... ({len(value)} chars)"
     orig = orig_result or orig_started or b""
     return KeyReport(key, name, state.token, state.remaining_ms, preview, int(started_ttl), int(result_ttl),
                      stem, orig.decode("utf-8", "replace") if isinstance(orig, bytes) else str(orig), result_key)
+
+
+def _unreadable(dedupe: ClaimClient, key: str, stem: str, detail: str) -> KeyReport:
+    """The report of a key whose records ``inspect.lua`` could not read: what lies there and the
+    TTLs (``PTTL`` reads a key of any type), nothing parsed."""
+    pipe = dedupe.store.client.pipeline(transaction=False)
+    for name in KeyLayout.records(stem):
+        pipe.pttl(name)
+    started_ttl, record_ttl, hash_ttl = (int(ttl) for ttl in pipe.execute())
+    result_key = KeyLayout.record(stem) if record_ttl != -2 else KeyLayout.result(stem) if hash_ttl != -2 else ""
+    return KeyReport(key, "unreadable", 0, 0, detail, started_ttl, record_ttl if record_ttl != -2 else hash_ttl,
+                     stem, "", result_key)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .._errors import StoreUnavailable
+from .._errors import UnreadableRecord
 from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call
@@ -31,6 +31,8 @@ RECORD_FORMATS = (1, 2)
 
 
 _OUTCOMES = {int(o.value): o for o in Outcome}
+#: The per-key code of a record the scripts cannot read (claim.lua's and inspect.lua's).
+_UNREADABLE = int(Outcome.UNREADABLE.value)
 #: ``Stored`` by the status as Redis returns it (bytes from hiredis, str when decoding): a dict
 #: look-up is several times cheaper than ``Stored(value)`` on this per-message path.
 STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode(): s for s in Stored}}
@@ -58,22 +60,25 @@ def _text(value: Any) -> str:
 
 
 def _status(letter: Any) -> Stored:
-    """The :class:`Stored` of a record's status letter. A letter we never write means the key holds
-    something else (another program's string under our key name, a corrupted record): that is a
-    store we cannot read, so the message is deferred (:class:`StoreUnavailable`), never run as new."""
+    """The :class:`Stored` of a record's status letter. The scripts check the letters they read
+    (a record they cannot read is answered UNREADABLE for its key); one we never write reaching
+    here all the same is :class:`UnreadableRecord`, never a message run as new."""
     status = STORED.get(letter)
     if status is None:
-        raise StoreUnavailable(f"unreadable record: status {letter!r} is not one dedupe-worker writes "
-                               "(another program's key under this namespace?)")
+        raise UnreadableRecord("", f"status {letter!r} is not one dedupe-worker writes")
     return status
 
 
 def _claim_reply(code: Any, token: Any, a: Any, b: Any) -> ClaimReply:
+    """One key's four values of ``claim.lua``'s reply. UNREADABLE carries what the script found
+    (``value``, as text); an unknown code is a script of another release: ``KeyError``."""
     outcome = _OUTCOMES[int(code)]
     if outcome is Outcome.DUPLICATE:
         return ClaimReply(outcome, int(token), _status(a), b)
     if outcome is Outcome.IN_PROGRESS:
         return ClaimReply(outcome, int(token), remaining_ms=int(a))
+    if outcome is Outcome.UNREADABLE:
+        return ClaimReply(outcome, 0, value=_text(a))
     return ClaimReply(outcome, int(token), reclaimed=bool(a))
 
 
@@ -103,7 +108,10 @@ class KeyState:
 
 
 def key_state(code: Any, token: Any, a: Any, b: Any) -> KeyState:
-    """``inspect.lua``'s reply as a :class:`KeyState`."""
+    """``inspect.lua``'s reply as a :class:`KeyState`; :class:`UnreadableRecord` (its key ``""``:
+    the caller names it) when a record under the key's names is not one we write (code 5)."""
+    if int(code) == _UNREADABLE:
+        raise UnreadableRecord("", _text(a))
     if int(code) == 2:
         return KeyState(State.DONE, int(token), _status(a), b)
     if int(code) == 3:

@@ -20,6 +20,9 @@ class Outcome(enum.Enum):
     IN_PROGRESS = 3
     #: The key was used before with a different payload fingerprint.
     CONFLICT = 4
+    #: A record under the key's names is not one we write (another type, a truncated record):
+    #: nothing was run or written; ``error`` is the :class:`~dedupe_worker.UnreadableRecord`.
+    UNREADABLE = 5
 
 
 class Stored(str, enum.Enum):
@@ -63,7 +66,8 @@ class Claim:
     ``token`` is the fencing token when ``outcome`` is ACQUIRED (and the token that stored the
     outcome for a DUPLICATE). ``result`` is the stored value for a DUPLICATE (:data:`OMITTED` when
     its body was too large to keep), ``error`` the stored error when the outcome was a permanent
-    failure (then ``failed`` is true). ``retry_after`` is how many seconds the other worker's lease
+    failure (then ``failed`` is true), or the :class:`~dedupe_worker.UnreadableRecord` when
+    UNREADABLE. ``retry_after`` is how many seconds the other worker's lease
     still runs when IN_PROGRESS.
     """
 

@@ -193,7 +193,9 @@ class ClaimClient(ClientCore):
         ``wait``: when another worker holds the key, wait up to this many seconds for it instead
         of answering IN_PROGRESS at once (see :meth:`wait_for`): DUPLICATE with its value once it
         stores its outcome, ACQUIRED once it releases the key or its lease runs out. Raises
-        :class:`InvalidKey` and :class:`StoreUnavailable`.
+        :class:`InvalidKey` and :class:`StoreUnavailable`. A record under the key's names that is
+        not one we write answers UNREADABLE (its ``error``, an :class:`~dedupe_worker.UnreadableRecord`, says what
+        lies there; nothing is written): :meth:`forget` with ``force`` removes it.
 
         ``ttl``: seconds this message's outcome is kept, instead of ``result_ttl``. The claim
         carries it (:attr:`Claim.ttl`), so :meth:`complete` and :meth:`fail` store the outcome for
@@ -373,12 +375,15 @@ class ClaimClient(ClientCore):
 
         Ownership-checked like every write: with ``token``, only if the key carries that token
         (the live lease's owner, the token that stored the outcome, or the last one handed out);
-        without it, a live lease is freed only with ``force``. True when records were removed,
-        False when there were none or the check refused (nothing changed)."""
+        without it, a live lease is freed only with ``force``, and so is a record that is not one
+        we write (removed whatever its type, the send mark with it; refused with ``token``). True
+        when records were removed, False when there were none or the check refused (nothing
+        changed)."""
         return self._drive(self.forget_flow(key, token, force))
 
     def status(self, key: str | bytes) -> KeyState:
-        """Look at a key's records without changing them (for replay and inspection)."""
+        """Look at a key's records without changing them (for replay and inspection). Raises
+        :class:`~dedupe_worker.UnreadableRecord` (a :class:`StoreUnavailable`) for a record that is not one we write."""
         return self._drive(self.status_flow(key))
 
 

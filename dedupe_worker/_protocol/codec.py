@@ -10,12 +10,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._errors import InvalidKey, ResultNotSerializable
+from .._errors import InvalidKey, ResultNotSerializable, UnreadableRecord
 from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
 from .layout import HASHED_PREFIX, KeyLayout, plain_ascii
-from .serialization import JsonSerializer, Packer, Serializer, unpack
+from .serialization import JsonSerializer, Packer, Serializer, TooLarge, decoded_limit, unpack
 
 __all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request", "ttl_ms"]
 
@@ -44,6 +44,20 @@ def _byte_length(key: str | bytes) -> int:
     if isinstance(key, bytes) or key.isascii():
         return len(key)
     return len(key.encode("utf-8", "surrogatepass"))
+
+
+#: ``(key, token)`` of the oversized values logged (bounded: cleared when full), so a duplicate
+#: delivered again and again logs its value once.
+_LOGGED: set[tuple[str, int]] = set()
+
+
+def _log_once(key: str, token: int, message: str, *args: Any) -> None:
+    if (key, token) in _LOGGED:
+        return
+    if len(_LOGGED) >= 1024:
+        _LOGGED.clear()
+    _LOGGED.add((key, token))
+    log.warning(message, key, token, *args)
 
 
 class Request(NamedTuple):
@@ -83,6 +97,9 @@ class ClaimCodec:
         self.lease = lease
         self.result_ttl = result_ttl
         self.max_result_bytes = max_result_bytes
+        #: The most bytes a stored value is decompressed to (:func:`decoded_limit`): past it a
+        #: duplicate's value is :data:`OMITTED`, and a result serialised larger is stored omitted.
+        self.decode_limit = decoded_limit(max_result_bytes)
         self.serializer: Serializer = serializer or JsonSerializer()
         #: Compresses stored values over ``compress_above`` bytes (:class:`Packer`).
         self.packer = Packer(compress_above, compression)
@@ -202,17 +219,24 @@ class ClaimCodec:
             elif code == 2 and json and value == b"null" and status == b"c":
                 append(Claim(r[0], _DUPLICATE, token, None, 0.0, False, None, r[1], r[2]))
             else:
-                append(self._claim(r, _claim_reply(code, token, status, value)))
+                append(self.claim_of(r, code, token, status, value))
         return claims
 
     def claim_of(self, request: Request, code: Any, token: Any, a: Any, b: Any) -> Claim:
-        """The claim of ``request`` from its four values of ``claim.lua``'s reply. Raises
-        :class:`~dedupe_worker.StoreUnavailable` for a stored record we cannot read."""
-        return self._claim(request, _claim_reply(code, token, a, b))
+        """The claim of ``request`` from its four values of ``claim.lua``'s reply (UNREADABLE for
+        a record the script could not read, as for a status letter we never write)."""
+        try:
+            return self._claim(request, _claim_reply(code, token, a, b))
+        except UnreadableRecord as exc:
+            return self._claim(request, ClaimReply(Outcome.UNREADABLE, 0, value=exc.detail))
 
     def _claim(self, request: Request, reply: ClaimReply) -> Claim:
         key, stem, fp = request.key, request.stem, request.fingerprint
         outcome = reply.outcome
+        if outcome is Outcome.UNREADABLE:
+            error = UnreadableRecord(key, str(reply.value))
+            log.error("record of key=%s cannot be read, nothing run for it: %s", key, error.detail)
+            return Claim(key, outcome, 0, error=error, stem=stem, fingerprint=fp)
         if outcome is Outcome.DUPLICATE:
             if reply.status is Stored.FAILED:
                 error = self._stored(key, reply)
@@ -229,20 +253,26 @@ class ClaimCodec:
 
     def stored_result(self, key: str, token: int, data: bytes | str | None) -> Any:
         """Decode a stored value. One that does not parse (written by something else, or
-        corrupted) still proves the work was done: it is answered as :data:`OMITTED`, never
+        corrupted), or that decompresses past :attr:`decode_limit` (stopped there: memory stays
+        bounded), still proves the work was done: it is answered as :data:`OMITTED`, never
         executed or unpickled."""
         if data == b"null" and type(self.serializer) is JsonSerializer:
             return None  # the common no-op result, without a loads call
         try:
             return self.decode(data or b"null")
+        except TooLarge as exc:
+            _log_once(key, token, "stored value of key=%s token=%s is %d bytes that decompress past %d, "
+                      "answering OMITTED", len(data or b""), exc.limit)
+            return OMITTED
         except Exception as exc:
             log.error("stored value of key=%s token=%s does not decode, answering OMITTED: %s", key, token, exc)
             return OMITTED
 
     def decode(self, data: bytes | str) -> Any:
         """A stored value back as the handler returned it (JSON types): decompressed when it was
-        stored compressed, then parsed. Raises what the serializer or the decompressor raise."""
-        return self.serializer.loads(unpack(data))
+        stored compressed (at most :attr:`decode_limit` bytes: :class:`TooLarge` past them), then
+        parsed. Raises what the serializer or the decompressor raise."""
+        return self.serializer.loads(unpack(data, self.decode_limit))
 
     @property
     def null_is_json(self) -> bool:
@@ -252,8 +282,9 @@ class ClaimCodec:
 
     def encode(self, claim: Claim, value: Any) -> tuple[Stored, bytes, ResultNotSerializable | None]:
         """How ``value`` is stored as ``claim``'s outcome: ``(status, data, problem)``. ``data`` is
-        compressed when over ``compress_above`` bytes; a value JSON cannot hold, or one whose
-        stored (compressed) form is over ``max_result_bytes``, is stored as omitted."""
+        compressed when over ``compress_above`` bytes; a value JSON cannot hold, one whose
+        stored (compressed) form is over ``max_result_bytes``, or one serialised past
+        :attr:`decode_limit` (a duplicate could not read it back), is stored as omitted."""
         if value is None and self.null_is_json:
             return Stored.COMPLETED, b"null", None  # the common no-op result, without a dumps call
         try:
@@ -262,6 +293,10 @@ class ClaimCodec:
             log.error("result of key=%s token=%s not serialisable, stored as omitted: %s",
                       claim.key, claim.token, exc)
             return Stored.OMITTED, b"", exc
+        if len(data) > self.decode_limit:  # a duplicate could not decode it: see decoded_limit
+            log.info("result of key=%s token=%s is %d bytes serialised, over %d, stored as omitted",
+                     claim.key, claim.token, len(data), self.decode_limit)
+            return Stored.OMITTED, b"", None
         data = self.packer.pack(data)
         if len(data) > self.max_result_bytes:
             log.info("result of key=%s token=%s is %d bytes, stored as omitted",

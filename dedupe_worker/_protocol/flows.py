@@ -573,9 +573,8 @@ class ClientCore(ClaimCodec):
     def forget_flow(self, key: str | bytes, token: int | None, force: bool) -> Flow[bool]:
         """``forget``: remove the key's records, ownership-checked (``forget.lua``)."""
         stem = self.request(key).stem
-        keys = (*KeyLayout.records(stem), KeyLayout.notice(stem))
-        replies = yield from self.round_trip(([("forget", keys, ("" if token is None else token,
-                                                                 "1" if force else "0"))],))
+        args = ("" if token is None else token, "1" if force else "0")
+        replies = yield from self.round_trip(([("forget", KeyLayout.names(stem), args)],))
         return int(replies[0][0]) == 1
 
     def status_flow(self, key: str | bytes) -> Flow[KeyState]:

@@ -113,6 +113,12 @@ class KeyLayout:
         return stem + STARTED, stem, stem + RESULT, stem + NOTICE
 
     @staticmethod
+    def names(stem: str) -> tuple[str, str, str, str, str]:
+        """``(started, record, result, notice, sent)``: every name a message's keys can have, in
+        the order ``forget.lua`` takes them (it removes whatever lies under them)."""
+        return stem + STARTED, stem, stem + RESULT, stem + NOTICE, stem + SENT
+
+    @staticmethod
     def stem_of(name: str) -> str:
         """The stem of a key name this layout made (``<namespace>:{<key>}``, suffix or not)."""
         return name.rpartition("}")[0] + "}"

@@ -12,6 +12,12 @@ which: a packed value starts with ``0xC1`` and a letter naming the codec. ``0xC1
 JSON, UTF-8 text or msgpack (where it is reserved), so a value written before compression existed
 (plain JSON) reads as it always did. :func:`unpack` gives the serializer's bytes back, whatever
 packed them; nothing here does I/O.
+
+Decompression is bounded: a stored value is untrusted input (whoever can write to Redis can
+store a few KB that inflate to gigabytes), so :func:`unpack` is given the most bytes a value may
+decompress to (:func:`decoded_limit`, tied to ``max_result_bytes``) and stops there, streaming,
+with :class:`TooLarge`; memory stays within about that bound whatever the value claims.
+:func:`inflate` is the same bound for a zlib or gzip stream (an HTTP body stored compressed).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import orjson
 
 from .._errors import ResultNotSerializable
 
-__all__ = ["CODECS", "JsonSerializer", "Packer", "Serializer", "unpack"]
+__all__ = ["CODECS", "DECODED_PER_STORED", "MIN_DECODED", "JsonSerializer", "Packer", "Serializer", "TooLarge",
+           "decoded_limit", "inflate", "unpack"]
 
 
 class Serializer(Protocol):
@@ -102,12 +109,67 @@ MARK = b"\xc1"
 _ZLIB, _ZSTD, _PLAIN = MARK + b"z", MARK + b"s", MARK + b"="
 
 
-def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]] | None:
-    """zstd's compress and decompress functions, from the stdlib (3.14+) or ``zstandard``; else ``None``."""
+#: How many bytes a stored value may decompress to, per byte of ``max_result_bytes`` (a stored
+#: value is at most ``max_result_bytes``; a result whose serialised form is larger than this many
+#: times that is stored as omitted, so whatever we write reads back).
+DECODED_PER_STORED = 16
+#: The least bound, whatever ``max_result_bytes`` (a stored failure is not held to it).
+MIN_DECODED = 1 << 20
+
+
+def decoded_limit(max_result_bytes: int) -> int:
+    """The most bytes a stored value is decompressed to for a client of ``max_result_bytes``."""
+    return max(MIN_DECODED, DECODED_PER_STORED * max_result_bytes)
+
+
+class TooLarge(ValueError):
+    """A compressed value decompresses to more than the bound it was read with; decompression
+    stopped there (the rest was never produced)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the value decompresses to more than {limit} bytes")
+        self.limit = limit
+
+
+#: Output bytes produced per step of a bounded decompression: what it holds beyond the bytes kept
+#: (one output buffer of ``limit`` bytes would be grown in blocks, then joined: twice that).
+_STEP = 1 << 20
+
+
+def inflate(data: bytes, limit: int, wbits: int = zlib.MAX_WBITS) -> bytes:
+    """``zlib.decompress(data, wbits)`` that stops past ``limit`` output bytes (:class:`TooLarge`),
+    holding about ``limit`` bytes at most meanwhile. ``wbits``: ``zlib.MAX_WBITS`` for zlib,
+    ``16 + zlib.MAX_WBITS`` for gzip, ``-zlib.MAX_WBITS`` for raw deflate. Raises ``zlib.error``
+    for a stream that is corrupt or ends early."""
+    inflater = zlib.decompressobj(wbits)
+    chunks, size, pending = [], 0, data
+    while not inflater.eof:
+        chunk = inflater.decompress(pending, min(_STEP, limit + 1 - size))
+        pending = inflater.unconsumed_tail
+        if not chunk and not pending:
+            break  # the input ended before the stream did
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(limit)
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], bytes]] | None:
+    """zstd's compress and (bounded: :class:`TooLarge` past the limit) decompress functions, from
+    the stdlib (3.14+) or ``zstandard``; else ``None``."""
     try:
         from compression import zstd  # type: ignore[import-not-found,unused-ignore]
 
-        return zstd.compress, zstd.decompress  # type: ignore[no-any-return,unused-ignore]
+        def decompress_std(data: bytes, limit: int) -> bytes:
+            out: bytes = zstd.ZstdDecompressor().decompress(data, max_length=limit + 1)
+            if len(out) > limit:
+                raise TooLarge(limit)
+            return out
+
+        return zstd.compress, decompress_std  # type: ignore[no-any-return,unused-ignore]
     except ImportError:
         pass
     try:
@@ -124,12 +186,30 @@ def _zstd() -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]] | None:
             compressor = local.compressor = zstandard.ZstdCompressor(level=3)
         return compressor.compress(data)  # type: ignore[no-any-return,unused-ignore]
 
-    def decompress(data: bytes) -> bytes:
+    def decompress(data: bytes, limit: int) -> bytes:
         decompressor = getattr(local, "decompressor", None)
         if decompressor is None:
             decompressor = local.decompressor = zstandard.ZstdDecompressor()
-        # a one-shot frame carries its content size, which decompress() allocates
-        return decompressor.decompress(data)  # type: ignore[no-any-return,unused-ignore]
+        # A one-shot frame carries its content size, which decompress() allocates whole, whatever
+        # it is (a few KB can claim gigabytes): one past the limit is refused before any work, one
+        # within it is decompressed at once (zstd checks the output is that size). A frame that
+        # declares none is streamed, in steps, to the limit.
+        declared = zstandard.frame_content_size(data)
+        if declared > limit:
+            raise TooLarge(limit)
+        if declared >= 0:
+            return decompressor.decompress(data)  # type: ignore[no-any-return,unused-ignore]
+        chunks, size = [], 0
+        with decompressor.stream_reader(data) as reader:
+            while size <= limit:
+                chunk = reader.read(min(_STEP, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        if size > limit:
+            raise TooLarge(limit)
+        return b"".join(chunks)
 
     return compress, decompress
 
@@ -178,19 +258,20 @@ class Packer:
         return data
 
 
-def unpack(data: bytes | str) -> bytes | str:
-    """The serializer's bytes of a stored value: decompressed when :class:`Packer` marked it,
-    else ``data`` itself (a value written before compression existed). Raises ``ValueError`` for
-    a codec this process cannot read."""
+def unpack(data: bytes | str, limit: int = MIN_DECODED) -> bytes | str:
+    """The serializer's bytes of a stored value: decompressed when :class:`Packer` marked it (at
+    most ``limit`` bytes: :class:`TooLarge` past them, decompression stopped there), else ``data``
+    itself (a value written before compression existed). Raises ``ValueError`` for a codec this
+    process cannot read, and what the decompressor raises for a corrupt value."""
     if type(data) is not bytes or data[:1] != MARK:
         return data
     kind = data[:2]
     if kind == _ZLIB:
-        return zlib.decompress(data[2:])
+        return inflate(data[2:], limit)
     if kind == _ZSTD:
         if _ZSTD_FUNCTIONS is None:
             raise ValueError("the value is zstd-compressed; install zstandard: pip install 'dedupe-worker[zstd]'")
-        return _ZSTD_FUNCTIONS[1](data[2:])
+        return _ZSTD_FUNCTIONS[1](data[2:], limit)
     if kind == _PLAIN:
         return data[2:]
     raise ValueError(f"unknown compression mark {kind!r}")

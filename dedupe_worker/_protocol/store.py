@@ -123,13 +123,14 @@ class RedisStore(StoreBase):
         with self.waiting_on(stem):
             return self.client.blpop(*self.notice_wait(stem, timeout)) is not None
 
-    def forget(self, stem: str, token: int | None, force: bool) -> tuple[int, int]:
-        """``forget.lua``: ``(code, token)``, code 1 removed, 0 nothing there, -1 a live lease
-        (not forced), -2 another token than ``token``."""
-        code, found = self.scripts.call(
-            "forget", (*KeyLayout.records(stem), KeyLayout.notice(stem)),
-            ("" if token is None else token, "1" if force else "0"))
-        return int(code), int(found)
+    def forget(self, stem: str, token: int | None, force: bool) -> tuple[int, int, str]:
+        """``forget.lua``: ``(code, token, detail)``, code 1 removed, 0 nothing there, -1 a live
+        lease (not forced), -2 another token than ``token``, -3 a record we cannot read (not
+        forced, or a token given: ``detail`` says what lies there; forced, it is removed)."""
+        reply = self.scripts.call("forget", KeyLayout.names(stem),
+                                  ("" if token is None else token, "1" if force else "0"))
+        detail = reply[2] if len(reply) > 2 else b""
+        return int(reply[0]), int(reply[1]), detail.decode() if isinstance(detail, bytes) else str(detail)
 
     def inspect(self, stem: str) -> KeyState:
         code, token, a, b = self.scripts.call(
