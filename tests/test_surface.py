@@ -50,7 +50,7 @@ SURFACE: dict[str, list[str]] = {
         "IdempotencyMiddleware", "IdempotencyRules", "KeyProblem", "RequestInfo", "Response",
         "WSGIIdempotencyMiddleware", "current_claim", "parse_key", "stored_status",
     ],
-    "dedupe_worker.sql": ["AlreadyApplied", "Atomic", "AtomicOutcome", "SqlOutcomes", "atomic", "ddl"],
+    "dedupe_worker.sql": ["AlreadyApplied", "Atomic", "AtomicOutcome", "NotCommitted", "SqlOutcomes", "atomic", "ddl"],
     "dedupe_worker.django": ["IdempotencyMiddleware", "atomic"],
     "dedupe_worker.replay": [
         "REPLAYED", "Destination", "Entry", "Found", "Pacer", "Planner", "Progress", "ReplayOptions", "Step",

@@ -18,12 +18,22 @@ engine answers that as DUPLICATE (stored in Redis, acked). The block adds at mos
 to the transaction: an ``INSERT`` at entry (it waits while another run of the key holds an
 uncommitted row) and an ``UPDATE`` with the outcome at exit (none when the outcome is ``None``).
 
+A row means what the Redis record means: past its expiry (the claim's ``ttl``, else its client's
+``result_ttl``) it is absent, and the block replaces it in the same transaction; an unexpired row
+written for another payload (another fingerprint) raises :class:`~dedupe_worker.KeyConflict`,
+which the engine answers CONFLICT (dead-lettered), as Redis would.
+
 Transactions: with no transaction open, the block is its own (committed at exit, rolled back
 when it raises). Inside an open one it is a savepoint: what the block did is rolled back when it
-raises, and the outcome commits when (and only if) the caller's transaction commits. A caller that
-catches :class:`~dedupe_worker.AlreadyApplied` and commits its own earlier writes commits those:
-let it propagate. Use READ COMMITTED (PostgreSQL's default); MySQL/MariaDB's REPEATABLE READ
-works too (the row is read with a locking read).
+raises, and the outcome commits when (and only if) the caller's transaction commits. The engine
+then stores the outcome in Redis only once one query confirmed the row committed; if the caller
+rolled back (or its transaction is still open when the handler returns), the claim is released,
+the verdict is HANDLER_ERROR with :class:`~dedupe_worker.sql.NotCommitted` and a redelivery runs
+the handler again. A caller that catches :class:`~dedupe_worker.AlreadyApplied` and commits its
+own earlier writes commits those: let it propagate. Every isolation level works: at READ COMMITTED
+(PostgreSQL's default) a copy waits for the winner and reads its row; MySQL/MariaDB read it with a
+locking read; PostgreSQL's REPEATABLE READ and SERIALIZABLE make the losers fail with a
+serialization error instead (retried, then answered from the row).
 
 What it cannot do: effects outside this database (an e-mail, an HTTP call, another database)
 are not in the transaction; a crash after them and before the commit runs them again.
@@ -34,6 +44,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
+from .._engine.recorded import current_run, outcomes_of
 from .._protocol.claim import Claim
 from .._protocol.context import current_claim
 from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
@@ -69,13 +80,25 @@ class Atomic:
     def __init__(self, connection: Any, outcomes: SqlOutcomes | None = None, driver: Driver | None = None) -> None:
         self.connection = connection
         self.claim = _current()
-        self.outcomes, self.codec = attached(self.claim, outcomes)
+        self.run = run = current_run()
+        if run is not None:  # the client that claimed: its result_ttl and serializer, not a namesake's
+            given = outcomes or outcomes_of(run.client)
+            assert isinstance(given, SqlOutcomes)
+            self.outcomes, self.codec = given, run.client
+        else:  # a claim bound by hand (Deduplicator.hold): the client attached for its namespace
+            self.outcomes, self.codec = attached(self.claim, outcomes)
         self.outcome = AtomicOutcome(self.claim)
         self._driver = driver
         self._transaction: Any = None
 
     def _dialect(self, name: str) -> Dialect:
         return dialect_named(name, self.outcomes.table)
+
+    def _entered(self, joined: bool) -> None:
+        """This run's row is in the transaction; one the block joined commits out of its sight, so
+        the engine confirms it before storing the outcome (engine/recorded.py)."""
+        if joined and self.run is not None:
+            self.run.joined.add((self.claim.stem, self.claim.token))
 
     # -- sync -------------------------------------------------------------------------------------
 
@@ -85,7 +108,7 @@ class Atomic:
             raise TypeError(f"atomic() takes a psycopg Connection or a SQLAlchemy Connection or Session "
                             f"(use 'async with' for asyncio ones), not {type(self.connection).__name__}")
         self._driver = driver
-        dialect = self._dialect(driver.dialect)
+        dialect, joined = self._dialect(driver.dialect), driver.joined()
         self._transaction = transaction = driver.transaction()
         transaction.__enter__()
         try:
@@ -93,6 +116,7 @@ class Atomic:
         except BaseException as exc:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self._entered(joined)
         return self.outcome
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -117,7 +141,7 @@ class Atomic:
             raise TypeError(f"'async with atomic()' takes a psycopg AsyncConnection or a SQLAlchemy "
                             f"AsyncConnection or AsyncSession, not {type(self.connection).__name__}")
         self._async_driver = driver
-        dialect = self._dialect(driver.dialect)
+        dialect, joined = self._dialect(driver.dialect), driver.joined()
         self._transaction = transaction = driver.transaction()
         await transaction.__aenter__()
         try:
@@ -125,6 +149,7 @@ class Atomic:
         except BaseException as exc:
             await transaction.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        self._entered(joined)
         return self.outcome
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -148,7 +173,8 @@ def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
     entry when an earlier run of the key committed (see the module's docstring).
 
     ``outcomes``: the :class:`SqlOutcomes` whose table to use; by default the one given to the
-    ``Deduplicator`` (or ``AsyncDeduplicator``) that runs the handler. Raises ``RuntimeError``
+    ``Deduplicator`` (or ``AsyncDeduplicator``) that runs the handler. Raises :class:`KeyConflict`
+    at entry when an unexpired row was committed for another payload. Raises ``RuntimeError``
     outside a handler run by the engine (no current claim) or when no ``SqlOutcomes`` is known."""
     return Atomic(connection, outcomes)
 

@@ -3,9 +3,11 @@
 One row per key (its Redis stem), written only inside the handler's transaction by
 :func:`~dedupe_worker.sql._atomic`. The engine reads a row (one query) only when a key is claimed
 again after an earlier claim, to answer a re-run from the committed outcome without running the
-handler. Rows expire ``result_ttl`` after they were written (a message's own ``ttl`` when it has
-one); :meth:`SqlOutcomes.purge` deletes
-expired rows in bounded batches (cron: ``dedupe-worker sql purge``).
+handler, and when an ``atomic()`` block joined a transaction it did not open, to confirm that its
+row committed before storing the outcome in Redis. Each row expires after the retention of the
+claim that wrote it (the message's own ``ttl``, else its client's ``result_ttl``); past it the row
+is absent, as the Redis record is, and :meth:`SqlOutcomes.purge` deletes expired rows in bounded
+batches (cron: ``dedupe-worker sql purge``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from .._errors import AlreadyApplied
 from .._extras import require
 from .._protocol.claim import Claim
 from .._protocol.codec import ClaimCodec
-from ._statements import Dialect, Statement, check_table, dialect_named, recorded, stored_key
+from ._statements import (
+    Dialect,
+    Statement,
+    check_table,
+    conflicts,
+    dialect_named,
+    expired,
+    now_ms,
+    recorded,
+    stored_key,
+)
 
 __all__ = ["SqlOutcomes", "attached", "ddl"]
 
@@ -40,6 +52,20 @@ def ddl(dialect: str, table: str = "dedupe_outcome") -> str:
     name = check_table(table)
     return text.replace("dedupe_outcome_expires_at", name.split(".")[-1] + "_expires_at").replace(
         "dedupe_outcome", name)
+
+
+def _isolation(statement: Statement) -> dict[str, str]:
+    """Reads at READ COMMITTED: the latest committed row, never a locking read (MySQL reads lock
+    under SERIALIZABLE, and would wait on a transaction of the handler's still open in this
+    thread)."""
+    return {"isolation_level": "READ COMMITTED"} if statement.reads else {}
+
+
+def _upgraded_already(exc: Exception) -> None:
+    """Re-raise ``exc`` unless it is MySQL's "Duplicate column name" (1060): the upgrade, which MySQL
+    cannot write with ``IF NOT EXISTS``, was done before."""
+    if "1060" not in str(exc):
+        raise exc
 
 
 def _statements(text: str) -> list[str]:
@@ -100,9 +126,10 @@ class SqlOutcomes:
 
         from ._drivers import _named
 
-        with self.target.begin() as conn:
-            result = conn.execute(text(_named(statement.sql)), statement.params)
-            return result.first() if statement.reads else result.rowcount
+        with self.target.connect() as conn:
+            with conn.execution_options(**_isolation(statement)).begin():
+                result = conn.execute(text(_named(statement.sql)), statement.params)
+                return result.first() if statement.reads else result.rowcount
 
     async def _run_async(self, statement: Statement) -> Any:
         if isinstance(self.target, str):
@@ -116,15 +143,17 @@ class SqlOutcomes:
 
         from ._drivers import _named
 
-        async with self.target.begin() as conn:
-            result = await conn.execute(text(_named(statement.sql)), statement.params)
-            return result.first() if statement.reads else result.rowcount
+        async with self.target.connect() as conn:
+            await conn.execution_options(**_isolation(statement))
+            async with conn.begin():
+                result = await conn.execute(text(_named(statement.sql)), statement.params)
+                return result.first() if statement.reads else result.rowcount
 
     def _found(self, claim: Claim, row: Any) -> AlreadyApplied | None:
-        if row is None:
+        # an expired row is absent; one of another payload is answered by atomic() (KeyConflict)
+        if row is None or expired(row, now_ms()) or conflicts(claim, row):
             return None
-        codec = self._codec_for(claim)
-        return recorded(codec, claim, row)
+        return recorded(self._codec_for(claim), claim, row)
 
     def _codec_for(self, claim: Claim) -> ClaimCodec:
         return attached(claim, self)[1]
@@ -138,18 +167,43 @@ class SqlOutcomes:
         """:meth:`lookup` on asyncio."""
         return self._found(claim, await self._run_async(self._sql().read(stored_key(claim.stem), locking=False)))
 
+    def committed(self, claim: Claim) -> bool:
+        """Whether ``claim``'s own row (its fencing token) is committed: one query, outside any
+        transaction of the handler's, after an ``atomic()`` block that joined one returned."""
+        return self._mine(claim, self._run(self._sql().read(stored_key(claim.stem), locking=False)))
+
+    async def committed_async(self, claim: Claim) -> bool:
+        """:meth:`committed` on asyncio."""
+        return self._mine(claim, await self._run_async(self._sql().read(stored_key(claim.stem), locking=False)))
+
+    @staticmethod
+    def _mine(claim: Claim, row: Any) -> bool:
+        # an expired row of the same token is an older run's (Redis lost the key's counter), left
+        # in place because the replacement of it rolled back
+        return (row is not None and int(row[0]) == claim.token and not expired(row, now_ms())
+                and (row[3] or "") == (claim.fingerprint or ""))
+
     # -- operations -----------------------------------------------------------------------------
 
     def create_table(self) -> None:
-        """Create the table and its index if missing (``dedupe-worker sql init``)."""
+        """Create the table and its index if missing, and upgrade a table created by an earlier
+        release (``dedupe-worker sql init``; see :meth:`_upgrade`)."""
         for sql in _statements(ddl(self.dialect, self.table)):
             self._run(Statement(sql, {}))
+        try:
+            self._run(self._sql().add_fingerprint())
+        except Exception as exc:
+            _upgraded_already(exc)
         log.info("outcome table %s ready (%s)", self.table, self.dialect)
 
     async def create_table_async(self) -> None:
         """:meth:`create_table` on asyncio (for an ``AsyncEngine``)."""
         for sql in _statements(ddl(self.dialect, self.table)):
             await self._run_async(Statement(sql, {}))
+        try:
+            await self._run_async(self._sql().add_fingerprint())
+        except Exception as exc:
+            _upgraded_already(exc)
 
     def purge(self, *, batch: int = 1000, now: float | None = None) -> int:
         """Delete rows past their retention, ``batch`` rows per statement (each its own short
