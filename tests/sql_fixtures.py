@@ -71,10 +71,14 @@ class Database:
     def __init__(self, name: str, outcomes: SqlOutcomes, accounts: str, dsn: str, engine: Any = None) -> None:
         self.name, self.outcomes, self.accounts, self.dsn, self.engine = name, outcomes, accounts, dsn, engine
 
-    def credit(self, amount: int, *, rollback: bool = False, isolation: str | None = None) -> Any:
+    def credit(self, amount: int, *, rollback: bool = False, isolation: str | None = None,
+               pause: float = 0.0) -> Any:
         """The handler: ``UPDATE balance + amount`` and the outcome in one ``atomic()`` block;
         with ``rollback``, the block runs inside an outer transaction the caller then rolls back;
-        ``isolation``: the transaction's isolation level."""
+        ``isolation``: the transaction's isolation level; ``pause``: seconds the block waits
+        before it commits (so that concurrent copies meet its uncommitted row)."""
+        import time
+
         from dedupe_worker.sql import atomic
 
         update = f"UPDATE {self.accounts} SET balance = balance + {int(amount)} WHERE id = 1"
@@ -86,6 +90,7 @@ class Database:
                     with atomic(conn) as outcome:
                         conn.execute(update)  # type: ignore[arg-type]
                         outcome.result = {"credited": amount}
+                        time.sleep(pause)
                     return outcome.result
                 with conn.transaction():  # the caller's own transaction, which it rolls back
                     with atomic(conn) as outcome:
@@ -102,6 +107,7 @@ class Database:
             with atomic(conn) as outcome:
                 conn.execute(text(update))
                 outcome.result = {"credited": amount}
+                time.sleep(pause)
             if outer is not None:
                 outer.rollback()
         return outcome.result
@@ -132,13 +138,16 @@ class Database:
             raw.close()
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
-def db(request: pytest.FixtureRequest) -> Iterator[Database]:
-    """Each test once on PostgreSQL and once on MariaDB."""
-    if request.param == "postgresql":
-        dsn = request.getfixturevalue("postgres_dsn")
+def database(request: pytest.FixtureRequest, name: str) -> Database:
+    """The :class:`Database` named ``name`` (``postgresql`` or ``mariadb``), with fresh tables."""
+    if name == "postgresql":
         tables = request.getfixturevalue("pg")
-        yield Database("postgresql", tables.outcomes, tables.accounts, dsn)
-    else:
-        engine, tables = request.getfixturevalue("my")
-        yield Database("mariadb", tables.outcomes, tables.accounts, "", engine)
+        return Database(name, tables.outcomes, tables.accounts, request.getfixturevalue("postgres_dsn"))
+    engine, tables = request.getfixturevalue("my")
+    return Database(name, tables.outcomes, tables.accounts, "", engine)
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def db(request: pytest.FixtureRequest) -> Database:
+    """Each test once on PostgreSQL and once on MariaDB."""
+    return database(request, request.param)
