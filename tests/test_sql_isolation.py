@@ -1,9 +1,10 @@
 """20 concurrent copies of one key through ``atomic()`` at every isolation level, on real
-PostgreSQL and MariaDB, with no row yet or an expired one: one effect. Redis is down and the client runs ``fail_open``, so every copy
-really reaches the database at once (with Redis up, the claim would let one copy in at a time).
+PostgreSQL and MariaDB, with no row yet or an expired one: one effect. Redis is down and the
+client runs ``fail_open``, so every copy really reaches the database at once (with Redis up, the
+claim would let one copy in at a time).
 
 A copy either waits for the winner and is answered DUPLICATE from its row, or (PostgreSQL's
-REPEATABLE READ and SERIALIZABLE, a MariaDB deadlock) fails with its transaction rolled back,
+REPEATABLE READ and SERIALIZABLE) fails with a serialization error, its transaction rolled back,
 HANDLER_ERROR: retried, and then answered DUPLICATE."""
 
 from __future__ import annotations
