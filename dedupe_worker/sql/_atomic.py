@@ -44,11 +44,12 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from .._engine.recorded import current_run, outcomes_of
+from .._engine.recorded import Run, current_run, outcomes_of
 from .._protocol.claim import Claim
+from .._protocol.codec import ClaimCodec
 from .._protocol.context import current_claim
 from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
-from ._outcomes import SqlOutcomes, attached
+from ._outcomes import SqlOutcomes, attached, namespace_of
 from ._statements import Dialect, dialect_named, enter, leave
 
 __all__ = ["Atomic", "AtomicOutcome", "atomic"]
@@ -73,6 +74,19 @@ def _current() -> Claim:
     return claim
 
 
+def _recording(claim: Claim, outcomes: SqlOutcomes | None) -> tuple[SqlOutcomes, ClaimCodec, Run | None]:
+    """The table, the codec and the engine's :class:`Run` of ``claim``: those of the client that
+    claimed it (its ``result_ttl`` and serializer, not those of another client sharing the
+    ``SqlOutcomes``). A claim bound by hand (``Deduplicator.hold``), or one of a nested run by a
+    client without outcomes, gets the client attached for its namespace, and no run."""
+    run = current_run()
+    if run is not None and namespace_of(claim.stem) == run.client.layout.namespace:
+        given = outcomes if outcomes is not None else outcomes_of(run.client)
+        if isinstance(given, SqlOutcomes):
+            return given, run.client, run
+    return (*attached(claim, outcomes), None)
+
+
 class Atomic:
     """The context manager :func:`atomic` returns: ``with`` for sync connections, ``async with``
     for asyncio ones."""
@@ -80,13 +94,7 @@ class Atomic:
     def __init__(self, connection: Any, outcomes: SqlOutcomes | None = None, driver: Driver | None = None) -> None:
         self.connection = connection
         self.claim = _current()
-        self.run = run = current_run()
-        if run is not None:  # the client that claimed: its result_ttl and serializer, not a namesake's
-            given = outcomes or outcomes_of(run.client)
-            assert isinstance(given, SqlOutcomes)
-            self.outcomes, self.codec = given, run.client
-        else:  # a claim bound by hand (Deduplicator.hold): the client attached for its namespace
-            self.outcomes, self.codec = attached(self.claim, outcomes)
+        self.outcomes, self.codec, self.run = _recording(self.claim, outcomes)
         self.outcome = AtomicOutcome(self.claim)
         self._driver = driver
         self._transaction: Any = None

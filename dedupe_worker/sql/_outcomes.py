@@ -34,7 +34,7 @@ from ._statements import (
     stored_key,
 )
 
-__all__ = ["SqlOutcomes", "attached", "ddl"]
+__all__ = ["SqlOutcomes", "attached", "ddl", "namespace_of"]
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +232,15 @@ class SqlOutcomes:
                 return total
 
 
+def namespace_of(stem: str) -> str:
+    """The namespace of a claim's stem (``<namespace>:{<key>}``)."""
+    return stem[:stem.index(":{")] if ":{" in stem else ""
+
+
 def attached(claim: Claim, outcomes: SqlOutcomes | None = None) -> tuple[SqlOutcomes, ClaimCodec]:
     """The outcomes (``outcomes``, else those of the client of ``claim``'s namespace) and the codec
     that encodes ``claim``'s results. Raises ``RuntimeError`` when no client was given outcomes."""
-    namespace = claim.stem[:claim.stem.index(":{")] if ":{" in claim.stem else ""
+    namespace = namespace_of(claim.stem)
     found = _attached.get(namespace)
     if outcomes is None:
         if found is None:
