@@ -154,3 +154,13 @@ def test_create_table_upgrades_a_table_without_fingerprints(redis_client: redis.
         dedupe.close()
     finally:
         old._run(Statement(f"DROP TABLE IF EXISTS {old.table}", {}))
+
+
+def test_any_text_fingerprint_is_kept_and_compared_exactly(dedupe: Deduplicator, db: Database) -> None:
+    assert dedupe.run("k", db.credit, 1, fingerprint="Åsa-日本") == {"credited": 1}
+    row = db.row(dedupe.request("k").stem)
+    assert row is not None and row[2] == "Åsa-日本"
+    dedupe.forget("k")
+    assert decide(dedupe, "k", lambda: db.credit(1), fingerprint="åsa-日本").reason is Reason.CONFLICT  # case counts
+    assert decide(dedupe, "k", lambda: db.credit(1), fingerprint="Åsa-日本").reason is Reason.DUPLICATE
+    assert db.balance() == 1

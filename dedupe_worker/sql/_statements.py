@@ -120,8 +120,9 @@ class Dialect:
         """The upgrade of a table created before rows carried their fingerprint (an old row's
         empty fingerprint matches every payload, as a claim made without one does)."""
         exists = "" if self.name == "mysql" else "IF NOT EXISTS "  # MySQL 8 has no IF NOT EXISTS here
+        charset = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin" if self.mysql else ""
         return Statement(f"ALTER TABLE {self.table} ADD COLUMN {exists}fingerprint "
-                         f"VARCHAR({FINGERPRINT_COLUMN_LIMIT}) NOT NULL DEFAULT ''", {})
+                         f"VARCHAR({FINGERPRINT_COLUMN_LIMIT}){charset} NOT NULL DEFAULT ''", {})
 
 
 def dialect_named(name: str, table: str) -> Dialect:
