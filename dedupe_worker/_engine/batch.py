@@ -60,6 +60,7 @@ from .._protocol.calls import STORED, ClaimItem
 from .._protocol.claim import OMITTED, Claim, Outcome, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.codec import Request, ttl_ms
+from .._protocol.context import Run
 from .._protocol.context import _current as current
 from .._protocol.flows import ClientCore, Flow, Handler, Stream
 from .._protocol.scripts import StreamCut
@@ -335,7 +336,7 @@ class _Batch:
         if run is not None and run.joined:
             yield from self.confirm(run)
 
-    def confirm(self, run: recorded.Run) -> Flow[None]:
+    def confirm(self, run: Run) -> Flow[None]:
         """Handlers whose ``atomic()`` joined a transaction it did not open: an outcome is stored
         only once its row is confirmed committed; otherwise the claim is released (engine/recorded.py)."""
         for n, (i, claim, decision, record) in enumerate(self.done):

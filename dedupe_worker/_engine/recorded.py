@@ -12,7 +12,8 @@ The engine calls these hooks and nothing else of that feature:
   claims pay nothing.
 - :func:`unclaimed_flow`: under ``fail_open`` with Redis down, the handler
   runs with a claim of token 0 bound, so ``atomic()`` still lets one copy of a key commit.
-- :func:`opened` / :func:`closed`: around handlers, a :class:`Run` that ``atomic()`` reads (the
+- :func:`opened` / :func:`closed`: around handlers, a
+  :class:`~dedupe_worker._protocol.context.Run` that ``atomic()`` reads (the
   client that claimed: its serializer and ``result_ttl`` give the row's outcome and expiry) and
   writes (the claims whose block joined a transaction it did not open);
   :func:`uncommitted_flow` then confirms such a claim's row committed (one query) before its
@@ -30,12 +31,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import AlreadyApplied, LeaseLost, NotCommitted, ResultNotSerializable, StoreUnavailable
 from .._protocol.claim import Claim, Outcome
-from .._protocol.context import bind, unbind
+from .._protocol.context import Run, bind, bind_run, unbind, unbind_run
 from .._protocol.flows import ClientCore, Either, Flow, Handler
 from .decision import Decision, Reason
 
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from .._protocol.client import ClaimClient
     from .._protocol.codec import ClaimCodec
 
-__all__ = ["Outcomes", "Run", "applied_before_flow", "closed", "current_run", "found_before_flow", "lookup",
-           "lookup_flow", "opened", "outcomes_of", "unbound_claim", "unclaimed_flow", "uncommitted_flow"]
+__all__ = ["Outcomes", "applied_before_flow", "closed", "found_before_flow", "lookup", "lookup_flow", "opened",
+           "outcomes_of", "unbound_claim", "unclaimed_flow", "uncommitted_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -68,45 +68,20 @@ class Outcomes(Protocol):
         """:meth:`committed` on asyncio."""
 
 
-class Run:
-    """Handlers run under a client given ``outcomes`` (one message's, or one batch chunk's).
-
-    ``client`` is the client that claimed them: ``atomic()`` encodes results and dates rows with
-    its options, whatever other clients share the outcomes. ``joined`` holds ``(stem, token)`` of
-    each claim whose ``atomic()`` block joined a transaction it did not open: its row commits, or
-    not, when that transaction ends, which the block cannot see.
-    """
-
-    __slots__ = ("client", "joined", "reset")
-    reset: Token[Run | None]
-
-    def __init__(self, client: ClaimCodec) -> None:
-        self.client = client
-        self.joined: set[tuple[str, int]] = set()
-
-
-_run: ContextVar[Run | None] = ContextVar("dedupe_worker_sql_run", default=None)
-
-
-def current_run() -> Run | None:
-    """The :class:`Run` of the handler being run, else ``None``."""
-    return _run.get()
-
-
 def opened(dedupe: ClaimCodec) -> Run | None:
     """A :class:`Run` made current for the handlers about to run, when ``dedupe`` has
     ``outcomes`` (else ``None``, nothing done); :func:`closed` ends it."""
     if outcomes_of(dedupe) is None:
         return None
     run = Run(dedupe)
-    run.reset = _run.set(run)
+    run.reset = bind_run(run)
     return run
 
 
 def closed(run: Run | None) -> None:
     """End a :class:`Run` made by :func:`opened`."""
     if run is not None:
-        _run.reset(run.reset)
+        unbind_run(run.reset)
 
 
 def uncommitted_flow(dedupe: ClientCore, claim: Claim, run: Run) -> Flow[NotCommitted | None]:

@@ -44,10 +44,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from .._engine.recorded import Run, current_run, outcomes_of
 from .._protocol.claim import Claim
 from .._protocol.codec import ClaimCodec
-from .._protocol.context import current_claim
+from .._protocol.context import Run, current_claim, current_run
 from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
 from ._outcomes import SqlOutcomes, attached, namespace_of
 from ._statements import Dialect, dialect_named, enter, leave
@@ -81,7 +80,7 @@ def _recording(claim: Claim, outcomes: SqlOutcomes | None) -> tuple[SqlOutcomes,
     client without outcomes, gets the client attached for its namespace, and no run."""
     run = current_run()
     if run is not None and namespace_of(claim.stem) == run.client.layout.namespace:
-        given = outcomes if outcomes is not None else outcomes_of(run.client)
+        given = outcomes if outcomes is not None else getattr(run.client, "outcomes", None)
         if isinstance(given, SqlOutcomes):
             return given, run.client, run
     return (*attached(claim, outcomes), None)
