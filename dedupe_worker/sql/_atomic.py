@@ -16,7 +16,8 @@ data) the first transaction to commit wins; every other run's block raises
 :class:`~dedupe_worker.AlreadyApplied` with the winner's result, and nothing of it commits. The
 engine answers that as DUPLICATE (stored in Redis, acked). The block adds at most two statements
 to the transaction: an ``INSERT`` at entry (it waits while another run of the key holds an
-uncommitted row) and an ``UPDATE`` with the outcome at exit (none when the outcome is ``None``).
+uncommitted row) and an ``UPDATE`` with the outcome at exit (none when the outcome is ``None``);
+two more when it takes over an expired row.
 
 A row means what the Redis record means: past its expiry (the claim's ``ttl``, else its client's
 ``result_ttl``) it is absent, and the block replaces it in the same transaction; an unexpired row
@@ -29,11 +30,12 @@ raises, and the outcome commits when (and only if) the caller's transaction comm
 then stores the outcome in Redis only once one query confirmed the row committed; if the caller
 rolled back (or its transaction is still open when the handler returns), the claim is released,
 the verdict is HANDLER_ERROR with :class:`~dedupe_worker.sql.NotCommitted` and a redelivery runs
-the handler again. A caller that catches :class:`~dedupe_worker.AlreadyApplied` and commits its
-own earlier writes commits those: let it propagate. Every isolation level works: at READ COMMITTED
-(PostgreSQL's default) a copy waits for the winner and reads its row; MySQL/MariaDB read it with a
-locking read; PostgreSQL's REPEATABLE READ and SERIALIZABLE make the losers fail with a
-serialization error instead (retried, then answered from the row).
+the handler again (a claim held by hand, ``Deduplicator.hold()``, has no such check: call
+``complete()`` after your commit). A caller that catches :class:`~dedupe_worker.AlreadyApplied`
+and commits its own earlier writes commits those: let it propagate. Every isolation level works:
+at READ COMMITTED (PostgreSQL's default) a copy waits for the winner and reads its row;
+MySQL/MariaDB read it with a locking read; PostgreSQL's REPEATABLE READ and SERIALIZABLE make the
+losers fail with a serialization error instead (retried, then answered from the row).
 
 What it cannot do: effects outside this database (an e-mail, an HTTP call, another database)
 are not in the transaction; a crash after them and before the commit runs them again.
