@@ -13,6 +13,7 @@ batches (cron: ``dedupe-worker sql purge``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from importlib import resources
@@ -55,10 +56,10 @@ def ddl(dialect: str, table: str = "dedupe_outcome") -> str:
 
 
 def _isolation(statement: Statement) -> dict[str, str]:
-    """Reads at READ COMMITTED: the latest committed row, never a locking read (MySQL reads lock
-    under SERIALIZABLE, and would wait on a transaction of the handler's still open in this
-    thread)."""
-    return {"isolation_level": "READ COMMITTED"} if statement.reads else {}
+    """Reads in autocommit: one statement that sees the latest committed row, never a locking read
+    (MySQL's SERIALIZABLE turns a SELECT inside a transaction into one, which would wait on a
+    transaction of the handler's still open in this thread)."""
+    return {"isolation_level": "AUTOCOMMIT"} if statement.reads else {}
 
 
 def _upgraded_already(exc: Exception) -> None:
@@ -76,7 +77,8 @@ def _statements(text: str) -> list[str]:
 class SqlOutcomes:
     """Outcomes committed in the handlers' own database, for ``Deduplicator(outcomes=...)``.
 
-    :param target: a PostgreSQL DSN (``postgresql://...``, used through psycopg 3), a SQLAlchemy
+    :param target: a PostgreSQL DSN (``postgresql://...``, used through psycopg 3: one connection
+        per thread, kept open), a SQLAlchemy
         URL with a driver (``mysql+pymysql://...``), or a SQLAlchemy ``Engine`` or ``AsyncEngine``
         (PostgreSQL, MySQL or MariaDB). Used by the engine's look-ups and by :meth:`create_table`
         and :meth:`purge`; ``atomic()`` uses the handler's own connection.
@@ -89,6 +91,7 @@ class SqlOutcomes:
             target = require("sqlalchemy", "sql").create_engine(target, pool_pre_ping=True)
         self.target = target
         self._codec: ClaimCodec | None = None
+        self._held = threading.local()  # a DSN's connection per thread (_connection)
 
     def __repr__(self) -> str:
         return f"SqlOutcomes(table={self.table!r}, dialect={self.dialect!r})"
@@ -116,10 +119,14 @@ class SqlOutcomes:
     def _run(self, statement: Statement) -> Any:
         """Execute one statement in its own transaction; the first row or the row count."""
         if isinstance(self.target, str):
-            psycopg = require("psycopg", "sql")
-            with psycopg.connect(self.target, autocommit=True) as conn:
+            conn = self._connection()
+            try:
                 cur = conn.execute(statement.sql, statement.params)
-                return cur.fetchone() if statement.reads else cur.rowcount
+            except require("psycopg", "sql").OperationalError:
+                self._held.conn = None  # broken: the next statement connects again
+                conn.close()
+                raise
+            return cur.fetchone() if statement.reads else cur.rowcount
         if hasattr(self.target, "sync_engine"):
             raise TypeError("this SqlOutcomes has an AsyncEngine: use its asyncio methods (lookup_async)")
         from sqlalchemy import text
@@ -130,6 +137,15 @@ class SqlOutcomes:
             with conn.execution_options(**_isolation(statement)).begin():
                 result = conn.execute(text(_named(statement.sql)), statement.params)
                 return result.first() if statement.reads else result.rowcount
+
+    def _connection(self) -> Any:
+        """This thread's autocommit psycopg connection to the DSN, opened on first use (again in a
+        forked child, which must not share its parent's socket): a look-up costs one query, not a
+        connection."""
+        held = self._held
+        if getattr(held, "conn", None) is None or held.conn.closed or held.pid != os.getpid():
+            held.conn, held.pid = require("psycopg", "sql").connect(self.target, autocommit=True), os.getpid()
+        return held.conn
 
     async def _run_async(self, statement: Statement) -> Any:
         if isinstance(self.target, str):
