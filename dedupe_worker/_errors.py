@@ -11,6 +11,7 @@ One root, so ``except DedupeError`` catches everything this package raises::
     ├── EvictionPolicyError   Redis may evict our records (maxmemory-policy); nothing was run
     ├── ResultNotSerializable the handler's value cannot be stored as JSON
     ├── AlreadyApplied        an earlier run of the key committed in the database (``.result``)
+    ├── NotCommitted          the transaction ``atomic()`` joined did not commit; released, runs again
     └── ClaimError            the claim protocol answered "no"
         ├── InProgress        another worker holds a live lease (carries ``retry_after``)
         ├── KeyConflict       the key was used before for a different payload
@@ -30,6 +31,7 @@ __all__ = [
     "KeyConflict",
     "LeaseLost",
     "MissingKey",
+    "NotCommitted",
     "PreviouslyFailed",
     "ResultNotSerializable",
     "StoreUnavailable",
@@ -130,6 +132,24 @@ class AlreadyApplied(DedupeError):
 
     def __str__(self) -> str:
         return f"{self.key!r} was already applied (committed by fencing token {self.token})"
+
+
+class NotCommitted(DedupeError):
+    """The handler returned, but the transaction its ``atomic()`` block joined (one the block did
+    not open) did not commit: the caller rolled it back, or it was still open when the handler
+    returned. Nothing of the block is known to have committed, so no outcome is stored: the claim
+    is released and a redelivery runs the handler again (the verdict is HANDLER_ERROR, a retry).
+    If that transaction commits later after all, the redelivery's ``atomic()`` finds its row.
+    """
+
+    def __init__(self, key: str, token: int = 0) -> None:
+        super().__init__(key, token)
+        self.key = key
+        self.token = token
+
+    def __str__(self) -> str:
+        return (f"the transaction atomic() joined for {self.key!r} (fencing token {self.token}) did not commit "
+                "before the handler returned: released, the message runs again")
 
 
 class ClaimError(DedupeError):

@@ -61,3 +61,93 @@ def my(mysql_url: str) -> Iterator[tuple[Any, Tables]]:
         conn.execute(text(f"DROP TABLE IF EXISTS {outcomes.table}"))
         conn.execute(text(f"DROP TABLE IF EXISTS {accounts}"))
     engine.dispose()
+
+
+class Database:
+    """One database the tests run on (PostgreSQL through psycopg, MariaDB through SQLAlchemy):
+    its :class:`SqlOutcomes`, a handler crediting the accounts table inside ``atomic()``, and
+    reads of the balance and of a key's row."""
+
+    def __init__(self, name: str, outcomes: SqlOutcomes, accounts: str, dsn: str, engine: Any = None) -> None:
+        self.name, self.outcomes, self.accounts, self.dsn, self.engine = name, outcomes, accounts, dsn, engine
+
+    def credit(self, amount: int, *, rollback: bool = False, isolation: str | None = None,
+               pause: float = 0.0) -> Any:
+        """The handler: ``UPDATE balance + amount`` and the outcome in one ``atomic()`` block;
+        with ``rollback``, the block runs inside an outer transaction the caller then rolls back;
+        ``isolation``: the transaction's isolation level; ``pause``: seconds the block waits
+        before it commits (so that concurrent copies meet its uncommitted row)."""
+        import time
+
+        from dedupe_worker.sql import atomic
+
+        update = f"UPDATE {self.accounts} SET balance = balance + {int(amount)} WHERE id = 1"
+        if self.engine is None:
+            with psycopg.connect(self.dsn) as conn:
+                if isolation is not None:
+                    conn.isolation_level = psycopg.IsolationLevel[isolation.replace(" ", "_")]
+                if not rollback:
+                    with atomic(conn) as outcome:
+                        conn.execute(update)  # type: ignore[arg-type]
+                        outcome.result = {"credited": amount}
+                        time.sleep(pause)
+                    return outcome.result
+                with conn.transaction():  # the caller's own transaction, which it rolls back
+                    with atomic(conn) as outcome:
+                        conn.execute(update)  # type: ignore[arg-type]
+                        outcome.result = {"credited": amount}
+                    raise psycopg.Rollback
+            return outcome.result
+        from sqlalchemy import text
+
+        with self.engine.connect() as conn:
+            if isolation is not None:
+                conn = conn.execution_options(isolation_level=isolation)
+            outer = conn.begin() if rollback else None
+            with atomic(conn) as outcome:
+                conn.execute(text(update))
+                outcome.result = {"credited": amount}
+                time.sleep(pause)
+            if outer is not None:
+                outer.rollback()
+        return outcome.result
+
+    def balance(self) -> int:
+        if self.engine is None:
+            return pg_balance(self.dsn, self.accounts)
+        from sqlalchemy import text
+
+        with self.engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT balance FROM {self.accounts} WHERE id = 1")).scalar_one())
+
+    def row(self, stem: str) -> tuple[Any, ...] | None:
+        """``(token, status, fingerprint, expires_at)`` of the key with this stem, else ``None``."""
+        from dedupe_worker.sql._statements import stored_key
+
+        sql = f"SELECT token, status, fingerprint, expires_at FROM {self.outcomes.table} WHERE dedupe_key = %s"
+        if self.engine is None:
+            with psycopg.connect(self.dsn) as conn:
+                return conn.execute(sql, (stored_key(stem),)).fetchone()  # type: ignore[arg-type]
+        raw = self.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.execute(sql, (stored_key(stem),))
+            found = cur.fetchone()
+            return None if found is None else tuple(found)
+        finally:
+            raw.close()
+
+
+def database(request: pytest.FixtureRequest, name: str) -> Database:
+    """The :class:`Database` named ``name`` (``postgresql`` or ``mariadb``), with fresh tables."""
+    if name == "postgresql":
+        tables = request.getfixturevalue("pg")
+        return Database(name, tables.outcomes, tables.accounts, request.getfixturevalue("postgres_dsn"))
+    engine, tables = request.getfixturevalue("my")
+    return Database(name, tables.outcomes, tables.accounts, "", engine)
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def db(request: pytest.FixtureRequest) -> Database:
+    """Each test once on PostgreSQL and once on MariaDB."""
+    return database(request, request.param)

@@ -348,3 +348,42 @@ def test_a_none_outcome_needs_no_exit_statement_and_reads_back_as_none(dedupe: D
     decision = decide(dedupe, "order-n", handler)
     assert decision.reason is Reason.DUPLICATE and decision.value is None
     assert pg_balance(postgres_dsn, pg.accounts) == 1
+
+
+def test_a_transaction_still_open_when_the_handler_returns_is_not_stored_until_it_commits(
+        dedupe: Deduplicator, pg: Tables, postgres_dsn: str) -> None:
+    from dedupe_worker.sql import NotCommitted
+
+    runs: list[int] = []
+    with psycopg.connect(postgres_dsn) as conn:
+        def handler() -> Any:
+            runs.append(1)
+            with atomic(conn) as outcome:  # a savepoint in the caller's transaction, open around run()
+                conn.execute(f"UPDATE {pg.accounts} SET balance = balance + 6 WHERE id = 1")
+                outcome.result = {"credited": 6}
+            return outcome.result
+
+        with conn.transaction():
+            with pytest.raises(NotCommitted):  # the confirmation does not wait on the open transaction
+                dedupe.run("order-open", handler)
+            assert dedupe.status("order-open").state == "free"
+        # ...which the caller commits after all: the redelivery is answered from its row
+    decision = decide(dedupe, "order-open", handler)
+    assert decision.reason is Reason.DUPLICATE and decision.value == {"credited": 6}
+    assert runs == [1] and pg_balance(postgres_dsn, pg.accounts) == 6
+
+
+def test_a_dsn_keeps_one_connection_per_thread_and_replaces_a_broken_one(
+        dedupe: Deduplicator, pg: Tables, postgres_dsn: str) -> None:
+    dedupe.run("order-c", credit, postgres_dsn, pg.accounts, 1, [])
+    claim = dedupe.begin("order-c2")
+    assert not pg.outcomes.committed(claim)
+    backend = pg.outcomes._connection().info.backend_pid
+    assert pg.outcomes._connection().info.backend_pid == backend  # the same connection, kept
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    with pytest.raises(psycopg.OperationalError):
+        pg.outcomes.committed(claim)  # the engine treats this as "not confirmed": released, runs again
+    assert not pg.outcomes.committed(claim)  # a new connection
+    assert pg.outcomes._connection().info.backend_pid != backend
+    dedupe.release(claim)

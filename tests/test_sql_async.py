@@ -113,3 +113,56 @@ async def test_async_lookups_through_an_async_engine(aredis: redis.asyncio.Redis
     assert await outcomes.purge_async(now=1e12) == 1
     await dedupe.aclose()
     await engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "sqlalchemy-session"])
+async def test_async_a_rolled_back_outer_transaction_stores_nothing_and_runs_again(
+        driver: str, aredis: redis.asyncio.Redis, namespace: str, pg: Tables, postgres_dsn: str) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from dedupe_worker.sql import NotCommitted
+
+    engine = create_async_engine(async_url(postgres_dsn))
+    outcomes = SqlOutcomes(engine if driver != "psycopg" else postgres_dsn, table=pg.outcomes.table)
+    dedupe = AsyncDeduplicator(aredis, namespace=namespace, outcomes=outcomes)
+    update = f"UPDATE {pg.accounts} SET balance = balance + 8 WHERE id = 1"
+
+    async def rolled_back() -> Any:
+        if driver == "psycopg":
+            async with await psycopg.AsyncConnection.connect(postgres_dsn) as conn:
+                async with conn.transaction():  # the caller's own, rolled back
+                    async with atomic(conn) as outcome:
+                        await conn.execute(update)  # type: ignore[arg-type]
+                        outcome.result = {"credited": 8}
+                    raise psycopg.Rollback
+        else:
+            async with AsyncSession(engine) as session:
+                await session.begin()
+                async with atomic(session) as outcome:
+                    await session.execute(text(update))
+                    outcome.result = {"credited": 8}
+                await session.rollback()
+        return outcome.result
+
+    with pytest.raises(NotCommitted):
+        await dedupe.run("a5", rolled_back)
+    assert pg_balance(postgres_dsn, pg.accounts) == 0 and (await dedupe.status("a5")).state == "free"
+    runs: list[int] = []
+    assert await dedupe.run("a5", credit, "psycopg", postgres_dsn, pg.accounts, 8, runs) == {"credited": 8}
+    assert await dedupe.run("a5", credit, "psycopg", postgres_dsn, pg.accounts, 8, runs) == {"credited": 8}
+    assert runs == [8] and pg_balance(postgres_dsn, pg.accounts) == 8
+    await dedupe.aclose()
+    await engine.dispose()
+
+
+async def test_async_an_expired_row_is_absent(aredis: redis.asyncio.Redis, namespace: str, pg: Tables,
+                                              postgres_dsn: str) -> None:
+    dedupe = AsyncDeduplicator(aredis, namespace=namespace, outcomes=pg.outcomes)
+    runs: list[int] = []
+    for amount in (10, 10, 25):
+        assert await dedupe.run("a6", credit, "psycopg", postgres_dsn, pg.accounts, amount, runs,
+                                ttl=0.4) == {"credited": amount}
+        await asyncio.sleep(0.55)  # the outcome and the row expire together
+    assert runs == [10, 10, 25] and pg_balance(postgres_dsn, pg.accounts) == 45
+    await dedupe.aclose()

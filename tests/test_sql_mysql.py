@@ -137,3 +137,31 @@ def test_mysql_purge(dedupe: Deduplicator, my: tuple[Any, Tables]) -> None:
         dedupe.run(f"m-p{i}", credit, engine, tables.accounts, 1)
     assert tables.outcomes.purge(batch=2) == 0
     assert tables.outcomes.purge(batch=2, now=time.time() + 2 * 86400) == 3
+
+
+def test_mysql_the_commit_confirmation_never_waits_on_the_open_transaction(
+        redis_client: redis.Redis, namespace: str, mysql_url: str, my: tuple[Any, Tables]) -> None:
+    from sqlalchemy import create_engine, text
+
+    from dedupe_worker.sql import NotCommitted, SqlOutcomes
+
+    engine, tables = my
+    serializable = create_engine(mysql_url, isolation_level="SERIALIZABLE")  # reads lock there
+    outcomes = SqlOutcomes(serializable, table=tables.outcomes.table)
+    dedupe = Deduplicator(redis_client, namespace=namespace, outcomes=outcomes)
+    with engine.connect() as conn:
+        def handler() -> Any:
+            with atomic(conn) as outcome:  # a savepoint in the transaction open around run()
+                conn.execute(text(f"UPDATE {tables.accounts} SET balance = balance + 6 WHERE id = 1"))
+                outcome.result = {"credited": 6}
+            return outcome.result
+
+        with conn.begin():
+            began = time.monotonic()
+            with pytest.raises(NotCommitted):
+                dedupe.run("m-open", handler)
+            assert time.monotonic() - began < 2  # not a lock wait
+    assert decide(dedupe, "m-open", lambda: credit(engine, tables.accounts, 6)).reason is Reason.DUPLICATE
+    assert balance(engine, tables.accounts) == 6
+    dedupe.close()
+    serializable.dispose()

@@ -51,7 +51,7 @@ SURFACE: dict[str, list[str]] = {
         "WSGIIdempotencyMiddleware", "applied_as_json", "asgi_user_scope", "current_claim", "flask_login_scope",
         "header_scope", "parse_key", "stored_status",
     ],
-    "dedupe_worker.sql": ["AlreadyApplied", "Atomic", "AtomicOutcome", "SqlOutcomes", "atomic", "ddl"],
+    "dedupe_worker.sql": ["AlreadyApplied", "Atomic", "AtomicOutcome", "NotCommitted", "SqlOutcomes", "atomic", "ddl"],
     "dedupe_worker.django": ["IdempotencyMiddleware", "atomic", "user_scope"],
     "dedupe_worker.replay": [
         "REPLAYED", "Destination", "Entry", "Found", "Pacer", "Planner", "Progress", "ReplayOptions", "Step",

@@ -60,6 +60,7 @@ from .._protocol.calls import STORED, ClaimItem
 from .._protocol.claim import OMITTED, Claim, Outcome, Stored
 from .._protocol.client import ClaimClient
 from .._protocol.codec import Request, ttl_ms
+from .._protocol.context import Run
 from .._protocol.context import _current as current
 from .._protocol.flows import ClientCore, Flow, Handler, Stream
 from .._protocol.scripts import StreamCut
@@ -315,6 +316,7 @@ class _Batch:
         chunk stops: the claims not started yet are given back, so their outcomes are stored before
         another handler starts and nobody holds idle claims. A ``BaseException`` (``KeyboardInterrupt``,
         ``SystemExit``) stops it too, and is raised once what finished is stored (:meth:`stop`)."""
+        run = recorded.opened(self.dedupe)
         try:
             if self.run_batch is not None:
                 yield from self.call_batch(acquired)
@@ -327,6 +329,19 @@ class _Batch:
             finished = {d[0] for d in self.done}
             self.releases.extend(claim for i, claim in acquired
                                  if i not in finished and self.reasons[i] is None)
+        finally:
+            recorded.closed(run)
+        if run is not None and run.joined:
+            yield from self.confirm(run)
+
+    def confirm(self, run: Run) -> Flow[None]:
+        """Handlers whose ``atomic()`` joined a transaction it did not open: an outcome is stored
+        only once its row is confirmed committed; otherwise the claim is released (engine/recorded.py)."""
+        for n, (i, claim, decision, record) in enumerate(self.done):
+            if decision is None and record is not None:
+                uncommitted = yield from recorded.uncommitted_flow(self.dedupe, claim, run)
+                if uncommitted is not None:
+                    self.done[n] = (i, claim, Decision(Reason.HANDLER_ERROR, claim, error=uncommitted), None)
 
     def stop(self) -> Flow[None]:
         """After an interrupt: store what finished, free what did not, and raise it."""

@@ -12,6 +12,12 @@ The engine calls these hooks and nothing else of that feature:
   claims pay nothing.
 - :func:`unclaimed_flow`: under ``fail_open`` with Redis down, the handler
   runs with a claim of token 0 bound, so ``atomic()`` still lets one copy of a key commit.
+- :func:`opened` / :func:`closed`: around handlers, a
+  :class:`~dedupe_worker._protocol.context.Run` that ``atomic()`` reads (the
+  client that claimed: its serializer and ``result_ttl`` give the row's outcome and expiry) and
+  writes (the claims whose block joined a transaction it did not open);
+  :func:`uncommitted_flow` then confirms such a claim's row committed (one query) before its
+  outcome is stored, else the claim is released (:class:`~dedupe_worker.sql.NotCommitted`).
 
 Each is a flow (:mod:`dedupe_worker._protocol.flows`), so the sync and asyncio engines run the
 same code: a committed-row lookup is ``outcomes.lookup`` on one and ``outcomes.lookup_async`` on
@@ -27,9 +33,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import AlreadyApplied, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._errors import AlreadyApplied, LeaseLost, NotCommitted, ResultNotSerializable, StoreUnavailable
 from .._protocol.claim import Claim, Outcome
-from .._protocol.context import bind, unbind
+from .._protocol.context import Run, bind, bind_run, unbind, unbind_run
 from .._protocol.flows import ClientCore, Either, Flow, Handler
 from .decision import Decision, Reason
 
@@ -37,8 +43,8 @@ if TYPE_CHECKING:
     from .._protocol.client import ClaimClient
     from .._protocol.codec import ClaimCodec
 
-__all__ = ["Outcomes", "applied_before_flow", "found_before_flow", "lookup", "lookup_flow", "outcomes_of",
-           "unbound_claim", "unclaimed_flow"]
+__all__ = ["Outcomes", "applied_before_flow", "closed", "found_before_flow", "lookup", "lookup_flow", "opened",
+           "outcomes_of", "unbound_claim", "unclaimed_flow", "uncommitted_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,49 @@ class Outcomes(Protocol):
 
     async def lookup_async(self, claim: Claim) -> AlreadyApplied | None:
         """:meth:`lookup` on asyncio."""
+
+    def committed(self, claim: Claim) -> bool:
+        """Whether ``claim``'s own row (its token) is committed (one query)."""
+
+    async def committed_async(self, claim: Claim) -> bool:
+        """:meth:`committed` on asyncio."""
+
+
+def opened(dedupe: ClaimCodec) -> Run | None:
+    """A :class:`Run` made current for the handlers about to run, when ``dedupe`` has
+    ``outcomes`` (else ``None``, nothing done); :func:`closed` ends it."""
+    if outcomes_of(dedupe) is None:
+        return None
+    run = Run(dedupe)
+    run.reset = bind_run(run)
+    return run
+
+
+def closed(run: Run | None) -> None:
+    """End a :class:`Run` made by :func:`opened`."""
+    if run is not None:
+        unbind_run(run.reset)
+
+
+def uncommitted_flow(dedupe: ClientCore, claim: Claim, run: Run) -> Flow[NotCommitted | None]:
+    """``None`` when ``claim``'s outcome may be stored: its ``atomic()`` block opened its own
+    transaction (nothing to confirm), or joined one whose commit is confirmed by one query. Else
+    :class:`NotCommitted`: the caller must release the claim so that a redelivery runs again
+    (safe even if that transaction commits later: the redelivery's ``atomic()`` finds the row)."""
+    if (claim.stem, claim.token) not in run.joined:
+        return None
+    outcomes = outcomes_of(dedupe)
+    assert outcomes is not None
+    try:
+        committed = yield Either(lambda: outcomes.committed(claim), lambda: outcomes.committed_async(claim))
+    except Exception as exc:
+        log.warning("could not confirm the commit of key=%s token=%s, releasing it: %s", claim.key, claim.token, exc)
+        committed = False
+    if committed:
+        return None
+    log.warning("key=%s token=%s: the transaction atomic() joined did not commit; releasing the claim",
+                claim.key, claim.token)
+    return NotCommitted(claim.key, claim.token)
 
 
 def outcomes_of(dedupe: object) -> Outcomes | None:
@@ -119,8 +168,9 @@ def unclaimed_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], A
     engine's outage path)."""
     if outcomes_of(dedupe) is None:
         return (yield Handler(handler))
-    reset = bind(unbound_claim(dedupe, key))
-    try:
+    reset, run = bind(unbound_claim(dedupe, key)), opened(dedupe)
+    try:  # nothing to confirm: with Redis down no outcome is stored
         return (yield Handler(handler))
     finally:
+        closed(run)
         unbind(reset)

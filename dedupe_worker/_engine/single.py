@@ -25,12 +25,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._errors import AlreadyApplied, InvalidKey, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._errors import AlreadyApplied, InvalidKey, KeyConflict, LeaseLost, ResultNotSerializable, StoreUnavailable
 from .._protocol.claim import Claim
 from .._protocol.client import ClaimClient
 from .._protocol.context import bind, unbind
 from .._protocol.flows import ClientCore, Flow, Handler
 from ..observe._base import current as observer
+from . import recorded
 from .decision import Decision, Reason, outcome, poison, settle
 from .recorded import applied_before_flow, found_before_flow, unclaimed_flow
 
@@ -54,9 +55,13 @@ class ClientOptions(Protocol):
 
 
 def failure_reason(dedupe: ClientOptions, exc: BaseException) -> Reason:
-    """PERMANENT_FAILURE for the client's ``permanent_errors`` (stored as the outcome), else
-    HANDLER_ERROR (the claim is released so a retry may claim again)."""
-    return Reason.PERMANENT_FAILURE if isinstance(exc, dedupe.permanent_errors) else Reason.HANDLER_ERROR
+    """PERMANENT_FAILURE for the client's ``permanent_errors`` (stored as the outcome); CONFLICT for
+    a :class:`KeyConflict` (``atomic()`` found the key committed for another payload: released,
+    as Redis refuses a conflict without a record); else HANDLER_ERROR (the claim is released so a
+    retry may claim again)."""
+    if isinstance(exc, dedupe.permanent_errors):
+        return Reason.PERMANENT_FAILURE
+    return Reason.CONFLICT if isinstance(exc, KeyConflict) else Reason.HANDLER_ERROR
 
 
 def settle_failure_flow(dedupe: ClientCore, claim: Claim, exc: BaseException) -> Flow[None]:
@@ -170,7 +175,7 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
     propagates."""
     renewer, stem, token = dedupe.renewer, claim.stem, claim.token
     renewer.track(stem, token)
-    reset = bind(claim)
+    reset, run = bind(claim), recorded.opened(dedupe)
     try:
         if claim.reclaimed:  # a re-run: an earlier run may have committed its outcome (engine/recorded.py)
             found = yield from found_before_flow(dedupe, claim)
@@ -178,6 +183,10 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
                 return found
         try:
             value = yield from handled_flow(handler, claim, integration)
+            if run is not None:  # atomic() inside a transaction it did not open: did that commit?
+                uncommitted = yield from recorded.uncommitted_flow(dedupe, claim, run)
+                if uncommitted is not None:
+                    raise uncommitted
         except AlreadyApplied as exc:
             return (yield from applied_before_flow(dedupe, claim, exc))
         except GeneratorExit:
@@ -190,6 +199,7 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
             raise
         return (yield from stored_flow(dedupe, claim, value, integration))
     finally:
+        recorded.closed(run)
         unbind(reset)
         renewer.untrack(stem, token)
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Protocol
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Protocol
 
 from .claim import Claim
 
-__all__ = ["Holding", "Tracker", "bind_claim", "current_claim"]
+if TYPE_CHECKING:
+    from .codec import ClaimCodec
+
+__all__ = ["Holding", "Run", "Tracker", "bind_claim", "bind_run", "current_claim", "current_run", "unbind_run"]
 
 _current: ContextVar[Claim | None] = ContextVar("dedupe_worker_current_claim", default=None)
 
@@ -33,6 +36,37 @@ def current_claim() -> Claim | None:
 #: per-message path (the bound methods themselves, no Python frame around them).
 bind = _current.set
 unbind = _current.reset
+
+
+class Run:
+    """Handlers the engine runs for a client given SQL ``outcomes`` (one message's, or one batch
+    chunk's), shared by the engine and ``dedupe_worker.sql.atomic()``.
+
+    ``client`` is the client that claimed them: ``atomic()`` encodes results and dates rows with
+    its options, whatever other clients share the outcomes. ``joined`` holds ``(stem, token)`` of
+    each claim whose ``atomic()`` block joined a transaction it did not open: its row commits, or
+    not, when that transaction ends, which the block cannot see, so the engine confirms it.
+    """
+
+    __slots__ = ("client", "joined", "reset")
+    reset: Token[Run | None]
+
+    def __init__(self, client: ClaimCodec) -> None:
+        self.client = client
+        self.joined: set[tuple[str, int]] = set()
+
+
+_run: ContextVar[Run | None] = ContextVar("dedupe_worker_current_run", default=None)
+
+
+def current_run() -> Run | None:
+    """The :class:`Run` of the handler being run, else ``None``."""
+    return _run.get()
+
+
+#: ``bind_run(run)`` makes ``run`` what :func:`current_run` returns, ``unbind_run(token)`` undoes it.
+bind_run = _run.set
+unbind_run = _run.reset
 
 
 @contextmanager

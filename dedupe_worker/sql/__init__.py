@@ -25,8 +25,8 @@ See :mod:`dedupe_worker.sql._atomic` for what is and is not guaranteed, and docs
 
 from __future__ import annotations
 
-from .._errors import AlreadyApplied
+from .._errors import AlreadyApplied, NotCommitted
 from ._atomic import Atomic, AtomicOutcome, atomic
 from ._outcomes import SqlOutcomes, ddl
 
-__all__ = ["AlreadyApplied", "Atomic", "AtomicOutcome", "SqlOutcomes", "atomic", "ddl"]
+__all__ = ["AlreadyApplied", "Atomic", "AtomicOutcome", "NotCommitted", "SqlOutcomes", "atomic", "ddl"]

@@ -16,14 +16,26 @@ data) the first transaction to commit wins; every other run's block raises
 :class:`~dedupe_worker.AlreadyApplied` with the winner's result, and nothing of it commits. The
 engine answers that as DUPLICATE (stored in Redis, acked). The block adds at most two statements
 to the transaction: an ``INSERT`` at entry (it waits while another run of the key holds an
-uncommitted row) and an ``UPDATE`` with the outcome at exit (none when the outcome is ``None``).
+uncommitted row) and an ``UPDATE`` with the outcome at exit (none when the outcome is ``None``);
+two more when it takes over an expired row.
+
+A row means what the Redis record means: past its expiry (the claim's ``ttl``, else its client's
+``result_ttl``) it is absent, and the block replaces it in the same transaction; an unexpired row
+written for another payload (another fingerprint) raises :class:`~dedupe_worker.KeyConflict`,
+which the engine answers CONFLICT (dead-lettered), as Redis would.
 
 Transactions: with no transaction open, the block is its own (committed at exit, rolled back
 when it raises). Inside an open one it is a savepoint: what the block did is rolled back when it
-raises, and the outcome commits when (and only if) the caller's transaction commits. A caller that
-catches :class:`~dedupe_worker.AlreadyApplied` and commits its own earlier writes commits those:
-let it propagate. Use READ COMMITTED (PostgreSQL's default); MySQL/MariaDB's REPEATABLE READ
-works too (the row is read with a locking read).
+raises, and the outcome commits when (and only if) the caller's transaction commits. The engine
+then stores the outcome in Redis only once one query confirmed the row committed; if the caller
+rolled back (or its transaction is still open when the handler returns), the claim is released,
+the verdict is HANDLER_ERROR with :class:`~dedupe_worker.sql.NotCommitted` and a redelivery runs
+the handler again (a claim held by hand, ``Deduplicator.hold()``, has no such check: call
+``complete()`` after your commit). A caller that catches :class:`~dedupe_worker.AlreadyApplied`
+and commits its own earlier writes commits those: let it propagate. Every isolation level works:
+at READ COMMITTED (PostgreSQL's default) a copy waits for the winner and reads its row;
+MySQL/MariaDB read it with a locking read; PostgreSQL's REPEATABLE READ and SERIALIZABLE make the
+losers fail with a serialization error instead (retried, then answered from the row).
 
 What it cannot do: effects outside this database (an e-mail, an HTTP call, another database)
 are not in the transaction; a crash after them and before the commit runs them again.
@@ -35,9 +47,10 @@ from types import TracebackType
 from typing import Any
 
 from .._protocol.claim import Claim
-from .._protocol.context import current_claim
+from .._protocol.codec import ClaimCodec
+from .._protocol.context import Run, current_claim, current_run
 from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
-from ._outcomes import SqlOutcomes, attached
+from ._outcomes import SqlOutcomes, attached, namespace_of
 from ._statements import Dialect, dialect_named, enter, leave
 
 __all__ = ["Atomic", "AtomicOutcome", "atomic"]
@@ -62,6 +75,19 @@ def _current() -> Claim:
     return claim
 
 
+def _recording(claim: Claim, outcomes: SqlOutcomes | None) -> tuple[SqlOutcomes, ClaimCodec, Run | None]:
+    """The table, the codec and the engine's :class:`Run` of ``claim``: those of the client that
+    claimed it (its ``result_ttl`` and serializer, not those of another client sharing the
+    ``SqlOutcomes``). A claim bound by hand (``Deduplicator.hold``), or one of a nested run by a
+    client without outcomes, gets the client attached for its namespace, and no run."""
+    run = current_run()
+    if run is not None and namespace_of(claim.stem) == run.client.layout.namespace:
+        given = outcomes if outcomes is not None else getattr(run.client, "outcomes", None)
+        if isinstance(given, SqlOutcomes):
+            return given, run.client, run
+    return (*attached(claim, outcomes), None)
+
+
 class Atomic:
     """The context manager :func:`atomic` returns: ``with`` for sync connections, ``async with``
     for asyncio ones."""
@@ -69,13 +95,19 @@ class Atomic:
     def __init__(self, connection: Any, outcomes: SqlOutcomes | None = None, driver: Driver | None = None) -> None:
         self.connection = connection
         self.claim = _current()
-        self.outcomes, self.codec = attached(self.claim, outcomes)
+        self.outcomes, self.codec, self.run = _recording(self.claim, outcomes)
         self.outcome = AtomicOutcome(self.claim)
         self._driver = driver
         self._transaction: Any = None
 
     def _dialect(self, name: str) -> Dialect:
         return dialect_named(name, self.outcomes.table)
+
+    def _entered(self, joined: bool) -> None:
+        """This run's row is in the transaction; one the block joined commits out of its sight, so
+        the engine confirms it before storing the outcome (engine/recorded.py)."""
+        if joined and self.run is not None:
+            self.run.joined.add((self.claim.stem, self.claim.token))
 
     # -- sync -------------------------------------------------------------------------------------
 
@@ -85,7 +117,7 @@ class Atomic:
             raise TypeError(f"atomic() takes a psycopg Connection or a SQLAlchemy Connection or Session "
                             f"(use 'async with' for asyncio ones), not {type(self.connection).__name__}")
         self._driver = driver
-        dialect = self._dialect(driver.dialect)
+        dialect, joined = self._dialect(driver.dialect), driver.joined()
         self._transaction = transaction = driver.transaction()
         transaction.__enter__()
         try:
@@ -93,6 +125,7 @@ class Atomic:
         except BaseException as exc:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self._entered(joined)
         return self.outcome
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -117,7 +150,7 @@ class Atomic:
             raise TypeError(f"'async with atomic()' takes a psycopg AsyncConnection or a SQLAlchemy "
                             f"AsyncConnection or AsyncSession, not {type(self.connection).__name__}")
         self._async_driver = driver
-        dialect = self._dialect(driver.dialect)
+        dialect, joined = self._dialect(driver.dialect), driver.joined()
         self._transaction = transaction = driver.transaction()
         await transaction.__aenter__()
         try:
@@ -125,6 +158,7 @@ class Atomic:
         except BaseException as exc:
             await transaction.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        self._entered(joined)
         return self.outcome
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -148,7 +182,8 @@ def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
     entry when an earlier run of the key committed (see the module's docstring).
 
     ``outcomes``: the :class:`SqlOutcomes` whose table to use; by default the one given to the
-    ``Deduplicator`` (or ``AsyncDeduplicator``) that runs the handler. Raises ``RuntimeError``
+    ``Deduplicator`` (or ``AsyncDeduplicator``) that runs the handler. Raises :class:`KeyConflict`
+    at entry when an unexpired row was committed for another payload. Raises ``RuntimeError``
     outside a handler run by the engine (no current claim) or when no ``SqlOutcomes`` is known."""
     return Atomic(connection, outcomes)
 

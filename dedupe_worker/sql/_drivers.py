@@ -27,9 +27,14 @@ def _named(sql: str) -> str:
 
 
 class Driver:
-    """A sync connection: ``transaction()`` (a context manager) and ``execute(statement)``."""
+    """A sync connection: ``transaction()`` (a context manager) and ``execute(statement)``;
+    ``joined()`` before it: whether that transaction is a savepoint in one already open, which
+    commits (or not) after the block, out of its sight."""
 
     dialect: str
+
+    def joined(self) -> bool:
+        raise NotImplementedError
 
     def transaction(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
@@ -43,11 +48,22 @@ class AsyncDriver:
 
     dialect: str
 
+    def joined(self) -> bool:
+        raise NotImplementedError
+
     def transaction(self) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError
 
     async def execute(self, statement: Statement) -> Any:
         raise NotImplementedError
+
+
+def _psycopg_joined(conn: Any) -> bool:
+    # IDLE: conn.transaction() begins and commits its own; INTRANS (a transaction() block, or
+    # statements run outside autocommit): it makes a savepoint
+    from psycopg import pq
+
+    return bool(conn.info.transaction_status != pq.TransactionStatus.IDLE)
 
 
 def _answer(statement: Statement, rowcount: int, first: Callable[[], Any]) -> Any:
@@ -63,6 +79,9 @@ class PsycopgDriver(Driver):
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
+    def joined(self) -> bool:
+        return _psycopg_joined(self.conn)
+
     def transaction(self) -> AbstractContextManager[Any]:
         return self.conn.transaction()  # type: ignore[no-any-return]
 
@@ -77,6 +96,9 @@ class SqlAlchemyDriver(Driver):
 
     def __init__(self, conn: Any, dialect: str) -> None:
         self.conn, self.dialect = conn, dialect
+
+    def joined(self) -> bool:
+        return bool(self.conn.in_transaction())
 
     def transaction(self) -> AbstractContextManager[Any]:
         conn = self.conn
@@ -100,6 +122,9 @@ class DjangoDriver(Driver):
         self.connection = require("django.db", "django").connections[using]
         self.dialect = self.connection.vendor
 
+    def joined(self) -> bool:
+        return bool(self.connection.in_atomic_block or not self.connection.get_autocommit())
+
     def transaction(self) -> AbstractContextManager[Any]:
         from django.db import transaction
 
@@ -119,6 +144,9 @@ class AsyncPsycopgDriver(AsyncDriver):
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
+    def joined(self) -> bool:
+        return _psycopg_joined(self.conn)
+
     def transaction(self) -> AbstractAsyncContextManager[Any]:
         return self.conn.transaction()  # type: ignore[no-any-return]
 
@@ -132,6 +160,9 @@ class AsyncSqlAlchemyDriver(AsyncDriver):
 
     def __init__(self, conn: Any, dialect: str) -> None:
         self.conn, self.dialect = conn, dialect
+
+    def joined(self) -> bool:
+        return bool(self.conn.in_transaction())
 
     def transaction(self) -> AbstractAsyncContextManager[Any]:
         conn = self.conn

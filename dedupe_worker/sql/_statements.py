@@ -3,11 +3,15 @@
 Every driver (psycopg, SQLAlchemy, Django; sync and asyncio) runs the same steps from here and
 only executes the :class:`Statement` objects they yield:
 
-1. at entry, in the handler's transaction: ``INSERT`` the key's row (token, status pending) unless
-   a row exists. The insert blocks while another transaction holds an uncommitted row of the same
-   key, so of two runs the first to commit wins and the other sees its committed row;
-2. no row inserted: ``SELECT`` it and raise :class:`~dedupe_worker.AlreadyApplied` with its
-   outcome (the driver rolls back what it opened);
+1. at entry, in the handler's transaction: ``INSERT`` the key's row (this run's token, its claim's
+   fingerprint, its expiry) unless a row exists. The insert blocks while another transaction
+   holds an uncommitted row of the same key, so of two runs the first to commit wins and the
+   other sees its committed row;
+2. no row inserted: ``SELECT`` it (a locking read on MySQL). Unexpired, it answers as Redis
+   would: :class:`~dedupe_worker.KeyConflict` when it was written for another payload, else
+   :class:`~dedupe_worker.AlreadyApplied` with its outcome (the driver rolls back what it
+   opened). Expired, it is absent, as in Redis: an ``UPDATE`` that matches only an expired row
+   makes it this run's, in the same transaction;
 3. at exit: ``UPDATE`` the row with the outcome, encoded as the claim client stores results;
    a ``None`` outcome (the common no-op result) needs no statement: the row is inserted as
    "completed, result NULL", which reads back as ``None``.
@@ -25,14 +29,17 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import AlreadyApplied
+from .._errors import AlreadyApplied, KeyConflict
 from .._protocol.claim import OMITTED, Claim, Stored
 from .._protocol.codec import ClaimCodec
 
-__all__ = ["KEY_COLUMN_LIMIT", "Dialect", "Statement", "dialect_named", "enter", "recorded", "stored_key"]
+__all__ = ["FINGERPRINT_COLUMN_LIMIT", "KEY_COLUMN_LIMIT", "Dialect", "Row", "Statement", "answer", "conflicts",
+           "dialect_named", "enter", "expired", "leave", "now_ms", "recorded", "row_of", "stored_key"]
 
 #: Longest key (UTF-8 bytes) kept as it is in the key column; longer stems are stored hashed.
 KEY_COLUMN_LIMIT = 512
+#: Longest fingerprint a claim carries (a short string as given, else its sha256 in hex).
+FINGERPRINT_COLUMN_LIMIT = 64
 #: Status the entry writes: completed with a NULL result (``None``) until the exit records another.
 #: (Rows of earlier builds may carry ``'p'``: read the same way.)
 ENTERED = Stored.COMPLETED.value
@@ -68,12 +75,21 @@ class Dialect:
     def mysql(self) -> bool:
         return self.name in ("mysql", "mariadb")
 
-    def insert(self, key: str, token: int, expires_at: int) -> Statement:
+    def insert(self, key: str, row: Row) -> Statement:
         head = "INSERT IGNORE INTO" if self.mysql else "INSERT INTO"
         tail = "" if self.mysql else " ON CONFLICT (dedupe_key) DO NOTHING"
-        return Statement(f"{head} {self.table} (dedupe_key, token, status, expires_at) "
-                         f"VALUES (%(key)s, %(token)s, '{ENTERED}', %(expires_at)s){tail}",
-                         {"key": key, "token": token, "expires_at": expires_at})
+        return Statement(f"{head} {self.table} (dedupe_key, token, status, fingerprint, expires_at) "
+                         f"VALUES (%(key)s, %(token)s, '{ENTERED}', %(fingerprint)s, %(expires_at)s){tail}",
+                         {"key": key, **row.params()})
+
+    def replace(self, key: str, row: Row, now_ms: int) -> Statement:
+        """Take over ``key``'s row when it expired (by ``now_ms``): this run's, as :meth:`insert`
+        writes it. A row another run replaced first no longer matches (PostgreSQL re-reads it
+        once that run committed; MySQL waits on its lock)."""
+        return Statement(f"UPDATE {self.table} SET token = %(token)s, status = '{ENTERED}', result = NULL, "
+                         "fingerprint = %(fingerprint)s, expires_at = %(expires_at)s "
+                         "WHERE dedupe_key = %(key)s AND expires_at <= %(now)s",
+                         {"key": key, "now": now_ms, **row.params()})
 
     def read(self, key: str, *, locking: bool) -> Statement:
         # MySQL's REPEATABLE READ answers a plain SELECT from the transaction's first snapshot,
@@ -81,8 +97,8 @@ class Dialect:
         # shared lock, as the ignored insert already holds: copies waiting on the same row would
         # deadlock upgrading theirs to FOR UPDATE.
         lock = " LOCK IN SHARE MODE" if locking and self.mysql else ""
-        return Statement(f"SELECT token, status, result FROM {self.table} WHERE dedupe_key = %(key)s{lock}",
-                         {"key": key}, reads=True)
+        return Statement(f"SELECT token, status, result, fingerprint, expires_at FROM {self.table} "
+                         f"WHERE dedupe_key = %(key)s{lock}", {"key": key}, reads=True)
 
     def record(self, key: str, token: int, status: str, data: bytes | None) -> Statement:
         return Statement(f"UPDATE {self.table} SET status = %(status)s, result = %(result)s "
@@ -91,10 +107,22 @@ class Dialect:
 
     def purge(self, now_ms: int, batch: int) -> Statement:
         if self.mysql:
-            return Statement(f"DELETE FROM {self.table} WHERE expires_at < %(now)s LIMIT {int(batch)}",
+            return Statement(f"DELETE FROM {self.table} WHERE expires_at <= %(now)s LIMIT {int(batch)}",
                              {"now": now_ms})
         return Statement(f"DELETE FROM {self.table} WHERE dedupe_key IN (SELECT dedupe_key FROM {self.table} "
-                         f"WHERE expires_at < %(now)s LIMIT {int(batch)})", {"now": now_ms})
+                         f"WHERE expires_at <= %(now)s LIMIT {int(batch)})", {"now": now_ms})
+
+    def columns(self) -> Statement:
+        """A statement whose answer names the table's columns (no row read)."""
+        return Statement(f"SELECT * FROM {self.table} WHERE 1 = 0", {}, reads=True)
+
+    def add_fingerprint(self) -> Statement:
+        """The upgrade of a table created before rows carried their fingerprint (an old row's
+        empty fingerprint matches every payload, as a claim made without one does)."""
+        exists = "" if self.name == "mysql" else "IF NOT EXISTS "  # MySQL 8 has no IF NOT EXISTS here
+        charset = " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin" if self.mysql else ""
+        return Statement(f"ALTER TABLE {self.table} ADD COLUMN {exists}fingerprint "
+                         f"VARCHAR({FINGERPRINT_COLUMN_LIMIT}){charset} NOT NULL DEFAULT ''", {})
 
 
 def dialect_named(name: str, table: str) -> Dialect:
@@ -113,14 +141,45 @@ def stored_key(stem: str) -> str:
     return f"{namespace}:sha256:{hashlib.sha256(stem.encode('utf-8')).hexdigest()}"
 
 
-def expiry_ms(codec: ClaimCodec, claim: Claim) -> int:
-    """When a row written now may be purged (epoch milliseconds): after the claim's ``ttl`` (the
-    message's own retention), else the client's ``result_ttl``: as long as its Redis outcome."""
-    return int(time.time() * 1000) + codec.result_ttl_ms(claim.ttl)
+def now_ms() -> int:
+    """The clock rows are written and compared with (epoch milliseconds): the worker's, as
+    :meth:`~dedupe_worker.sql.SqlOutcomes.purge` reads it."""
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a run writes into its key's row: its fencing token, its claim's fingerprint (``''``
+    when the claim has none) and when the row expires (epoch milliseconds)."""
+
+    token: int
+    fingerprint: str
+    expires_at: int
+
+    def params(self) -> dict[str, Any]:
+        return {"token": self.token, "fingerprint": self.fingerprint, "expires_at": self.expires_at}
+
+
+def row_of(codec: ClaimCodec, claim: Claim, now: int) -> Row:
+    """``claim``'s row written at ``now``: it expires after the claim's ``ttl`` (the message's own
+    retention), else after ``codec``'s ``result_ttl`` (the client that claimed it): as long as its
+    Redis outcome."""
+    return Row(claim.token, claim.fingerprint or "", now + codec.result_ttl_ms(claim.ttl))
+
+
+def expired(row: Any, now: int) -> bool:
+    """Whether a row read by :meth:`Dialect.read` is past its expiry: absent, as in Redis."""
+    return int(row[4]) <= now
+
+
+def conflicts(claim: Claim, row: Any) -> bool:
+    """Whether a row read by :meth:`Dialect.read` was written for another payload: both
+    fingerprints known and different, as ``claim.lua`` compares them."""
+    return bool(claim.fingerprint) and bool(row[3]) and row[3] != claim.fingerprint
 
 
 def recorded(codec: ClaimCodec, claim: Claim, row: Any) -> AlreadyApplied:
-    """The :class:`AlreadyApplied` a committed row ``(token, status, result)`` stands for."""
+    """The :class:`AlreadyApplied` a committed row ``(token, status, result, ...)`` stands for."""
     token, status, data = row[0], row[1], row[2]
     if isinstance(data, memoryview):
         data = bytes(data)
@@ -136,19 +195,30 @@ def recorded(codec: ClaimCodec, claim: Claim, row: Any) -> AlreadyApplied:
     return AlreadyApplied(claim.key, result, int(token))
 
 
+def answer(codec: ClaimCodec, claim: Claim, row: Any) -> AlreadyApplied | KeyConflict:
+    """What a committed, unexpired row answers ``claim``: :class:`KeyConflict` when it was written
+    for another payload, else :class:`AlreadyApplied` with its outcome."""
+    return KeyConflict(claim.key) if conflicts(claim, row) else recorded(codec, claim, row)
+
+
 def enter(dialect: Dialect, codec: ClaimCodec, claim: Claim) -> Generator[Statement, Any, None]:
     """The entry steps: yields statements, is sent each one's answer (row count, or first row),
-    returns when this run's row is inserted and raises :class:`AlreadyApplied` when an earlier
-    run's row is committed."""
+    returns when this run's row is inserted (or replaces an expired one) and raises
+    :class:`AlreadyApplied` (or :class:`KeyConflict`) when an unexpired row is committed."""
     key = stored_key(claim.stem)
     for _ in range(3):
-        inserted = yield dialect.insert(key, claim.token, expiry_ms(codec, claim))
-        if inserted:
+        now = now_ms()
+        mine = row_of(codec, claim, now)
+        if (yield dialect.insert(key, mine)):
             return
         row = yield dialect.read(key, locking=True)
-        if row is not None:
-            raise recorded(codec, claim, row)
-        # the committed row was purged between the two statements: insert again
+        if row is None:
+            continue  # the committed row was purged between the two statements: insert again
+        if not expired(row, now):
+            raise answer(codec, claim, row)
+        if (yield dialect.replace(key, mine, now)):
+            return
+        # another run replaced the expired row first: read what it committed
     raise RuntimeError(f"could not insert nor read the outcome row of key={claim.key} token={claim.token}")
 
 
