@@ -11,7 +11,9 @@
 --           record these scripts cannot read is removed (ARGV[2] '1'): then it goes too, as does
 --           a mark of another type (which is such a record)
 -- ARGV[1] - the token the caller expects the key to carry ('' = any): the owner of a live
---           lease, the token that stored the outcome, else the last token handed out
+--           lease, the token that stored the outcome, else the last token handed out; '0' is
+--           what a record these scripts cannot read carries (none): with ARGV[2] '1' such a
+--           record is removed, and a readable one (which carries a token) is refused with -2
 -- ARGV[2] - '1' to free a live lease too, and to remove records these scripts cannot read;
 --           else '0'
 --
@@ -23,8 +25,11 @@
 --   {-3, 0, detail} refused: a record under the key's names is not one these scripts write
 --                (another type, a truncated or foreign format-2 string: claim.lua answers
 --                UNREADABLE for it), and ARGV[2] is not '1' or ARGV[1] names a token, which
---                cannot be checked (nothing changed); with ARGV[2] '1' and no token, whatever
---                lies under the names is removed, whatever its type or shape
+--                cannot be checked (nothing changed); with ARGV[2] '1' and ARGV[1] '' or '0',
+--                whatever lies under the names is removed, whatever its type or shape
+-- A record is read as claim.lua reads it, in both formats (the result hash's type and status
+-- letter are checked even when the stem holds a readable string), so whatever claim.lua answers
+-- UNREADABLE for, this script finds unreadable too.
 -- Tokens stay increasing after a forget: the next claim's token comes from Redis' clock
 -- (see claim.lua). A worker still running under a freed lease is fenced as after an expiry.
 local t = redis.call('TIME')
@@ -36,14 +41,12 @@ end
 -- The token of a stored outcome in either format (see complete.lua), else nil; false and what
 -- was found for a record these scripts do not write (read with pcall and checked).
 local function stored_token(stem, result)
+  local h = redis.pcall('HMGET', result, 's', 't')
+  if h['err'] then return false, holds(result, 'hash') end
+  if h[1] and not LETTERS[h[1]] then return false, 'format-1 record ' .. result .. ' has an unknown status' end
   local raw = redis.pcall('GET', stem)
   if type(raw) == 'table' then return false, holds(stem, 'string') end
-  if not raw then
-    local h = redis.pcall('HMGET', result, 's', 't')
-    if h['err'] then return false, holds(result, 'hash') end
-    if h[1] and not LETTERS[h[1]] then return false, 'format-1 record ' .. result .. ' has an unknown status' end
-    return tonumber(h[2])
-  end
+  if not raw then return tonumber(h[2]) end
   local size, status = #raw, string.sub(raw, 1, 1)
   if size < 9 or not LETTERS[string.lower(status)] then
     return false, stem .. ' holds a ' .. size .. '-byte string that is not a format-2 record'
@@ -64,7 +67,7 @@ if done ~= false and KEYS[5] then
   if kind ~= 'none' and kind ~= 'hash' then done, detail = false, holds(KEYS[5], 'hash') end
 end
 if done == false then
-  if ARGV[2] ~= '1' or ARGV[1] ~= '' then return {-3, 0, detail} end
+  if ARGV[2] ~= '1' or (ARGV[1] ~= '' and ARGV[1] ~= '0') then return {-3, 0, detail} end
   if KEYS[5] then redis.call('DEL', KEYS[5]) end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
   return {1, 0}

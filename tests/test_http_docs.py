@@ -123,25 +123,33 @@ def test_flask_example(docs_env: str, tmp_path: Path) -> None:
 
 DJANGO_RUNNER = '''
 import json, os, sys, uuid
+from pathlib import Path
 import django
 from django.conf import settings
 
 blocks = json.loads(sys.argv[1])
-documented = {}
-exec(blocks["django-settings"], documented)
+# the settings.py `django-admin startproject` writes, with the documented lines at its end
+template = Path(django.__file__).parent / "conf" / "project_template" / "project_name" / "settings.py-tpl"
+written = template.read_text()
+for name, value in (("project_name", "docs_site"), ("secret_key", "docs"), ("django_version", django.__version__),
+                    ("docs_version", "dev")):
+    written = written.replace("{{ %s }}" % name, value)
+documented = {"__file__": "/nowhere/docs_site/settings.py"}
+exec(written + "\\n" + blocks["django-settings"], documented)
 views = type(sys)("docs_views")
 exec(blocks["django-views"], views.__dict__)
 urls = type(sys)("docs_urls")
 from django.urls import path
 urls.urlpatterns = [path("payments", views.create_payment)]
 sys.modules["docs_views"], sys.modules["docs_urls"] = views, urls
-settings.configure(
-    SECRET_KEY="docs", ALLOWED_HOSTS=["*"], ROOT_URLCONF="docs_urls",
-    INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django.contrib.sessions"],
-    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
-    MIDDLEWARE=documented["MIDDLEWARE"], DEDUPE_HTTP=documented["DEDUPE_HTTP"],
-    DEDUPE_REDIS_URL=os.environ["DEDUPE_REDIS_URL"], DEDUPE_NAMESPACE=os.environ["DEDUPE_NAMESPACE"])
+settings.configure(**{
+    **{name: value for name, value in documented.items() if name.isupper()},
+    "ALLOWED_HOSTS": ["*"], "ROOT_URLCONF": "docs_urls",
+    "DATABASES": {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    "DEDUPE_REDIS_URL": os.environ["DEDUPE_REDIS_URL"], "DEDUPE_NAMESPACE": os.environ["DEDUPE_NAMESPACE"]})
 django.setup()
+from django.core import checks
+problems = [str(m) for m in checks.run_checks() if m.level >= checks.ERROR]  # admin.E409 and the like
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
@@ -162,7 +170,8 @@ print(json.dumps({"status": [a.status_code for a in answers], "same": answers[0]
                   "replayed": [a.headers.get("Idempotent-Replayed") for a in answers],
                   "token": json.loads(answers[0].content)["token"], "missing": pay(clients["alice"]).status_code,
                   "users": [json.loads(answers[0].content)["user"], json.loads(bob.content)["user"]],
-                  "anonymous": pay(Client(), HTTP_IDEMPOTENCY_KEY=key).status_code}))
+                  "anonymous": pay(Client(), HTTP_IDEMPOTENCY_KEY=key).status_code,
+                  "checks": problems, "middleware": settings.MIDDLEWARE}))
 '''
 
 
@@ -173,6 +182,9 @@ def test_django_example(docs_env: str) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    middleware = result.pop("middleware")
     assert result == {"status": [201, 201], "same": True, "replayed": [None, "true"], "token": result["token"],
-                      "missing": 400, "users": ["alice", "bob"], "anonymous": 403}
+                      "missing": 400, "users": ["alice", "bob"], "anonymous": 403, "checks": []}
+    assert middleware[middleware.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1] \
+        == "dedupe_worker.django.IdempotencyMiddleware" and len(middleware) == 8  # startproject's 7, and ours
     assert result["token"] >= 1

@@ -124,6 +124,31 @@ def test_stats_counts_outcomes_of_both_formats_in_one_namespace(
     assert has_format_2_outcome(redis_client, namespace + "-none", limit=10**8) is False
 
 
+def test_stats_counts_records_the_scripts_cannot_read_as_unreadable(
+        seeded: Deduplicator, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str], redis_url: str,
+        namespace: str) -> None:
+    """A key of another Redis type under one of a key's names, or a malformed outcome, is counted
+    ``unreadable`` (what ``claim.lua`` answers for its key), never a WRONGTYPE traceback; the
+    readable keys beside them are counted as before."""
+    def stem(key: str) -> str:
+        return seeded.request(key).stem
+
+    redis_client.sadd(KeyLayout.record(stem("a-set")), "another program's set")
+    redis_client.set(KeyLayout.started(stem("a-string")), "1")
+    redis_client.rpush(KeyLayout.result(stem("a-list")), "x")
+    redis_client.set(KeyLayout.record(stem("truncated")), b"C" + bytes(8) + b"\x00\x40fp")
+    redis_client.hset(KeyLayout.result(stem("a-letter")), mapping={"s": "z", "t": "1", "v": "1"})
+    redis_client.zadd(KeyLayout.sent(stem("a-mark")), {"x": 1})
+    odd = ("a-set", "a-string", "a-list", "truncated", "a-letter")
+    assert [seeded.begin(key).outcome.name for key in odd] == ["UNREADABLE"] * len(odd)
+    code, out = cli(capsys, redis_url, namespace, "stats", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["keys"] == 4 + 6
+    assert report["states"] == {"done": 2, "in_progress": 1, "failed": 1, "unreadable": 6}
+    code, text = cli(capsys, redis_url, namespace, "stats")
+    assert code == 0 and "unreadable" in text and "forget KEY --force" in text
+
+
 def test_the_earlier_releases_are_known_by_the_sha_they_load() -> None:
     """doctor's ``records`` check tells a worker of an earlier release by its ``claim.lua``'s SHA."""
     import hashlib

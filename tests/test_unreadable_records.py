@@ -132,6 +132,39 @@ def test_forget_force_removes_whatever_lies_under_a_keys_names(
     assert dedupe.begin("k").acquired
 
 
+def test_forget_with_token_0_removes_only_a_record_that_is_not_ours(
+        dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    """What the HTTP layer does for a claim answered UNREADABLE (its token is 0): forced, the
+    record is removed; a live lease or an outcome written since by a concurrent request carries a
+    token, so a late second removal is refused and leaves it whole."""
+    redis_client.set(stem(dedupe, "k"), b"1")
+    unreadable = dedupe.begin("k")
+    assert unreadable.outcome is Outcome.UNREADABLE and unreadable.token == 0
+    assert not dedupe.forget("k", token=0)  # not forced
+    assert dedupe.forget("k", token=unreadable.token, force=True)
+    live = dedupe.begin("k")
+    assert live.acquired
+    assert not dedupe.forget("k", token=0, force=True)
+    assert dedupe.status("k").token == live.token and dedupe.begin("k").outcome is Outcome.IN_PROGRESS
+    dedupe.complete(live, "v")
+    assert not dedupe.forget("k", token=0, force=True)
+    assert dedupe.begin("k").result == "v"
+
+
+def test_forget_finds_unreadable_whatever_claim_finds_unreadable(
+        dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+    """A readable format-2 record at the stem beside a set where format 1 keeps its hash: a worker
+    reading format 1 first answers UNREADABLE, and ``forget.lua`` (which reads both) removes it
+    with token 0."""
+    dedupe.store.write_format(2)
+    dedupe.run("k", lambda: "v")
+    redis_client.sadd(KeyLayout.result(stem(dedupe, "k")), "another program's set")
+    dedupe.store.write_format(1)
+    assert dedupe.begin("k").outcome is Outcome.UNREADABLE
+    assert dedupe.forget("k", token=0, force=True)
+    assert dedupe.begin("k").acquired
+
+
 def test_a_send_check_on_an_unreadable_key_raises_for_that_send_alone(
         dedupe: Deduplicator, redis_client: redis.Redis) -> None:
     """The producer's check is a hint: an unreadable record is StoreUnavailable for that send (the

@@ -8,10 +8,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from redis.exceptions import ResponseError
+
 from .._protocol.layout import KeyLayout
 from .._protocol.record import queue_size_read, size_from_replies
 
-__all__ = ["Survey", "survey"]
+__all__ = ["UNREADABLE", "Survey", "survey"]
+
+#: The state of a record the scripts cannot read (another type under the name, a malformed
+#: outcome): ``claim.lua`` answers UNREADABLE for its key, ``forget KEY --force`` removes it.
+UNREADABLE = "unreadable"
 
 
 @dataclass
@@ -66,7 +72,9 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
     """``SCAN MATCH <namespace>:* COUNT count`` (each call bounded, so Redis never blocks); the
     first ``sample`` records are looked at closely (state, sizes, TTL, memory). An outcome is
     counted in either record format: a format-2 string at the stem (a name ending in ``}``) or a
-    format-1 hash at ``<stem>:result``; ``keys`` counts every key of the namespace."""
+    format-1 hash at ``<stem>:result``; ``keys`` counts every key of the namespace. A record the
+    scripts cannot read (another Redis type under one of a key's names, a malformed outcome) is
+    counted as :data:`UNREADABLE`, never raised."""
     found = Survey()
     looked = 0
     for name in client.scan_iter(match=f"{namespace}:*", count=count):
@@ -89,11 +97,17 @@ def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,
         pipe.memory_usage(name)
         *reads, ttl, memory = pipe.execute(raise_on_error=False)
         if is_result:
-            status, size = size_from_replies(*reads)
-            if status:  # else it expired since the SCAN
-                found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
-                found.result_bytes.append(size)
-                found.result_ttls_ms.append(int(ttl))
+            try:
+                status, size = size_from_replies(*reads)
+            except (ResponseError, ValueError):  # WRONGTYPE, or a record the scripts cannot read
+                found.states[UNREADABLE] += 1
+            else:
+                if status:  # else it expired since the SCAN
+                    found.states[{b"f": "failed", b"o": "done (omitted)"}.get(status, "done")] += 1
+                    found.result_bytes.append(size)
+                    found.result_ttls_ms.append(int(ttl))
+        elif kind in ("started", "sent") and isinstance(reads[0], ResponseError):
+            found.states[UNREADABLE] += 1  # another program's key of another type under the name
         elif kind == "started":
             owner = reads[0]
             if isinstance(owner, Exception):

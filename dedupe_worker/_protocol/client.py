@@ -376,9 +376,11 @@ class ClaimClient(ClientCore):
         Ownership-checked like every write: with ``token``, only if the key carries that token
         (the live lease's owner, the token that stored the outcome, or the last one handed out);
         without it, a live lease is freed only with ``force``, and so is a record that is not one
-        we write (removed whatever its type, the send mark with it; refused with ``token``). True
-        when records were removed, False when there were none or the check refused (nothing
-        changed)."""
+        we write (removed whatever its type, the send mark with it; refused with a token). With
+        ``token=0`` and ``force``, only such a record is removed (it carries no token; a claim
+        answered UNREADABLE has ``token`` 0): a live lease or a stored outcome someone wrote
+        since is refused. True when records were removed, False when there were none or the
+        check refused (nothing changed)."""
         return self._drive(self.forget_flow(key, token, force))
 
     def status(self, key: str | bytes) -> KeyState:

@@ -32,17 +32,27 @@ class StoredResult(NamedTuple):
     original: bytes = b""
 
 
+#: The status letters a record may carry (``lua/complete.lua``).
+_STATUSES = (b"c", b"o", b"f")
+
+
 def _bytes(raw: bytes | str) -> bytes:
     return raw.encode("latin-1") if isinstance(raw, str) else raw
 
 
 def parse_result(raw: bytes) -> StoredResult:
-    """A format-2 result (the string value at a key's stem)."""
+    """A format-2 result (the string value at a key's stem). ``ValueError`` for a string that is
+    not one, checked as ``claim.lua`` checks it (too short, a status letter we never write, its
+    lengths running past its end): the scripts answer UNREADABLE for it."""
     status, token = raw[:1], int.from_bytes(raw[1:9], "big")
+    if len(raw) < 9 or status.lower() not in _STATUSES:
+        raise ValueError(f"a {len(raw)}-byte string that is not a format-2 record")
     if status.islower():
         return StoredResult(status, token, raw[9:])
     fp_end = 11 + int.from_bytes(raw[9:11], "big")
     orig_end = fp_end + 2 + int.from_bytes(raw[fp_end : fp_end + 2], "big")
+    if len(raw) < 11 or len(raw) < fp_end + 2 or len(raw) < orig_end:
+        raise ValueError(f"a format-2 record truncated to {len(raw)} bytes")
     return StoredResult(status.lower(), token, raw[orig_end:], raw[11:fp_end], raw[fp_end + 2 : orig_end])
 
 
@@ -83,7 +93,9 @@ def queue_size_read(pipe: Any, name: str) -> None:
 
 def size_from_replies(*replies: Any) -> tuple[bytes, int]:
     """``(status, value size)`` from the replies of :func:`queue_size_read`; ``(b"", 0)`` when the
-    record is gone (it expired between the ``SCAN`` and the read). An error reply is raised."""
+    record is gone (it expired between the ``SCAN`` and the read). An error reply is raised
+    (``WRONGTYPE``: another program's key of another type under the name), and ``ValueError`` for
+    a record the scripts cannot read (a malformed string, a status letter we never write)."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
@@ -95,4 +107,6 @@ def size_from_replies(*replies: Any) -> tuple[bytes, int]:
         return stored.status, len(stored.value)
     status, size = replies
     status = status.encode() if isinstance(status, str) else status
+    if status and status not in _STATUSES:
+        raise ValueError(f"status {status!r} is not one dedupe-worker writes")
     return status or b"", int(size or 0)

@@ -30,9 +30,10 @@ handler_error        the claim is released; an exception in ``autoretry_for``, o
                      exception is retried after ``retry_delay`` until ``max_attempts``
                      runs, then the task fails with it
 conflict,            fails with the error (:class:`~dedupe_worker.KeyConflict`,
-invalid_key,         :class:`~dedupe_worker.InvalidKey`, the permanent error, ...), never
-permanent_failure,   retried
-unserializable_result
+invalid_key,         :class:`~dedupe_worker.InvalidKey`, the permanent error,
+permanent_failure,   :class:`~dedupe_worker.UnreadableRecord`, ...), never retried
+unserializable_result,
+unreadable_record
 ===================  ======================================================================
 """
 

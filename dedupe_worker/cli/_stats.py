@@ -7,7 +7,7 @@ import json
 import sys
 
 from .._operate.doctor import DEFAULT_RATE
-from .._operate.survey import survey
+from .._operate.survey import UNREADABLE, survey
 from ._options import add_dedupe_options, deduplicator_from
 
 __all__ = ["register"]
@@ -37,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"namespace {dedupe.layout.namespace}: {found.keys:,} Redis keys")
     for state, count in sorted(found.states.items()):
         print(f"  {state:<16} {count:,} (in the sample of {args.sample:,})")
+    if found.states[UNREADABLE]:
+        print("  (unreadable: records the scripts cannot read, another type or a malformed outcome; "
+              "each such key's messages are dead-lettered until `dedupe-worker forget KEY --force` removes them)")
     for name, label in (("result_bytes", "stored result bytes"), ("ttl_ms", "TTL ms"),
                         ("result_ttl_ms", "outcome TTL ms")):
         if report[name]:

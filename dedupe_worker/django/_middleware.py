@@ -2,8 +2,8 @@
 
 ::
 
-    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
-                  "dedupe_worker.django.IdempotencyMiddleware", ...]
+    MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+                      "dedupe_worker.django.IdempotencyMiddleware")
     DEDUPE_REDIS_URL = "redis://localhost:6379/0"
     DEDUPE_NAMESPACE = "shop-api"
     DEDUPE_HTTP = {"scope": "dedupe_worker.django.user_scope", "required": True, "wait": 2.0}
@@ -37,12 +37,12 @@ from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied
 from .._protocol.claim import Claim
 from ..http._body import CHUNK, Body, declared_length
-from ..http._claiming import REPAIR_SCRIPT, claim_flow, drive
+from ..http._claiming import claim_flow, drive
 from ..http._recorder import Recorder, stored_size
 from ..http._request import RequestInfo
 from ..http._rules import IdempotencyRules
 from ..http._stored import Response
-from ..http._wsgi import RecordedBody, claim_steps, repair_with, settle_claim, store_settled
+from ..http._wsgi import RecordedBody, claim_steps, settle_claim, store_settled
 
 __all__ = ["IdempotencyMiddleware", "user_scope"]
 
@@ -146,7 +146,6 @@ class IdempotencyMiddleware:
         self.dedupe = dedupe if dedupe is not None else Deduplicator.from_url(
             getattr(settings, "DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"),
             namespace=getattr(settings, "DEDUPE_NAMESPACE", "dedupe"), **client_options)
-        self._repair_script: Any = None
         self._measure = stored_size(self.dedupe)
 
     def __call__(self, request: Any) -> Any:
@@ -164,17 +163,12 @@ class IdempotencyMiddleware:
             return to_django(self.rules.too_large())
         attempt = self.rules.attempt(info, screened, caller, body.digest())
         claim, answer = drive(claim_flow(self.rules, attempt, self.dedupe.fail_open),
-                              claim_steps(self.dedupe, attempt, self.rules.request_ttl(info), self._repair))
+                              claim_steps(self.dedupe, attempt, self.rules.request_ttl(info)))
         if answer is not None:
             return to_django(answer)
         if claim is None:
             return self.get_response(request)
         return self._run(request, info, claim)
-
-    def _repair(self, names: list[str]) -> Any:
-        if self._repair_script is None:
-            self._repair_script = self.dedupe.store.client.register_script(REPAIR_SCRIPT)
-        return repair_with(self._repair_script, names)
 
     def process_exception(self, request: Any, exception: Exception) -> Any:
         """An ``AlreadyApplied`` out of the view: answered from the committed result (the response

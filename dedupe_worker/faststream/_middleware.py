@@ -35,7 +35,8 @@ handler_error        the claim is released and the exception goes on to FastStre
 conflict, invalid_   is dead-lettered with ``x-dedupe-*`` headers (reason, error, key, origin):
 key, undecodable,    to ``<queue|topic|subject>.dlq``, see :mod:`._brokers`
 permanent_failure,
-unserializable_result
+unserializable_result,
+unreadable_record
 ===================  ======================================================================
 
 **Batches.** A ``KafkaBroker`` subscriber with ``batch=True`` goes through the batch engine

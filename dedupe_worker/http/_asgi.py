@@ -24,13 +24,11 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
-from redis.exceptions import RedisError
-
 from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
 from .._protocol.claim import Claim
 from ..asyncio._deduplicator import AsyncDeduplicator
 from ._body import Body, declared_length
-from ._claiming import BEGIN, FORGET, REPAIR_SCRIPT, claim_flow, drive_async, record_names
+from ._claiming import BEGIN, FORGET, claim_flow, drive_async
 from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
 from ._rules import Attempt, IdempotencyRules
@@ -98,7 +96,6 @@ class IdempotencyMiddleware:
         self.app = app
         self.dedupe = dedupe
         self.rules = rules if rules is not None else IdempotencyRules(**options)
-        self._repair_script: Any = None
         self._measure = stored_size(dedupe)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,9 +134,8 @@ class IdempotencyMiddleware:
             if step == BEGIN:
                 return await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
                                                ttl=ttl)
-            if step == FORGET:
-                return await self.dedupe.forget(attempt.key, token=argument)
-            return await self._repair(record_names(self.dedupe, attempt.key))
+            assert step == FORGET
+            return await self.dedupe.forget(attempt.key, token=argument, force=True)
 
         claim, answer = await drive_async(claim_flow(self.rules, attempt, self.dedupe.fail_open), perform)
         if answer is not None:
@@ -148,14 +144,6 @@ class IdempotencyMiddleware:
             await self.app(scope, _replaying(body, receive), send)
         else:
             await self._run(scope, request, body, receive, send, claim)
-
-    async def _repair(self, names: list[str]) -> Any:
-        if self._repair_script is None:
-            self._repair_script = self.dedupe.store.client.register_script(REPAIR_SCRIPT)
-        try:
-            return await self._repair_script(keys=names)
-        except RedisError as exc:
-            raise StoreUnavailable(f"repairing the records failed: {exc}") from exc
 
     async def _run(self, scope: Scope, request: RequestInfo, body: Body, receive: Receive, send: Send,
                    claim: Claim) -> None:

@@ -1,83 +1,42 @@
 """Claiming a request's key, with records the layer cannot read treated as absent.
 
-Written once as a flow (a generator of the steps to perform, :data:`Begin`, :data:`Forget`,
-:data:`Repair`), driven by the sync middleware (:func:`drive`) and by the ASGI one
-(:func:`drive_async`), as the claim protocol's own flows are.
+Written once as a flow (a generator of the steps to perform, :data:`BEGIN` and :data:`FORGET`),
+driven by the sync middleware (:func:`drive`) and by the ASGI one (:func:`drive_async`), as the
+claim protocol's own flows are.
 
-A key's records can be unreadable two ways. The stored response decodes to nothing the layer
-wrote (truncated, foreign, invalid base64, a body that inflates past its bound): the claim
-answers DUPLICATE and :meth:`IdempotencyRules.answer` says :data:`UNREADABLE`; the record is
-forgotten under the token that stored it (ownership-checked) and the key claimed again. Or a
-record is not even the protocol's (another Redis type under the name, a truncated record): the
-claim script fails, and :data:`REPAIR_SCRIPT` deletes exactly those names, in one script, leaving
-a live lease and any readable record alone. Either is logged once and the request runs; a
-second failure in a row is answered as the store being unavailable (503).
+A key's records can be unreadable two ways, and both end in the protocol's own removal,
+``forget(key, token=claim.token, force=True)`` (``forget.lua``, ownership-checked):
+
+- the stored response decodes to nothing the layer wrote (truncated, foreign, invalid base64, a
+  body that inflates past its bound): the claim answers DUPLICATE under the token that stored it,
+  and that token is the one forgotten;
+- a record is not even the protocol's (another Redis type under a name, a truncated record): the
+  claim answers UNREADABLE, whose token is 0, and ``forget.lua`` removes with token 0 only a
+  record that carries no token, never a live lease or an outcome stored since by a concurrent
+  request (that one is then answered as it says: 409, or its replay).
+
+Either is logged once, replaced, and the request runs; a record still unreadable when claimed
+again is answered as the store being unavailable (503), or run without a claim (``fail_open``).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from .._errors import StoreUnavailable
 from .._protocol.claim import Claim
-from .._protocol.layout import KeyLayout
 from ._rules import UNREADABLE, Attempt, IdempotencyRules
 from ._stored import Response
 
-__all__ = ["BEGIN", "FORGET", "REPAIR", "REPAIR_SCRIPT", "claim_flow", "drive", "drive_async", "record_names"]
+__all__ = ["BEGIN", "FORGET", "claim_flow", "drive", "drive_async"]
 
-log = logging.getLogger(__name__)
-
-BEGIN, FORGET, REPAIR = "begin", "forget", "repair"
-
-#: Deletes a key's records that the claim scripts cannot read, and nothing else.
-#: KEYS[1] - the started hash, KEYS[2] - the stem (record format 2, a string),
-#: KEYS[3] - the result hash (record format 1), KEYS[4] - the notice list.
-#: Returns how many names were deleted. A name of another Redis type than the protocol writes, or
-#: a format-2 record shorter than its own lengths say, is deleted; a readable record, a live
-#: lease and an absent name are left as they are.
-REPAIR_SCRIPT = """
-local expected = {'hash', 'string', 'hash', 'list'}
-local removed = 0
-for i = 1, 4 do
-  local kind = redis.call('TYPE', KEYS[i]).ok
-  local bad = kind ~= 'none' and kind ~= expected[i]
-  if not bad and i == 2 and kind == 'string' then
-    local raw = redis.call('GET', KEYS[2])
-    local letter = string.sub(raw, 1, 1)
-    if #raw < 9 then
-      bad = true
-    elseif letter ~= string.lower(letter) then
-      if #raw < 11 then
-        bad = true
-      else
-        local fp_end = 11 + string.byte(raw, 10) * 256 + string.byte(raw, 11)
-        if #raw < fp_end + 2 then
-          bad = true
-        else
-          bad = #raw < fp_end + 2 + string.byte(raw, fp_end + 1) * 256 + string.byte(raw, fp_end + 2)
-        end
-      end
-    end
-  end
-  if bad then
-    redis.call('DEL', KEYS[i])
-    removed = removed + 1
-  end
-end
-return removed
-"""
+#: The steps of :func:`claim_flow`: ``(BEGIN, None)`` claim the attempt's key;
+#: ``(FORGET, token)`` remove its unreadable records, ``forget(key, token=token, force=True)``.
+BEGIN, FORGET = "begin", "forget"
 
 Step = tuple[str, Any]
 Flow = Generator[Step, Any, "tuple[Claim | None, Response | None]"]
-
-
-def record_names(client: Any, key: str) -> list[str]:
-    """The Redis names of ``key``'s records, as :data:`REPAIR_SCRIPT` takes them."""
-    stem = client.request(key).stem
-    return [*KeyLayout.records(stem), KeyLayout.notice(stem)]
 
 
 def claim_flow(rules: IdempotencyRules, attempt: Attempt, fail_open: bool) -> Flow:
@@ -88,14 +47,7 @@ def claim_flow(rules: IdempotencyRules, attempt: Attempt, fail_open: bool) -> Fl
         try:
             claim = yield BEGIN, None
         except StoreUnavailable as exc:
-            if not (first and rules.unreadable(exc)):
-                return None, rules.store_down(attempt, exc, fail_open)
-            log.warning("records of key=%s are not the protocol's (%s): treated as absent, replaced", attempt.key, exc)
-            try:
-                yield REPAIR, None
-            except StoreUnavailable as again:
-                return None, rules.store_down(attempt, again, fail_open)
-            continue
+            return None, rules.store_down(attempt, exc, fail_open)
         answer = rules.answer(claim)
         if answer is not UNREADABLE:
             return claim, answer

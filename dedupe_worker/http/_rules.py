@@ -10,10 +10,10 @@ claim protocol, so the three behave alike::
     attempt = rules.attempt(request, key, caller, body.digest())  # stored key, fingerprint, wait
     claim = dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
                          ttl=rules.request_ttl(request))
-    (a claim that raised StoreUnavailable: rules.unreadable(exc), the record is repaired and
-     claimed again; else rules.store_down(...), a 503 or, fail_open, run the app)
-    answer = rules.answer(claim)          # None: run the app; UNREADABLE: forget the record and
-                                          # claim again; else a replay, a 409 or a 422
+    (a claim that raised StoreUnavailable: rules.store_down(...), a 503 or, fail_open, run the app)
+    answer = rules.answer(claim)          # None: run the app; UNREADABLE: forget the record
+                                          # (dedupe.forget(key, token=claim.token, force=True))
+                                          # and claim again; else a replay, a 409 or a 422
     recorder = rules.recorder(request)    # fed the app's response as it is sent
     settle = recorder.settle(completed, limit, measure)   # store (value, ttl) with complete(), or release()
     (the app raised AlreadyApplied: rules.applied(exc) is the answer, stored with complete())
@@ -44,7 +44,8 @@ __all__ = ["UNREADABLE", "Attempt", "IdempotencyRules", "Recorder", "Settle", "s
 log = logging.getLogger(__name__)
 
 _NEVER_STORED = frozenset({408, 409, 425, 429})
-#: :meth:`IdempotencyRules.answer` for a stored record that does not decode: treat it as absent.
+#: :meth:`IdempotencyRules.answer` for a record it cannot read (a claim answered UNREADABLE, or a
+#: stored response that does not decode): treat it as absent.
 UNREADABLE = problems.problem(500, "unreadable", "", "", None)
 
 _NO_SCOPE = (
@@ -192,13 +193,18 @@ class IdempotencyRules:
     # -- after the claim ------------------------------------------------------------------------
 
     def answer(self, claim: Claim) -> Response | None:
-        """``None`` when ``claim`` was acquired (run the app); :data:`UNREADABLE` when the stored
-        response does not decode (forget it, claim again); else what the client gets: the stored
-        response replayed, a 409 (still in flight after ``wait``) or a 422 (another request used
-        this key)."""
+        """``None`` when ``claim`` was acquired (run the app); :data:`UNREADABLE` when a record
+        under the key is not the protocol's (the claim answered UNREADABLE) or the stored
+        response does not decode (forget it, claim again; logged here, once); else what the
+        client gets: the stored response replayed, a 409 (still in flight after ``wait``) or a
+        422 (another request used this key)."""
         if claim.outcome is Outcome.ACQUIRED:
             observer.http_answered("ran")
             return None
+        if claim.outcome is Outcome.UNREADABLE:
+            log.warning("records of key=%s are not the protocol's (%s): treated as absent, replaced",
+                        claim.key, getattr(claim.error, "detail", claim.error))
+            return UNREADABLE
         if claim.outcome is Outcome.CONFLICT:
             observer.http_answered("mismatch")
             return problems.conflict(self.docs_url)
@@ -212,14 +218,6 @@ class IdempotencyRules:
             return UNREADABLE
         observer.http_answered("replayed")
         return replay(stored)
-
-    @staticmethod
-    def unreadable(exc: Exception) -> bool:
-        """Whether a claim's ``StoreUnavailable`` comes from the records under the key (another
-        Redis type, a truncated record) rather than from Redis itself: the layer then treats the
-        records as absent."""
-        text = str(exc)
-        return "WRONGTYPE" in text or ("user_function" in text and "attempt to" in text)
 
     def store_down(self, attempt: Attempt, exc: Exception, fail_open: bool) -> Response | None:
         """When the claim could not be made (Redis unreachable): a 503 problem (the request was not

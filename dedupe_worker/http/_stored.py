@@ -18,6 +18,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from .._protocol.serialization import inflate
+
 __all__ = ["HOP_BY_HOP", "Response", "decode", "encode", "kept_headers"]
 
 #: Headers never stored nor replayed: they describe one connection, not the response (RFC 9110
@@ -25,6 +27,9 @@ __all__ = ["HOP_BY_HOP", "Response", "decode", "encode", "kept_headers"]
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
                         "te", "trailer", "transfer-encoding", "upgrade", "date"})
 _VERSION = 1
+#: The ``wbits`` of :func:`~dedupe_worker._protocol.serialization.inflate` for each ``z`` a body
+#: is stored with.
+_WBITS = {"deflate": zlib.MAX_WBITS, "gzip": zlib.MAX_WBITS | 16}
 
 
 @dataclass(frozen=True)
@@ -80,23 +85,11 @@ def decode(value: Any, max_body_bytes: int) -> Response | None:
         body = base64.b64decode(value["b"], validate=True)
         packing = value.get("z")
         if packing is not None:
-            inflated = _inflate(body, packing, max_body_bytes)
-            if inflated is None:
+            if packing not in _WBITS:
                 return None
-            body = inflated
+            body = inflate(body, max_body_bytes, _WBITS[packing])  # TooLarge (a ValueError) past the bound
         headers = tuple((str(name), str(text)) for name, text in value["h"])
         return Response(int(value["s"]), headers, body, bool(value.get("o", False)))
     except (KeyError, TypeError, ValueError, zlib.error, OSError):
         return None
 
-
-def _inflate(packed: bytes, packing: Any, limit: int) -> bytes | None:
-    """``packed`` decompressed (``"deflate"`` or ``"gzip"``), ``None`` when it is neither, is cut
-    short, or holds more than ``limit`` bytes."""
-    if packing not in ("deflate", "gzip"):
-        return None
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if packing == "gzip" else zlib.MAX_WBITS)
-    body = inflater.decompress(packed, limit + 1)
-    if len(body) > limit or not inflater.eof:
-        return None
-    return body

@@ -21,15 +21,13 @@ from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
 from .._protocol.claim import Claim
 from .._protocol.context import Holding
 from ._applied import RAISED, notice_exceptions
 from ._body import CHUNK, Body, declared_length
-from ._claiming import BEGIN, FORGET, REPAIR_SCRIPT, claim_flow, drive, record_names
+from ._claiming import BEGIN, FORGET, claim_flow, drive
 from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
 from ._rules import Attempt, IdempotencyRules
@@ -108,7 +106,6 @@ class WSGIIdempotencyMiddleware:
         self.app = app
         self.dedupe = dedupe
         self.rules = rules if rules is not None else IdempotencyRules(**options)
-        self._repair_script: Any = None
         self._measure = stored_size(dedupe)
         notice_exceptions()
 
@@ -129,18 +126,13 @@ class WSGIIdempotencyMiddleware:
         environ["CONTENT_LENGTH"] = str(body.size)
         attempt = self.rules.attempt(request, screened, caller, body.digest())
         claim, answer = drive(claim_flow(self.rules, attempt, self.dedupe.fail_open),
-                              claim_steps(self.dedupe, attempt, self.rules.request_ttl(request), self._repair))
+                              claim_steps(self.dedupe, attempt, self.rules.request_ttl(request)))
         if answer is not None:
             body.close()
             return respond(start_response, answer)
         if claim is None:
             return self.app(environ, start_response)
         return self._run(environ, start_response, request, claim)
-
-    def _repair(self, names: list[str]) -> Any:
-        if self._repair_script is None:
-            self._repair_script = self.dedupe.store.client.register_script(REPAIR_SCRIPT)
-        return repair_with(self._repair_script, names)
 
     def _run(self, environ: Environ, start_response: StartResponse, request: RequestInfo,
              claim: Claim) -> Iterable[bytes]:
@@ -231,24 +223,14 @@ def store_settled(dedupe: Deduplicator, claim: Claim, settle: Settle) -> None:
         log.error("response not settled key=%s token=%s: %s", claim.key, claim.token, exc)
 
 
-def repair_with(script: Any, names: list[str]) -> Any:
-    """Run the registered :data:`REPAIR_SCRIPT` on ``names``; a Redis error as ``StoreUnavailable``."""
-    try:
-        return script(keys=names)
-    except RedisError as exc:
-        raise StoreUnavailable(f"repairing the records failed: {exc}") from exc
-
-
-def claim_steps(dedupe: Deduplicator, attempt: Attempt, ttl: float | None,
-                repair: Callable[[list[str]], Any]) -> Callable[[str, Any], Any]:
+def claim_steps(dedupe: Deduplicator, attempt: Attempt, ttl: float | None) -> Callable[[str, Any], Any]:
     """How the sync middleware (WSGI, Django) performs each step of :func:`claim_flow`."""
 
     def perform(step: str, argument: Any) -> Any:
         if step == BEGIN:
             return dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait, ttl=ttl)
-        if step == FORGET:
-            return dedupe.forget(attempt.key, token=argument)
-        return repair(record_names(dedupe, attempt.key))
+        assert step == FORGET
+        return dedupe.forget(attempt.key, token=argument, force=True)
 
     return perform
 

@@ -19,7 +19,8 @@ handler_error          attempts = ``x-dedupe-attempts`` + 1; below ``max_attempt
                        ``<queue>.delay`` with the new count and a backoff, confirm, ack; else
                        dead-letter.
 conflict, invalid_key, copy to ``<queue>.dlq`` with :func:`~dedupe_worker.deadletter.
-undecodable, ...       dead_letter_headers`, confirm, ack.
+undecodable,           dead_letter_headers`, confirm, ack.
+unreadable_record, ...
 =====================  =========================================================================
 
 Crash story: nothing is acked before its outcome is stored in Redis or its copy confirmed, so a
