@@ -26,6 +26,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
+from .._sqlstore import SqlPool, connect, is_sql_url, store_for
 from .calls import ClaimItem, KeyState
 from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
@@ -103,17 +104,24 @@ class ClaimClient(ClientCore):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        super().__init__(functools.partial(RedisStore, redis_client), LeaseRenewer, namespace=namespace, lease=lease,
+        # a SqlPool (from_url of a database URL): the same protocol on PostgreSQL or MySQL
+        sql = isinstance(redis_client, SqlPool)
+        super().__init__(store_for(redis_client, False) if sql else functools.partial(RedisStore, redis_client),
+                         LeaseRenewer, namespace=namespace, lease=lease,
                          result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
                          renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
                          wait_timeout=wait_timeout, allow_eviction=allow_eviction,
                          compress_above=compress_above, compression=compression)
         self._watcher: KeyWatcher | None = None
+        self.store_checked = self.store_checked or sql  # a database evicts nothing
 
     # -- construction ---------------------------------------------------------------------------
 
-    _connect = staticmethod(redis_from_url)
+    @staticmethod
+    def _connect(url: str) -> Any:
+        """A redis-py client for a Redis URL, a :class:`SqlPool` for a database's."""
+        return connect(url) if is_sql_url(url) else redis_from_url(url)
 
     @property
     def watcher(self) -> KeyWatcher:
@@ -149,7 +157,7 @@ class ClaimClient(ClientCore):
         warning where ``CONFIG GET`` is refused, raises :class:`StoreUnavailable` (and checks again
         next time) when Redis cannot be reached. The first claim calls it; consumers call it as
         they start. Skipped with ``allow_eviction``."""
-        if not self.allow_eviction:
+        if not self.allow_eviction and not isinstance(self.store.client, SqlPool):
             check_store(self.store.client)
         self.store_checked = True
 

@@ -29,6 +29,7 @@ from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
 from .._protocol.flows import C, ClientCore, Either, Flow, Steps, T
 from .._protocol.serialization import Serializer
+from .._sqlstore import SqlPool, connect_async, is_sql_url, store_for
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
 from ._scripts import AsyncRedis
@@ -78,7 +79,9 @@ class AsyncClaimClient(ClientCore):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        super().__init__(functools.partial(AsyncRedisStore, redis_client), AsyncLeaseRenewer, namespace=namespace,
+        sql = isinstance(redis_client, SqlPool)  # from_url of a database URL: the SQL store
+        super().__init__(store_for(redis_client, True) if sql else functools.partial(AsyncRedisStore, redis_client),
+                         AsyncLeaseRenewer, namespace=namespace,
                          lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
                          renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
@@ -86,8 +89,12 @@ class AsyncClaimClient(ClientCore):
                          compress_above=compress_above, compression=compression)
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
+        self.store_checked = self.store_checked or sql  # a database evicts nothing
 
-    _connect = staticmethod(async_redis_from_url)
+    @staticmethod
+    def _connect(url: str) -> Any:
+        """A ``redis.asyncio`` client for a Redis URL, a :class:`SqlPool` for a database's."""
+        return connect_async(url) if is_sql_url(url) else async_redis_from_url(url)
 
     @property
     def watcher(self) -> AsyncKeyWaiter:
@@ -140,7 +147,7 @@ class AsyncClaimClient(ClientCore):
 
     async def check_store(self) -> None:
         """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
-        if not self.allow_eviction:
+        if not self.allow_eviction and not isinstance(self.store.client, SqlPool):
             await check_store_async(self.store.client)
         self.store_checked = True
 

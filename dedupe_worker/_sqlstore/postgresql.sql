@@ -1,0 +1,269 @@
+-- dedupe-worker: the claim store on PostgreSQL (schema version 1).
+-- Put this file in your migrations as it is, or run `dedupe-worker sql init <url>`.
+--
+-- One row per message key (its stem, <namespace>:{<key>}, compared byte for byte as bytea), one
+-- PL/pgSQL function per transition of the protocol: each is the SQL twin of a lua/*.lua script,
+-- performs the same state change in one statement (one round trip, one transaction) and returns
+-- what the script returns, as rows. The functions are named with the schema version
+-- (dedupe_v1_*), so the functions of two releases can live side by side through a rolling
+-- upgrade; the table and the token sequence are shared by every version.
+--
+-- Fencing tokens come from one sequence: strictly increasing for every key across expiry,
+-- release, retention and forget (a row deleted and claimed again gets a larger token).
+-- Leases are timed by the database's clock (clock_timestamp()). A row whose expires_at has
+-- passed counts as absent (as an expired Redis key); `dedupe-worker sql purge` deletes such rows
+-- in bounded batches, and the claim path reads rows by primary key only, so their number does
+-- not slow it down.
+CREATE SEQUENCE IF NOT EXISTS dedupe_tokens;
+
+CREATE TABLE IF NOT EXISTS dedupe_claims (
+    stem       bytea       PRIMARY KEY,
+    -- the owning token of a live or lapsed lease; 0 when free (released) or done
+    owner      bigint      NOT NULL DEFAULT 0,
+    -- the last token handed out for this row
+    next_token bigint      NOT NULL,
+    deadline   timestamptz,
+    -- the claim's payload fingerprint and original key (NULL: none)
+    fp         text,
+    orig       text,
+    -- waiters counted by dedupe_v1_watch, notified by completion or release
+    waiters    integer     NOT NULL DEFAULT 0,
+    -- the stored outcome: status 'c', 'o' or 'f' (NULL: none), its token and value
+    status     "char",
+    token      bigint,
+    value      bytea,
+    -- when the row counts as gone: the lease's retention, or the outcome's ttl
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dedupe_claims_expires_at ON dedupe_claims (expires_at);
+
+CREATE TABLE IF NOT EXISTS dedupe_schema (
+    version    integer     PRIMARY KEY,
+    installed  timestamptz NOT NULL DEFAULT now()
+);
+
+-- claim.lua: take the claims on stems (free -> claimed). Rows come back in the order of stems:
+-- (1, token, '1' when reclaimed else NULL, NULL) ACQUIRED, (2, token, status, value) DUPLICATE,
+-- (3, owner, remaining_ms, NULL) IN_PROGRESS, (4, 0, NULL, NULL) CONFLICT. Stems are locked in
+-- sorted order, so two batches sharing keys never deadlock; a stem twice in one batch is
+-- acquired once, its later copies answer IN_PROGRESS under our own token.
+CREATE OR REPLACE FUNCTION dedupe_v1_claim(p_stems bytea[], p_fps text[], p_origs text[],
+                                           p_lease_ms bigint, p_retention_ms bigint)
+RETURNS TABLE (code integer, token bigint, a text, b bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_stems), 0);
+    codes integer[] := array_fill(0, ARRAY[n]);
+    tokens bigint[] := array_fill(0::bigint, ARRAY[n]);
+    as_ text[] := array_fill(NULL::text, ARRAY[n]);
+    bs bytea[] := array_fill(NULL::bytea, ARRAY[n]);
+    now_ timestamptz := clock_timestamp();
+    lease interval := make_interval(secs => p_lease_ms / 1000.0);
+    keep interval := make_interval(secs => greatest(p_lease_ms, p_retention_ms) / 1000.0);
+    i integer;
+    r dedupe_claims%ROWTYPE;
+    fp text;
+    tok bigint;
+BEGIN
+    FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
+        fp := nullif(p_fps[i], '');
+        -- a stored outcome is final until it expires or is forgotten: read without a lock
+        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i];
+        IF FOUND AND r.status IS NOT NULL AND r.expires_at > now_ THEN
+            IF fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> fp THEN
+                codes[i] := 4;
+            ELSE
+                codes[i] := 2; tokens[i] := r.token; as_[i] := r.status::text; bs[i] := r.value;
+            END IF;
+            CONTINUE;
+        END IF;
+        tok := nextval('dedupe_tokens');
+        IF NOT FOUND THEN
+            INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
+            VALUES (p_stems[i], tok, tok, now_ + lease, fp, nullif(p_origs[i], ''), now_ + keep)
+            ON CONFLICT (stem) DO NOTHING;
+            IF FOUND THEN
+                codes[i] := 1; tokens[i] := tok;
+                CONTINUE;
+            END IF;
+        END IF;
+        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
+        IF NOT FOUND THEN  -- purged in between: the row is new
+            INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
+            VALUES (p_stems[i], tok, tok, now_ + lease, fp, nullif(p_origs[i], ''), now_ + keep);
+            codes[i] := 1; tokens[i] := tok;
+            CONTINUE;
+        END IF;
+        IF r.expires_at <= now_ THEN  -- gone, as an expired key: a first claim
+            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = fp,
+                   orig = nullif(p_origs[i], ''), waiters = 0, status = NULL, token = NULL, value = NULL,
+                   expires_at = now_ + keep
+             WHERE c.stem = p_stems[i];
+            codes[i] := 1; tokens[i] := tok;
+        ELSIF r.status IS NOT NULL THEN
+            IF fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> fp THEN
+                codes[i] := 4;
+            ELSE
+                codes[i] := 2; tokens[i] := r.token; as_[i] := r.status::text; bs[i] := r.value;
+            END IF;
+        ELSIF r.owner > 0 AND r.deadline > now_ THEN
+            IF fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> fp THEN
+                codes[i] := 4;
+            ELSE
+                codes[i] := 3; tokens[i] := r.owner;
+                as_[i] := greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text;
+            END IF;
+        ELSE  -- released, or its lease ran out: taken over under a larger token
+            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = fp,
+                   orig = nullif(p_origs[i], ''), expires_at = now_ + keep
+             WHERE c.stem = p_stems[i];
+            codes[i] := 1; tokens[i] := tok; as_[i] := '1';
+        END IF;
+    END LOOP;
+    RETURN QUERY SELECT u.c, u.t, u.a, u.b FROM unnest(codes, tokens, as_, bs) WITH ORDINALITY AS u(c, t, a, b, o)
+                 ORDER BY u.o;
+END $$;
+
+-- complete.lua: store the outcomes of claims the tokens still own (claimed -> done). One value
+-- per stem: 1 stored (or already stored under the same token: a retried completion), 0 the token
+-- no longer owns the claim (nothing written). Waiters are notified on channel dedupe_notice,
+-- payload md5(stem) ':' their count, delivered when the call commits.
+CREATE OR REPLACE FUNCTION dedupe_v1_complete(p_stems bytea[], p_tokens bigint[], p_statuses text[],
+                                              p_values bytea[], p_ttl_ms bigint)
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_stems), 0);
+    out_ integer[] := array_fill(0, ARRAY[n]);
+    now_ timestamptz := clock_timestamp();
+    i integer;
+    r dedupe_claims%ROWTYPE;
+BEGIN
+    FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
+        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
+        CONTINUE WHEN NOT FOUND OR r.expires_at <= now_;
+        IF r.status IS NULL AND r.owner = p_tokens[i] THEN
+            UPDATE dedupe_claims c SET status = p_statuses[i]::"char", token = p_tokens[i], value = p_values[i],
+                   owner = 0, deadline = NULL, waiters = 0,
+                   expires_at = now_ + make_interval(secs => p_ttl_ms / 1000.0)
+             WHERE c.stem = p_stems[i];
+            IF r.waiters > 0 THEN
+                PERFORM pg_notify('dedupe_notice', md5(p_stems[i]) || ':' || r.waiters);
+            END IF;
+            out_[i] := 1;
+        ELSIF r.status IS NOT NULL AND r.token = p_tokens[i] THEN
+            out_[i] := 1;
+        END IF;
+    END LOOP;
+    RETURN out_;
+END $$;
+
+-- release.lua: give up claims the tokens still own (claimed -> free). 1 released, 0 not ours.
+-- The row (and its token history) is kept for the retention; waiters are notified.
+CREATE OR REPLACE FUNCTION dedupe_v1_release(p_stems bytea[], p_tokens bigint[], p_retention_ms bigint)
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_stems), 0);
+    out_ integer[] := array_fill(0, ARRAY[n]);
+    now_ timestamptz := clock_timestamp();
+    i integer;
+    r dedupe_claims%ROWTYPE;
+BEGIN
+    FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
+        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
+        CONTINUE WHEN NOT FOUND OR r.expires_at <= now_ OR r.status IS NOT NULL OR r.owner <> p_tokens[i];
+        UPDATE dedupe_claims c SET owner = 0, waiters = 0,
+               expires_at = now_ + make_interval(secs => p_retention_ms / 1000.0)
+         WHERE c.stem = p_stems[i];
+        IF r.waiters > 0 THEN
+            PERFORM pg_notify('dedupe_notice', md5(p_stems[i]) || ':' || r.waiters);
+        END IF;
+        out_[i] := 1;
+    END LOOP;
+    RETURN out_;
+END $$;
+
+-- renew.lua: extend the leases the tokens still own (claimed -> claimed, later deadline). A lease
+-- that ran out but was not taken by anyone is still ours and is extended. 1 extended, 0 not ours.
+CREATE OR REPLACE FUNCTION dedupe_v1_renew(p_stems bytea[], p_tokens bigint[], p_lease_ms bigint,
+                                           p_retention_ms bigint)
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_stems), 0);
+    out_ integer[] := array_fill(0, ARRAY[n]);
+    now_ timestamptz := clock_timestamp();
+    i integer;
+BEGIN
+    FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
+        UPDATE dedupe_claims c SET deadline = now_ + make_interval(secs => p_lease_ms / 1000.0),
+               expires_at = now_ + make_interval(secs => greatest(p_lease_ms, p_retention_ms) / 1000.0)
+         WHERE c.stem = p_stems[i] AND c.owner = p_tokens[i] AND c.status IS NULL AND c.expires_at > now_;
+        IF FOUND THEN out_[i] := 1; END IF;
+    END LOOP;
+    RETURN out_;
+END $$;
+
+-- inspect.lua: the state of one stem, unchanged: (2, token, status, value, fp) done,
+-- (3, owner, remaining_ms, NULL, NULL) a live lease, (0, last token, NULL, NULL, NULL) free.
+CREATE OR REPLACE FUNCTION dedupe_v1_inspect(p_stem bytea)
+RETURNS TABLE (code integer, token bigint, a text, b bytea, fp text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    r dedupe_claims%ROWTYPE;
+BEGIN
+    SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem;
+    IF NOT FOUND OR r.expires_at <= now_ THEN
+        RETURN QUERY SELECT 0, 0::bigint, NULL::text, NULL::bytea, NULL::text;
+    ELSIF r.status IS NOT NULL THEN
+        RETURN QUERY SELECT 2, r.token, r.status::text, r.value, coalesce(r.fp, '');
+    ELSIF r.owner > 0 AND r.deadline > now_ THEN
+        RETURN QUERY SELECT 3, r.owner, greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text,
+                            NULL::bytea, NULL::text;
+    ELSE
+        RETURN QUERY SELECT 0, r.next_token, NULL::text, NULL::bytea, NULL::text;
+    END IF;
+END $$;
+
+-- watch.lua: count one waiter on a stem held by a live lease; the lease's remaining
+-- milliseconds, or 0 (done, free, or lapsed: claim again now).
+CREATE OR REPLACE FUNCTION dedupe_v1_watch(p_stem bytea)
+RETURNS bigint
+LANGUAGE sql AS $$
+    UPDATE dedupe_claims c SET waiters = c.waiters + 1
+     WHERE c.stem = p_stem AND c.status IS NULL AND c.owner > 0 AND c.deadline > clock_timestamp()
+       AND c.expires_at > clock_timestamp()
+    RETURNING greatest(1, ceil(extract(epoch FROM c.deadline - clock_timestamp()) * 1000))::bigint
+$$;
+
+-- forget.lua: remove a stem's row (any -> never seen): (1, token) removed, (0, 0) nothing there,
+-- (-1, owner) a live lease and not forced, (-2, token) another token than p_token.
+CREATE OR REPLACE FUNCTION dedupe_v1_forget(p_stem bytea, p_token bigint, p_force boolean)
+RETURNS TABLE (code integer, token bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    r dedupe_claims%ROWTYPE;
+    live boolean;
+    tok bigint;
+BEGIN
+    SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem FOR UPDATE;
+    IF NOT FOUND OR r.expires_at <= now_ THEN
+        RETURN QUERY SELECT 0, 0::bigint;
+        RETURN;
+    END IF;
+    live := r.status IS NULL AND r.owner > 0 AND r.deadline > now_;
+    tok := CASE WHEN r.status IS NOT NULL THEN r.token WHEN live THEN r.owner ELSE r.next_token END;
+    IF p_token IS NOT NULL AND p_token <> tok THEN
+        RETURN QUERY SELECT -2, tok;
+    ELSIF live AND NOT p_force AND p_token IS NULL THEN
+        RETURN QUERY SELECT -1, r.owner;
+    ELSE
+        DELETE FROM dedupe_claims c WHERE c.stem = p_stem;
+        RETURN QUERY SELECT 1, tok;
+    END IF;
+END $$;
+
+INSERT INTO dedupe_schema (version) VALUES (1) ON CONFLICT (version) DO NOTHING;
