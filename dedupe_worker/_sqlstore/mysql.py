@@ -50,23 +50,28 @@ class _Rows:
 
     def __init__(self, cursor: Any, stems: Sequence[bytes], lock: bool) -> None:
         unique = sorted(set(stems))
-        marks = ", ".join(["%s"] * len(unique))
-        if lock:
-            cursor.executemany("INSERT IGNORE INTO dedupe_claims (stem, expires_at) VALUES (%s, %s)",
-                               [(s, _EPOCH) for s in unique])
-        cursor.execute(f"SELECT {', '.join(_COLUMNS)}, NOW(6) FROM dedupe_claims WHERE stem IN ({marks}) "
-                       f"ORDER BY stem{' FOR UPDATE' if lock else ''}", unique)
         self.now: datetime.datetime | None = None
         self.rows: dict[bytes, dict[str, Any]] = {}
+        self._read(cursor, unique, lock)
+        missing = [s for s in unique if s not in self.rows]
+        if lock and missing:  # placeholders (expired: absent) for the new keys, locked in turn
+            cursor.executemany("INSERT IGNORE INTO dedupe_claims (stem, expires_at) VALUES (%s, %s)",
+                               [(s, _EPOCH) for s in missing])
+            self._read(cursor, missing, lock)
+        if self.now is None:
+            cursor.execute("SELECT NOW(6)")
+            self.now = cursor.fetchone()[0]
+        self.changed: dict[bytes, dict[str, Any]] = {}
+
+    def _read(self, cursor: Any, stems: list[bytes], lock: bool) -> None:
+        marks = ", ".join(["%s"] * len(stems))
+        cursor.execute(f"SELECT {', '.join(_COLUMNS)}, NOW(6) FROM dedupe_claims WHERE stem IN ({marks}) "
+                       f"ORDER BY stem{' FOR UPDATE' if lock else ''}", stems)
         for *values, now in cursor.fetchall():
             self.now = now
             row = dict(zip(_COLUMNS, values, strict=True))
             row["fp"], row["orig"], row["status"] = _text(row["fp"]), _text(row["orig"]), _text(row["status"])
             self.rows[bytes(row["stem"])] = row
-        if self.now is None:
-            cursor.execute("SELECT NOW(6)")
-            self.now = cursor.fetchone()[0]
-        self.changed: dict[bytes, dict[str, Any]] = {}
 
     def live(self, stem: bytes) -> dict[str, Any] | None:
         """The row of ``stem`` unless absent or expired (as an expired Redis key: gone)."""
@@ -239,22 +244,35 @@ class MySqlRunner:
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         del wait
         transitions = [transition_of(*call) for call in calls]
-        replies = []
         try:
             with self.pool.connection() as conn:
-                for t in transitions:
-                    conn.begin()
-                    try:
-                        with conn.cursor() as cursor:
-                            rows = _RUN[t.name](cursor, t)
-                        conn.commit()
-                    except BaseException:
-                        conn.rollback()
-                        raise
-                    replies.append(reply_of(t, rows))
+                return [reply_of(t, _transaction(conn, t)) for t in transitions]
         except pymysql.Error as exc:
             raise StoreUnavailable(f"MySQL failed running {transitions[0].name}: {exc}") from exc
-        return replies
+
+
+#: Deadlock found, lock wait timeout: InnoDB rolled the transaction back; it is run again.
+_RETRIED = frozenset({1213, 1205})
+
+
+def _transaction(conn: Any, t: Transition, attempts: int = 5) -> list[tuple[Any, ...]]:
+    """Transition ``t`` in one transaction, run again (whole) when InnoDB chose it as a deadlock's
+    victim: two claims of one new key both wait on the other's placeholder insert."""
+    for attempt in range(attempts):
+        conn.begin()
+        try:
+            with conn.cursor() as cursor:
+                rows = _RUN[t.name](cursor, t)
+            conn.commit()
+            return rows
+        except pymysql.err.OperationalError as exc:
+            conn.rollback()
+            if exc.args[0] not in _RETRIED or attempt == attempts - 1:
+                raise
+        except BaseException:
+            conn.rollback()
+            raise
+    raise AssertionError("unreachable")
 
 
 class AsyncMySqlPool(MySqlPool):

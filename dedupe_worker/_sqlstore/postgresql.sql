@@ -62,15 +62,15 @@ DECLARE
     keep interval := make_interval(secs => greatest(p_lease_ms, p_retention_ms) / 1000.0);
     i integer;
     r dedupe_claims%ROWTYPE;
-    fp text;
+    v_fp text;
     tok bigint;
 BEGIN
     FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
-        fp := nullif(p_fps[i], '');
+        v_fp := nullif(p_fps[i], '');
         -- a stored outcome is final until it expires or is forgotten: read without a lock
         SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i];
         IF FOUND AND r.status IS NOT NULL AND r.expires_at > now_ THEN
-            IF fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> fp THEN
+            IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
                 codes[i] := 4;
             ELSE
                 codes[i] := 2; tokens[i] := r.token; as_[i] := r.status::text; bs[i] := r.value;
@@ -80,7 +80,7 @@ BEGIN
         tok := nextval('dedupe_tokens');
         IF NOT FOUND THEN
             INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
-            VALUES (p_stems[i], tok, tok, now_ + lease, fp, nullif(p_origs[i], ''), now_ + keep)
+            VALUES (p_stems[i], tok, tok, now_ + lease, v_fp, nullif(p_origs[i], ''), now_ + keep)
             ON CONFLICT (stem) DO NOTHING;
             IF FOUND THEN
                 codes[i] := 1; tokens[i] := tok;
@@ -90,31 +90,31 @@ BEGIN
         SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
         IF NOT FOUND THEN  -- purged in between: the row is new
             INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
-            VALUES (p_stems[i], tok, tok, now_ + lease, fp, nullif(p_origs[i], ''), now_ + keep);
+            VALUES (p_stems[i], tok, tok, now_ + lease, v_fp, nullif(p_origs[i], ''), now_ + keep);
             codes[i] := 1; tokens[i] := tok;
             CONTINUE;
         END IF;
         IF r.expires_at <= now_ THEN  -- gone, as an expired key: a first claim
-            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = fp,
+            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = v_fp,
                    orig = nullif(p_origs[i], ''), waiters = 0, status = NULL, token = NULL, value = NULL,
                    expires_at = now_ + keep
              WHERE c.stem = p_stems[i];
             codes[i] := 1; tokens[i] := tok;
         ELSIF r.status IS NOT NULL THEN
-            IF fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> fp THEN
+            IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
                 codes[i] := 4;
             ELSE
                 codes[i] := 2; tokens[i] := r.token; as_[i] := r.status::text; bs[i] := r.value;
             END IF;
         ELSIF r.owner > 0 AND r.deadline > now_ THEN
-            IF fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> fp THEN
+            IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
                 codes[i] := 4;
             ELSE
                 codes[i] := 3; tokens[i] := r.owner;
                 as_[i] := greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text;
             END IF;
         ELSE  -- released, or its lease ran out: taken over under a larger token
-            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = fp,
+            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = v_fp,
                    orig = nullif(p_origs[i], ''), expires_at = now_ + keep
              WHERE c.stem = p_stems[i];
             codes[i] := 1; tokens[i] := tok; as_[i] := '1';
