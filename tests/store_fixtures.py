@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
 
-import pymysql
 import psycopg
+import pymysql
 import pytest
 
 from dedupe_worker._sqlstore import connect, install

@@ -86,7 +86,7 @@ class ClaimClient(ClientCore):
 
     def __init__(
         self,
-        redis_client: redis.Redis | RedisCluster,
+        redis_client: redis.Redis | RedisCluster | SqlPool,
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -106,7 +106,8 @@ class ClaimClient(ClientCore):
     ) -> None:
         # a SqlPool (from_url of a database URL): the same protocol on PostgreSQL or MySQL
         sql = isinstance(redis_client, SqlPool)
-        super().__init__(store_for(redis_client, False) if sql else functools.partial(RedisStore, redis_client),
+        super().__init__(store_for(redis_client, False) if isinstance(redis_client, SqlPool)
+                         else functools.partial(RedisStore, redis_client),
                          LeaseRenewer, namespace=namespace, lease=lease,
                          result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from .pool import SqlPool
-from .schema import SCHEMA_VERSION, ddl, install, installed_version
+from .schema import SCHEMA_VERSION, ddl, install, installed_version, purge
 from .urls import MYSQL, POSTGRESQL, dialect_of, is_sql_url, mysql_arguments, postgresql_conninfo
 
-__all__ = ["SCHEMA_VERSION", "SqlPool", "connect", "connect_async", "ddl", "install", "installed_version",
-           "is_sql_url", "store_for"]
+__all__ = ["SCHEMA_VERSION", "SqlPool", "connect", "connect_async", "ddl", "dialect_of", "install", "installed_version",
+           "is_sql_url", "purge", "store_for"]
 
 
 def connect(url: str) -> SqlPool:

@@ -111,12 +111,12 @@ class AsyncPgPool(PgPool):
         super().__init__(conninfo, max_size=max_size)
         self._async_idle: list[tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]]] = []
         self._async_lock = threading.Lock()
-        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._loop_slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
     @asynccontextmanager
     async def aconnection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         loop = asyncio.get_running_loop()
-        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.max_size))
+        slots = self._loop_slots.setdefault(loop, asyncio.Semaphore(self.max_size))
         async with slots:
             conn = None
             with self._async_lock:

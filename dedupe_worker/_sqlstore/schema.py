@@ -13,7 +13,7 @@ from typing import Any
 
 from .urls import MYSQL, POSTGRESQL
 
-__all__ = ["SCHEMA_VERSION", "ddl", "install", "installed_version"]
+__all__ = ["SCHEMA_VERSION", "ddl", "install", "installed_version", "purge"]
 
 #: The version of the schema and transitions this release runs.
 SCHEMA_VERSION = 1
@@ -68,3 +68,29 @@ def installed_version(pool: Any) -> int | None:
                 cursor.execute("SELECT max(version) FROM dedupe_schema")
                 row = cursor.fetchone()
     return None if row is None or row[0] is None else int(row[0])
+
+
+def purge(pool: Any, batch: int = 1000) -> int:
+    """Delete expired rows in batches of at most ``batch`` (each its own short transaction, rows
+    a claim holds skipped), until none is left; the number deleted. Cron-safe: running it twice
+    at once, or beside workers, only splits the work. An expired row counts as absent already, so
+    purging changes no answer; a key claimed again after its row went still gets a larger token."""
+    deleted: int = 0
+    with pool.connection() as conn:
+        while True:
+            if pool.dialect == POSTGRESQL:
+                count = conn.execute(
+                    "DELETE FROM dedupe_claims WHERE stem IN (SELECT stem FROM dedupe_claims "
+                    "WHERE expires_at <= clock_timestamp() ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)",
+                    (batch,)).rowcount
+            else:
+                with conn.cursor() as cursor:
+                    count = cursor.execute("DELETE FROM dedupe_claims WHERE expires_at <= NOW(6) "
+                                           "ORDER BY expires_at LIMIT %s", (batch,))
+                    cursor.execute("SELECT max(id) FROM dedupe_tokens")
+                    top = cursor.fetchone()[0]
+                    if top is not None:  # the newest token row keeps the counter's high mark
+                        cursor.execute("DELETE FROM dedupe_tokens WHERE id < %s ORDER BY id LIMIT %s", (top, batch))
+            deleted += int(count)
+            if count < batch:
+                return deleted

@@ -61,7 +61,7 @@ class AsyncClaimClient(ClientCore):
 
     def __init__(
         self,
-        redis_client: AsyncRedis,
+        redis_client: AsyncRedis | SqlPool,
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -80,7 +80,8 @@ class AsyncClaimClient(ClientCore):
         compression: str = "auto",
     ) -> None:
         sql = isinstance(redis_client, SqlPool)  # from_url of a database URL: the SQL store
-        super().__init__(store_for(redis_client, True) if sql else functools.partial(AsyncRedisStore, redis_client),
+        super().__init__(store_for(redis_client, True) if isinstance(redis_client, SqlPool)
+                         else functools.partial(AsyncRedisStore, redis_client),
                          AsyncLeaseRenewer, namespace=namespace,
                          lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
