@@ -47,7 +47,10 @@ def statement(t: Transition) -> tuple[str, tuple[Any, ...]]:
 
 
 def _failed(transitions: Sequence[Transition], exc: BaseException) -> StoreUnavailable:
-    return StoreUnavailable(f"PostgreSQL failed running {transitions[0].name}: {exc}")
+    hint = ""
+    if isinstance(exc, (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedTable)):
+        hint = " (is the schema installed? dedupe-worker sql init --store <url>)"
+    return StoreUnavailable(f"PostgreSQL failed running {transitions[0].name}: {exc}{hint}")
 
 
 class PgPool(SqlPool):
