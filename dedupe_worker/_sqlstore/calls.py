@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 
 from .._errors import StoreUnavailable
 from .._protocol.layout import STARTED
+from .._protocol.scripts import Call
 
-__all__ = ["Transition", "reply_of", "transition_of"]
+__all__ = ["SyncRunner", "Transition", "reply_of", "transition_of"]
 
 
 class Transition(NamedTuple):
@@ -101,3 +102,36 @@ def reply_of(transition: Transition, rows: Sequence[Sequence[Any]]) -> Any:
         return [1, remaining] if remaining > 0 else [0, 0]
     code, token = rows[0]  # forget
     return [int(code), int(token)]
+
+
+class SyncRunner:
+    """What every sync SQL runner shares of the Redis script runner's interface: ``call`` (one
+    call of :meth:`call_all`), and the pipelined commands the replay planner sends
+    (``command``, ``path.execute_many``, ``ran_nothing``): a command is the call itself."""
+
+    is_cluster = False
+    #: No held connection (a Redis transport of its own); each round trip takes a pooled one.
+    held = None
+
+    def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self.call_all([(name, keys, args)])[0]
+
+    @staticmethod
+    def command(name: str, keys: Sequence[str], args: Sequence[Any]) -> Call:
+        return (name, keys, args)
+
+    @staticmethod
+    def ran_nothing(reply: Any) -> bool:
+        """Never: the transitions are installed with the schema, not loaded per connection."""
+        del reply
+        return False
+
+    @property
+    def path(self) -> SyncRunner:
+        return self
+
+    def execute_many(self, commands: Sequence[Call]) -> list[Any]:
+        return self.call_all(commands)

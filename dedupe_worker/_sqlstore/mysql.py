@@ -24,7 +24,7 @@ import pymysql
 
 from .._errors import StoreUnavailable
 from .._protocol.scripts import Call
-from .calls import Transition, reply_of, transition_of
+from .calls import SyncRunner, Transition, reply_of, transition_of
 from .notices import PolledNotices
 from .pool import SqlPool
 
@@ -229,17 +229,11 @@ class MySqlPool(SqlPool):
         return [s for s in stems if s not in held]
 
 
-class MySqlRunner:
+class MySqlRunner(SyncRunner):
     """The script runner's interface over a :class:`MySqlPool`: each call one transaction."""
-
-    is_cluster = False
-    held = None
 
     def __init__(self, pool: MySqlPool) -> None:
         self.pool = pool
-
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return self.call_all([(name, keys, args)])[0]
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         del wait

@@ -20,7 +20,7 @@ import psycopg
 
 from .._errors import StoreUnavailable
 from .._protocol.scripts import Call
-from .calls import Transition, reply_of, transition_of
+from .calls import SyncRunner, Transition, reply_of, transition_of
 from .notices import PgNotices
 from .pool import SqlPool
 
@@ -77,17 +77,11 @@ class PgPool(SqlPool):
         super().close()
 
 
-class PgRunner:
+class PgRunner(SyncRunner):
     """The script runner's interface (``call``, ``call_all``) over a :class:`PgPool`."""
-
-    is_cluster = False
-    held = None
 
     def __init__(self, pool: PgPool) -> None:
         self.pool = pool
-
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return self.call_all([(name, keys, args)])[0]
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Every call in one round trip (a pipeline for several), replies in order."""
