@@ -27,6 +27,7 @@ from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
 from .._sqlstore import SqlPool, connect, is_sql_url, store_for
+from .._sqlstore.atomic import register as register_sql_client
 from .calls import ClaimItem, KeyState
 from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
@@ -116,6 +117,8 @@ class ClaimClient(ClientCore):
                          compress_above=compress_above, compression=compression)
         self._watcher: KeyWatcher | None = None
         self.store_checked = self.store_checked or sql  # a database evicts nothing
+        if sql:  # atomic(conn) in its handlers records outcomes on the claim's own row
+            register_sql_client(self)
 
     # -- construction ---------------------------------------------------------------------------
 

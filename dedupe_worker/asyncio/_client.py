@@ -30,6 +30,7 @@ from .._protocol.eviction import check_store_async
 from .._protocol.flows import C, ClientCore, Either, Flow, Steps, T
 from .._protocol.serialization import Serializer
 from .._sqlstore import SqlPool, connect_async, is_sql_url, store_for
+from .._sqlstore.atomic import register as register_sql_client
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
 from ._scripts import AsyncRedis
@@ -91,6 +92,8 @@ class AsyncClaimClient(ClientCore):
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
         self.store_checked = self.store_checked or sql  # a database evicts nothing
+        if sql:  # atomic(conn) in its handlers records outcomes on the claim's own row
+            register_sql_client(self)
 
     @staticmethod
     def _connect(url: str) -> Any:
