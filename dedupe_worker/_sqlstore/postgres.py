@@ -37,8 +37,19 @@ _SQL = {
 }
 
 
+#: A transition of one stem calls the function of one key (the batch function loops over it).
+_ONE = {
+    "claim": "SELECT code, token, a, b FROM dedupe_v1_claim_key(%s, %s, %s, %s, %s)",
+    "complete": "SELECT ARRAY[dedupe_v1_complete_key(%s, %s, %s, %s, %s)]",
+    "release": "SELECT ARRAY[dedupe_v1_release_key(%s, %s, %s)]",
+    "renew": "SELECT ARRAY[dedupe_v1_renew_key(%s, %s, %s, %s)]",
+}
+
+
 def statement(t: Transition) -> tuple[str, tuple[Any, ...]]:
     """The ``SELECT`` of transition ``t`` and its parameters."""
+    if len(t.stems) == 1 and t.name in _ONE:
+        return _ONE[t.name], (t.stems[0], *(column[0] for column in t.per_stem), *t.shared)
     if t.name in ("inspect", "watch"):
         return _SQL[t.name], (t.stems[0],)
     if t.name == "forget":

@@ -42,11 +42,73 @@ CREATE TABLE IF NOT EXISTS dedupe_schema (
     installed  timestamptz NOT NULL DEFAULT now()
 );
 
--- claim.lua: take the claims on stems (free -> claimed). Rows come back in the order of stems:
--- (1, token, '1' when reclaimed else NULL, NULL) ACQUIRED, (2, token, status, value) DUPLICATE,
--- (3, owner, remaining_ms, NULL) IN_PROGRESS, (4, 0, NULL, NULL) CONFLICT. Stems are locked in
--- sorted order, so two batches sharing keys never deadlock; a stem twice in one batch is
--- acquired once, its later copies answer IN_PROGRESS under our own token.
+-- Each transition of many stems is a function over arrays (one statement for a batch) that takes
+-- the stems in sorted order, so two batches sharing keys never deadlock, and runs the transition
+-- of one stem, the *_key function, for each: the decision is written once, and a call for one
+-- stem (run(), complete()) calls the *_key function directly.
+
+-- claim.lua for one stem (free -> claimed): (1, token, '1' when reclaimed else NULL, NULL)
+-- ACQUIRED, (2, token, status, value) DUPLICATE, (3, owner, remaining_ms, NULL) IN_PROGRESS,
+-- (4, 0, NULL, NULL) CONFLICT.
+CREATE OR REPLACE FUNCTION dedupe_v1_claim_key(p_stem bytea, p_fp text, p_orig text, p_lease_ms bigint,
+                                               p_retention_ms bigint,
+                                               OUT code integer, OUT token bigint, OUT a text, OUT b bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    lease interval := p_lease_ms * interval '1 millisecond';
+    keep interval := greatest(p_lease_ms, p_retention_ms) * interval '1 millisecond';
+    v_fp text := nullif(p_fp, '');
+    r dedupe_claims%ROWTYPE;
+    tok bigint;
+BEGIN
+    code := 4; token := 0;
+    -- a stored outcome is final until it expires or is forgotten: read without a lock
+    SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem;
+    IF FOUND AND r.status IS NOT NULL AND r.expires_at > now_ THEN
+        IF v_fp IS NULL OR r.fp IS NULL OR r.fp = v_fp THEN
+            code := 2; token := r.token; a := r.status::text; b := r.value;
+        END IF;
+        RETURN;
+    END IF;
+    tok := nextval('dedupe_tokens');
+    LOOP
+        IF NOT FOUND THEN
+            INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
+            VALUES (p_stem, tok, tok, now_ + lease, v_fp, nullif(p_orig, ''), now_ + keep)
+            ON CONFLICT (stem) DO NOTHING;
+            IF FOUND THEN
+                code := 1; token := tok;
+                RETURN;
+            END IF;
+        END IF;
+        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem FOR UPDATE;
+        EXIT WHEN FOUND;  -- else purged in between: insert again
+    END LOOP;
+    IF r.expires_at <= now_ THEN  -- gone, as an expired key: a first claim
+        UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = v_fp,
+               orig = nullif(p_orig, ''), waiters = 0, status = NULL, token = NULL, value = NULL,
+               expires_at = now_ + keep
+         WHERE c.stem = p_stem;
+        code := 1; token := tok;
+    ELSIF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp
+          AND (r.status IS NOT NULL OR (r.owner > 0 AND r.deadline > now_)) THEN
+        NULL;  -- CONFLICT
+    ELSIF r.status IS NOT NULL THEN
+        code := 2; token := r.token; a := r.status::text; b := r.value;
+    ELSIF r.owner > 0 AND r.deadline > now_ THEN
+        code := 3; token := r.owner;
+        a := greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text;
+    ELSE  -- released, or its lease ran out: taken over under a larger token
+        UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = v_fp,
+               orig = nullif(p_orig, ''), expires_at = now_ + keep
+         WHERE c.stem = p_stem;
+        code := 1; token := tok; a := '1';
+    END IF;
+END $$;
+
+-- claim.lua over many stems: rows in the order of p_stems. A stem twice in one batch is acquired
+-- once, its later copies answer IN_PROGRESS under our own token.
 CREATE OR REPLACE FUNCTION dedupe_v1_claim(p_stems bytea[], p_fps text[], p_origs text[],
                                            p_lease_ms bigint, p_retention_ms bigint)
 RETURNS TABLE (code integer, token bigint, a text, b bytea)
@@ -57,150 +119,118 @@ DECLARE
     tokens bigint[] := array_fill(0::bigint, ARRAY[n]);
     as_ text[] := array_fill(NULL::text, ARRAY[n]);
     bs bytea[] := array_fill(NULL::bytea, ARRAY[n]);
-    now_ timestamptz := clock_timestamp();
-    lease interval := make_interval(secs => p_lease_ms / 1000.0);
-    keep interval := make_interval(secs => greatest(p_lease_ms, p_retention_ms) / 1000.0);
     i integer;
-    r dedupe_claims%ROWTYPE;
-    v_fp text;
-    tok bigint;
+    res record;
 BEGIN
     FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
-        v_fp := nullif(p_fps[i], '');
-        -- a stored outcome is final until it expires or is forgotten: read without a lock
-        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i];
-        IF FOUND AND r.status IS NOT NULL AND r.expires_at > now_ THEN
-            IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
-                codes[i] := 4;
-            ELSE
-                codes[i] := 2; tokens[i] := r.token; as_[i] := r.status::text; bs[i] := r.value;
-            END IF;
-            CONTINUE;
-        END IF;
-        tok := nextval('dedupe_tokens');
-        IF NOT FOUND THEN
-            INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
-            VALUES (p_stems[i], tok, tok, now_ + lease, v_fp, nullif(p_origs[i], ''), now_ + keep)
-            ON CONFLICT (stem) DO NOTHING;
-            IF FOUND THEN
-                codes[i] := 1; tokens[i] := tok;
-                CONTINUE;
-            END IF;
-        END IF;
-        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
-        IF NOT FOUND THEN  -- purged in between: the row is new
-            INSERT INTO dedupe_claims AS c (stem, owner, next_token, deadline, fp, orig, expires_at)
-            VALUES (p_stems[i], tok, tok, now_ + lease, v_fp, nullif(p_origs[i], ''), now_ + keep);
-            codes[i] := 1; tokens[i] := tok;
-            CONTINUE;
-        END IF;
-        IF r.expires_at <= now_ THEN  -- gone, as an expired key: a first claim
-            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = v_fp,
-                   orig = nullif(p_origs[i], ''), waiters = 0, status = NULL, token = NULL, value = NULL,
-                   expires_at = now_ + keep
-             WHERE c.stem = p_stems[i];
-            codes[i] := 1; tokens[i] := tok;
-        ELSIF r.status IS NOT NULL THEN
-            IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
-                codes[i] := 4;
-            ELSE
-                codes[i] := 2; tokens[i] := r.token; as_[i] := r.status::text; bs[i] := r.value;
-            END IF;
-        ELSIF r.owner > 0 AND r.deadline > now_ THEN
-            IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
-                codes[i] := 4;
-            ELSE
-                codes[i] := 3; tokens[i] := r.owner;
-                as_[i] := greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text;
-            END IF;
-        ELSE  -- released, or its lease ran out: taken over under a larger token
-            UPDATE dedupe_claims c SET owner = tok, next_token = tok, deadline = now_ + lease, fp = v_fp,
-                   orig = nullif(p_origs[i], ''), expires_at = now_ + keep
-             WHERE c.stem = p_stems[i];
-            codes[i] := 1; tokens[i] := tok; as_[i] := '1';
-        END IF;
+        res := dedupe_v1_claim_key(p_stems[i], p_fps[i], p_origs[i], p_lease_ms, p_retention_ms);
+        codes[i] := res.code; tokens[i] := res.token; as_[i] := res.a; bs[i] := res.b;
     END LOOP;
     RETURN QUERY SELECT u.c, u.t, u.a, u.b FROM unnest(codes, tokens, as_, bs) WITH ORDINALITY AS u(c, t, a, b, o)
                  ORDER BY u.o;
 END $$;
 
--- complete.lua: store the outcomes of claims the tokens still own (claimed -> done). One value
--- per stem: 1 stored (or already stored under the same token: a retried completion), 0 the token
--- no longer owns the claim (nothing written). Waiters are notified on channel dedupe_notice,
--- payload md5(stem) ':' their count, delivered when the call commits.
+-- complete.lua for one stem (claimed -> done): 1 stored (or already stored under the same token:
+-- a retried completion), 0 the token no longer owns the claim (nothing written). Waiters are
+-- notified on channel dedupe_notice, payload md5(stem) ':' their count, delivered on commit.
+CREATE OR REPLACE FUNCTION dedupe_v1_complete_key(p_stem bytea, p_token bigint, p_status text, p_value bytea,
+                                                  p_ttl_ms bigint)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    r dedupe_claims%ROWTYPE;
+BEGIN
+    SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem FOR UPDATE;
+    IF NOT FOUND OR r.expires_at <= now_ THEN
+        RETURN 0;
+    ELSIF r.status IS NULL AND r.owner = p_token THEN
+        UPDATE dedupe_claims c SET status = p_status::"char", token = p_token, value = p_value,
+               owner = 0, deadline = NULL, waiters = 0, expires_at = now_ + p_ttl_ms * interval '1 millisecond'
+         WHERE c.stem = p_stem;
+        IF r.waiters > 0 THEN
+            PERFORM pg_notify('dedupe_notice', md5(p_stem) || ':' || r.waiters);
+        END IF;
+        RETURN 1;
+    ELSIF r.status IS NOT NULL AND r.token = p_token THEN
+        RETURN 1;
+    END IF;
+    RETURN 0;
+END $$;
+
 CREATE OR REPLACE FUNCTION dedupe_v1_complete(p_stems bytea[], p_tokens bigint[], p_statuses text[],
                                               p_values bytea[], p_ttl_ms bigint)
 RETURNS integer[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer := coalesce(cardinality(p_stems), 0);
-    out_ integer[] := array_fill(0, ARRAY[n]);
-    now_ timestamptz := clock_timestamp();
+    out_ integer[] := array_fill(0, ARRAY[coalesce(cardinality(p_stems), 0)]);
     i integer;
-    r dedupe_claims%ROWTYPE;
 BEGIN
     FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
-        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
-        CONTINUE WHEN NOT FOUND OR r.expires_at <= now_;
-        IF r.status IS NULL AND r.owner = p_tokens[i] THEN
-            UPDATE dedupe_claims c SET status = p_statuses[i]::"char", token = p_tokens[i], value = p_values[i],
-                   owner = 0, deadline = NULL, waiters = 0,
-                   expires_at = now_ + make_interval(secs => p_ttl_ms / 1000.0)
-             WHERE c.stem = p_stems[i];
-            IF r.waiters > 0 THEN
-                PERFORM pg_notify('dedupe_notice', md5(p_stems[i]) || ':' || r.waiters);
-            END IF;
-            out_[i] := 1;
-        ELSIF r.status IS NOT NULL AND r.token = p_tokens[i] THEN
-            out_[i] := 1;
-        END IF;
+        out_[i] := dedupe_v1_complete_key(p_stems[i], p_tokens[i], p_statuses[i], p_values[i], p_ttl_ms);
     END LOOP;
     RETURN out_;
 END $$;
 
--- release.lua: give up claims the tokens still own (claimed -> free). 1 released, 0 not ours.
--- The row (and its token history) is kept for the retention; waiters are notified.
+-- release.lua for one stem (claimed -> free): 1 released, 0 not ours. The row (and its token
+-- history) is kept for the retention; waiters are notified.
+CREATE OR REPLACE FUNCTION dedupe_v1_release_key(p_stem bytea, p_token bigint, p_retention_ms bigint)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    r dedupe_claims%ROWTYPE;
+BEGIN
+    SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem FOR UPDATE;
+    IF NOT FOUND OR r.expires_at <= now_ OR r.status IS NOT NULL OR r.owner <> p_token THEN
+        RETURN 0;
+    END IF;
+    UPDATE dedupe_claims c SET owner = 0, waiters = 0, expires_at = now_ + p_retention_ms * interval '1 millisecond'
+     WHERE c.stem = p_stem;
+    IF r.waiters > 0 THEN
+        PERFORM pg_notify('dedupe_notice', md5(p_stem) || ':' || r.waiters);
+    END IF;
+    RETURN 1;
+END $$;
+
 CREATE OR REPLACE FUNCTION dedupe_v1_release(p_stems bytea[], p_tokens bigint[], p_retention_ms bigint)
 RETURNS integer[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer := coalesce(cardinality(p_stems), 0);
-    out_ integer[] := array_fill(0, ARRAY[n]);
-    now_ timestamptz := clock_timestamp();
+    out_ integer[] := array_fill(0, ARRAY[coalesce(cardinality(p_stems), 0)]);
     i integer;
-    r dedupe_claims%ROWTYPE;
 BEGIN
     FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
-        SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stems[i] FOR UPDATE;
-        CONTINUE WHEN NOT FOUND OR r.expires_at <= now_ OR r.status IS NOT NULL OR r.owner <> p_tokens[i];
-        UPDATE dedupe_claims c SET owner = 0, waiters = 0,
-               expires_at = now_ + make_interval(secs => p_retention_ms / 1000.0)
-         WHERE c.stem = p_stems[i];
-        IF r.waiters > 0 THEN
-            PERFORM pg_notify('dedupe_notice', md5(p_stems[i]) || ':' || r.waiters);
-        END IF;
-        out_[i] := 1;
+        out_[i] := dedupe_v1_release_key(p_stems[i], p_tokens[i], p_retention_ms);
     END LOOP;
     RETURN out_;
 END $$;
 
--- renew.lua: extend the leases the tokens still own (claimed -> claimed, later deadline). A lease
--- that ran out but was not taken by anyone is still ours and is extended. 1 extended, 0 not ours.
+-- renew.lua for one stem (claimed -> claimed, later deadline). A lease that ran out but was not
+-- taken by anyone is still ours and is extended. 1 extended, 0 not ours.
+CREATE OR REPLACE FUNCTION dedupe_v1_renew_key(p_stem bytea, p_token bigint, p_lease_ms bigint,
+                                               p_retention_ms bigint)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    UPDATE dedupe_claims c SET deadline = now_ + p_lease_ms * interval '1 millisecond',
+           expires_at = now_ + greatest(p_lease_ms, p_retention_ms) * interval '1 millisecond'
+     WHERE c.stem = p_stem AND c.owner = p_token AND c.status IS NULL AND c.expires_at > now_;
+    RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $$;
+
 CREATE OR REPLACE FUNCTION dedupe_v1_renew(p_stems bytea[], p_tokens bigint[], p_lease_ms bigint,
                                            p_retention_ms bigint)
 RETURNS integer[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer := coalesce(cardinality(p_stems), 0);
-    out_ integer[] := array_fill(0, ARRAY[n]);
-    now_ timestamptz := clock_timestamp();
+    out_ integer[] := array_fill(0, ARRAY[coalesce(cardinality(p_stems), 0)]);
     i integer;
 BEGIN
     FOR i IN SELECT u.o FROM unnest(p_stems) WITH ORDINALITY AS u(s, o) ORDER BY u.s, u.o LOOP
-        UPDATE dedupe_claims c SET deadline = now_ + make_interval(secs => p_lease_ms / 1000.0),
-               expires_at = now_ + make_interval(secs => greatest(p_lease_ms, p_retention_ms) / 1000.0)
-         WHERE c.stem = p_stems[i] AND c.owner = p_tokens[i] AND c.status IS NULL AND c.expires_at > now_;
-        IF FOUND THEN out_[i] := 1; END IF;
+        out_[i] := dedupe_v1_renew_key(p_stems[i], p_tokens[i], p_lease_ms, p_retention_ms);
     END LOOP;
     RETURN out_;
 END $$;
