@@ -26,8 +26,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
-from .._sqlstore import SqlPool, connect, is_sql_url, store_for
-from .._sqlstore.atomic import register as register_sql_client
+from .backends import StoreClient, connect
 from .calls import ClaimItem, KeyState
 from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
@@ -87,7 +86,7 @@ class ClaimClient(ClientCore):
 
     def __init__(
         self,
-        redis_client: redis.Redis | RedisCluster | SqlPool,
+        redis_client: redis.Redis | RedisCluster | StoreClient,
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -105,10 +104,9 @@ class ClaimClient(ClientCore):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        # a SqlPool (from_url of a database URL): the same protocol on PostgreSQL or MySQL
-        sql = isinstance(redis_client, SqlPool)
-        super().__init__(store_for(redis_client, False) if isinstance(redis_client, SqlPool)
-                         else functools.partial(RedisStore, redis_client),
+        # another store's client (from_url of a database URL): the same protocol on it
+        super().__init__(functools.partial(redis_client.store, asynchronous=False)
+                         if isinstance(redis_client, StoreClient) else functools.partial(RedisStore, redis_client),
                          LeaseRenewer, namespace=namespace, lease=lease,
                          result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
@@ -116,16 +114,16 @@ class ClaimClient(ClientCore):
                          wait_timeout=wait_timeout, allow_eviction=allow_eviction,
                          compress_above=compress_above, compression=compression)
         self._watcher: KeyWatcher | None = None
-        self.store_checked = self.store_checked or sql  # a database evicts nothing
-        if sql:  # atomic(conn) in its handlers records outcomes on the claim's own row
-            register_sql_client(self)
+        if isinstance(redis_client, StoreClient):
+            self.store_checked = True  # the eviction check is Redis's
+            redis_client.attach(self)
 
     # -- construction ---------------------------------------------------------------------------
 
     @staticmethod
     def _connect(url: str) -> Any:
-        """A redis-py client for a Redis URL, a :class:`SqlPool` for a database's."""
-        return connect(url) if is_sql_url(url) else redis_from_url(url)
+        """A redis-py client for a Redis URL; for another store's (a database's), its client."""
+        return connect(url, False) or redis_from_url(url)
 
     @property
     def watcher(self) -> KeyWatcher:
@@ -161,7 +159,7 @@ class ClaimClient(ClientCore):
         warning where ``CONFIG GET`` is refused, raises :class:`StoreUnavailable` (and checks again
         next time) when Redis cannot be reached. The first claim calls it; consumers call it as
         they start. Skipped with ``allow_eviction``."""
-        if not self.allow_eviction and not isinstance(self.store.client, SqlPool):
+        if not self.allow_eviction and not isinstance(self.store.client, StoreClient):
             check_store(self.store.client)
         self.store_checked = True
 

@@ -7,14 +7,13 @@ asyncio deduplicator on :func:`connect_async`'s.
 
 from __future__ import annotations
 
-from typing import Any
-
+from .._protocol.backends import CONNECTORS
 from .pool import SqlPool
 from .schema import SCHEMA_VERSION, ddl, install, installed_version, purge
 from .urls import MYSQL, POSTGRESQL, dialect_of, is_sql_url, mysql_arguments, postgresql_conninfo
 
 __all__ = ["SCHEMA_VERSION", "SqlPool", "connect", "connect_async", "ddl", "dialect_of", "install", "installed_version",
-           "is_sql_url", "purge", "store_for"]
+           "is_sql_url", "purge"]
 
 
 def connect(url: str) -> SqlPool:
@@ -45,9 +44,10 @@ def connect_async(url: str) -> SqlPool:
     raise ValueError(f"not a SQL store URL: {url!r}")
 
 
-def store_for(pool: SqlPool, asynchronous: bool) -> Any:
-    """The store class factory for ``pool``: ``functools.partial``-like, called with the layout."""
-    from .store import AsyncSqlStore, SqlStore
+def _connector(url: str, asynchronous: bool) -> SqlPool | None:
+    if not is_sql_url(url):
+        return None
+    return connect_async(url) if asynchronous else connect(url)
 
-    store = AsyncSqlStore if asynchronous else SqlStore
-    return lambda layout: store(pool, layout)
+
+CONNECTORS.append(_connector)

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
+from .._protocol.backends import StoreClient
+from .._protocol.layout import KeyLayout
 from .notices import Notices
 
 __all__ = ["SqlPool"]
@@ -25,7 +27,7 @@ __all__ = ["SqlPool"]
 ACQUIRE_TIMEOUT = 10.0
 
 
-class SqlPool:
+class SqlPool(StoreClient):
     """Connections to one SQL store (see the module doc); a subclass says how to connect."""
 
     dialect = ""
@@ -47,6 +49,18 @@ class SqlPool:
     def runner(self) -> Any:
         """The runner of the protocol's transitions on this pool."""
         raise NotImplementedError
+
+    def store(self, layout: KeyLayout, asynchronous: bool) -> Any:
+        """The SQL store of ``layout`` on this pool (:mod:`.store`)."""
+        from .store import AsyncSqlStore, SqlStore
+
+        return (AsyncSqlStore if asynchronous else SqlStore)(self, layout)
+
+    def attach(self, client: Any) -> None:
+        """``atomic(conn)`` in the client's handlers records outcomes on the claim's own row."""
+        from .atomic import register
+
+        register(client)
 
     @contextmanager
     def connection(self) -> Iterator[Any]:

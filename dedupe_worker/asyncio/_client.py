@@ -23,14 +23,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
+from .._protocol.backends import StoreClient, connect
 from .._protocol.calls import ClaimItem, KeyState
 from .._protocol.claim import Claim, Stored
 from .._protocol.codec import Request
 from .._protocol.eviction import check_store_async
 from .._protocol.flows import C, ClientCore, Either, Flow, Steps, T
 from .._protocol.serialization import Serializer
-from .._sqlstore import SqlPool, connect_async, is_sql_url, store_for
-from .._sqlstore.atomic import register as register_sql_client
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
 from ._scripts import AsyncRedis
@@ -62,7 +61,7 @@ class AsyncClaimClient(ClientCore):
 
     def __init__(
         self,
-        redis_client: AsyncRedis | SqlPool,
+        redis_client: AsyncRedis | StoreClient,
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -80,9 +79,9 @@ class AsyncClaimClient(ClientCore):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        sql = isinstance(redis_client, SqlPool)  # from_url of a database URL: the SQL store
-        super().__init__(store_for(redis_client, True) if isinstance(redis_client, SqlPool)
-                         else functools.partial(AsyncRedisStore, redis_client),
+        # another store's client (from_url of a database URL): the same protocol on it
+        super().__init__(functools.partial(redis_client.store, asynchronous=True)
+                         if isinstance(redis_client, StoreClient) else functools.partial(AsyncRedisStore, redis_client),
                          AsyncLeaseRenewer, namespace=namespace,
                          lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
@@ -91,14 +90,14 @@ class AsyncClaimClient(ClientCore):
                          compress_above=compress_above, compression=compression)
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
-        self.store_checked = self.store_checked or sql  # a database evicts nothing
-        if sql:  # atomic(conn) in its handlers records outcomes on the claim's own row
-            register_sql_client(self)
+        if isinstance(redis_client, StoreClient):
+            self.store_checked = True  # the eviction check is Redis's
+            redis_client.attach(self)
 
     @staticmethod
     def _connect(url: str) -> Any:
-        """A ``redis.asyncio`` client for a Redis URL, a :class:`SqlPool` for a database's."""
-        return connect_async(url) if is_sql_url(url) else async_redis_from_url(url)
+        """A ``redis.asyncio`` client for a Redis URL; for another store's (a database's), its client."""
+        return connect(url, True) or async_redis_from_url(url)
 
     @property
     def watcher(self) -> AsyncKeyWaiter:
@@ -151,7 +150,7 @@ class AsyncClaimClient(ClientCore):
 
     async def check_store(self) -> None:
         """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
-        if not self.allow_eviction and not isinstance(self.store.client, SqlPool):
+        if not self.allow_eviction and not isinstance(self.store.client, StoreClient):
             await check_store_async(self.store.client)
         self.store_checked = True
 
