@@ -232,3 +232,25 @@ def test_the_asyncio_client_on_the_same_store(store_url: str, namespace: str) ->
             await adedupe.aclose()
 
     asyncio.run(main())
+
+
+def test_the_producers_send_check(dedupe: Deduplicator) -> None:
+    from dedupe_worker._protocol.sending import SendState, check_send
+
+    first = check_send(dedupe, "s1", "id-1", ttl=0.3, fingerprint="fp")
+    assert first.state is SendState.PUBLISH and first.task_id == "id-1"
+    queued = check_send(dedupe, "s1", "id-2", ttl=0.3, fingerprint="fp")
+    assert queued.state is SendState.QUEUED and queued.task_id == "id-1" and 0 < queued.remaining <= 0.3
+    assert check_send(dedupe, "s1", "id-3", ttl=0.3, fingerprint="other").state is SendState.CONFLICT
+    time.sleep(0.35)
+    assert check_send(dedupe, "s1", "id-4", ttl=0.3, fingerprint="other").state is SendState.PUBLISH
+    claim = dedupe.begin("s1", fingerprint="other")
+    running = check_send(dedupe, "s1", "id-5", ttl=5, fingerprint="other")
+    assert running.state is SendState.RUNNING and running.task_id == "id-4" and running.remaining > 0
+    dedupe.complete(claim, {"v": 1})
+    done = check_send(dedupe, "s1", "id-6", ttl=5, fingerprint="other")
+    assert done.state is SendState.DONE and done.task_id == "id-4" and done.claim is not None
+    assert Deduplicator.answer(done.claim) == {"v": 1}
+    dedupe.begin("s2")  # a task sent without the check
+    assert check_send(dedupe, "s2", "id-1", ttl=5).state is SendState.PUBLISH
+    assert check_send(dedupe, "s2", "id-2", ttl=5).state is SendState.RUNNING

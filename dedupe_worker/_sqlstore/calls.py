@@ -44,8 +44,7 @@ def _text(value: Any) -> str:
 
 def transition_of(name: str, keys: Sequence[str], args: Sequence[Any]) -> Transition:
     """The transition of the ``name``.lua call with ``keys`` and ``args`` (see each script's
-    header for their layout). ``send.lua`` has no SQL twin yet: :class:`StoreUnavailable`, which a
-    producer's check answers by publishing (the worker's claim still runs the body once)."""
+    header for their layout)."""
     if name == "claim":  # (started, stem, result) per message; lease, retention, (fp, orig) each
         n = len(keys) // 3
         return Transition(name, [_stem(k) for k in keys[1::3]],
@@ -68,6 +67,9 @@ def transition_of(name: str, keys: Sequence[str], args: Sequence[Any]) -> Transi
         token = _text(args[0]) if args else ""
         return Transition(name, [_stem(keys[1])], (),
                           (int(token) if token else None, len(args) > 1 and _text(args[1]) == "1"))
+    if name == "send":  # (started, stem, result, sent); task id, ttl, keep, fingerprint
+        return Transition(name, [_stem(keys[1])], (),
+                          (_text(args[0]), int(args[1]), int(args[2]), _text(args[3]) if len(args) > 3 else ""))
     raise StoreUnavailable(f"{name}.lua has no SQL counterpart: the SQL store does not run it")
 
 
@@ -100,6 +102,11 @@ def reply_of(transition: Transition, rows: Sequence[Sequence[Any]]) -> Any:
     if name == "watch":
         remaining = int(rows[0][0]) if rows and rows[0][0] is not None else 0
         return [1, remaining] if remaining > 0 else [0, 0]
+    if name == "send":
+        code, token, a, b, task_id = rows[0]
+        first = _text(a) if code == 2 else int(a) if a is not None else False
+        return [int(code), int(token), first, (bytes(b) if b is not None else b"") if code == 2 else False,
+                _text(task_id) if task_id is not None else False]
     code, token = rows[0]  # forget
     return [int(code), int(token)]
 

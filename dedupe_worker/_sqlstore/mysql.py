@@ -193,7 +193,40 @@ def _forget(cursor: Any, t: Transition) -> list[tuple[Any, ...]]:
     return [(1, token)]
 
 
-_RUN = {"claim": _claim, "complete": _finish, "release": _finish, "renew": _finish, "inspect": _read,
+def _send(cursor: Any, t: Transition) -> list[tuple[Any, ...]]:
+    """send.lua: the mark row locked (made first if missing, so of two sends at once one
+    publishes), the claim's row read, the mark written when the answer is PUBLISH."""
+    task_id, ttl_ms, keep_ms, fp = t.shared
+    stem, fp = t.stems[0], fp or None
+    cursor.execute("INSERT IGNORE INTO dedupe_sent (stem, task_id, until, expires_at) VALUES (%s, '', %s, %s)",
+                   (stem, _EPOCH, _EPOCH))
+    cursor.execute("SELECT task_id, until, fp, expires_at, NOW(6) FROM dedupe_sent WHERE stem = %s FOR UPDATE",
+                   (stem,))
+    mark_id, until, mark_fp, mark_expires, now = cursor.fetchone()
+    mark_id, mark_fp = _text(mark_id), _text(mark_fp)
+    live_mark = mark_expires > now and mark_id != ""
+    row = _Rows(cursor, [stem], lock=False).live(stem)
+    conflict: list[tuple[Any, ...]] = [(4, 0, None, None, None)]
+    if row is not None and row["status"] is not None:
+        if fp is not None and row["fp"] is not None and row["fp"] != fp:
+            return conflict
+        return [(2, row["token"], row["status"], row["value"], mark_id if live_mark else "")]
+    if row is not None and row["owner"] and row["deadline"] > now:
+        if fp is not None and row["fp"] is not None and row["fp"] != fp:
+            return conflict
+        if live_mark:
+            return [(3, row["owner"], _ms(row["deadline"] - now), None, mark_id)]
+    elif live_mark and until > now:
+        if fp is not None and mark_fp is not None and mark_fp != fp:
+            return conflict
+        return [(5, 0, _ms(until - now), None, mark_id)]
+    cursor.execute("UPDATE dedupe_sent SET task_id = %s, until = %s, fp = %s, expires_at = %s WHERE stem = %s",
+                   (task_id, now + datetime.timedelta(milliseconds=ttl_ms), fp,
+                    now + datetime.timedelta(milliseconds=ttl_ms + keep_ms), stem))
+    return [(1, 0, ttl_ms, None, task_id)]
+
+
+_RUN = {"send": _send, "claim": _claim, "complete": _finish, "release": _finish, "renew": _finish, "inspect": _read,
         "watch": _read, "forget": _forget}
 
 

@@ -26,6 +26,15 @@ CREATE TABLE IF NOT EXISTS dedupe_tokens (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY
 ) ENGINE=InnoDB;
 
+CREATE TABLE IF NOT EXISTS dedupe_sent (
+    stem       VARBINARY(3072) NOT NULL PRIMARY KEY,
+    task_id    VARBINARY(1024) NOT NULL,
+    until      DATETIME(6)     NOT NULL,
+    fp         VARBINARY(1024) NULL,
+    expires_at DATETIME(6)     NOT NULL,
+    KEY dedupe_sent_expires_at (expires_at)
+) ENGINE=InnoDB;
+
 CREATE TABLE IF NOT EXISTS dedupe_schema (
     version   INT       NOT NULL PRIMARY KEY,
     installed TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP

@@ -37,6 +37,16 @@ CREATE TABLE IF NOT EXISTS dedupe_claims (
 );
 CREATE INDEX IF NOT EXISTS dedupe_claims_expires_at ON dedupe_claims (expires_at);
 
+-- send.lua's mark: a producer published work for the key (a hint for later sends, never a lock)
+CREATE TABLE IF NOT EXISTS dedupe_sent (
+    stem       bytea       PRIMARY KEY,
+    task_id    text        NOT NULL,
+    until      timestamptz NOT NULL,
+    fp         text,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dedupe_sent_expires_at ON dedupe_sent (expires_at);
+
 CREATE TABLE IF NOT EXISTS dedupe_schema (
     version    integer     PRIMARY KEY,
     installed  timestamptz NOT NULL DEFAULT now()
@@ -294,6 +304,57 @@ BEGIN
         DELETE FROM dedupe_claims c WHERE c.stem = p_stem;
         RETURN QUERY SELECT 1, tok;
     END IF;
+END $$;
+
+-- send.lua: may a producer publish work for a stem (free -> sent; every other answer changes
+-- nothing)? (1, 0, ttl_ms, NULL, id) PUBLISH: the mark now records id; (2, token, status, value,
+-- id) DONE; (3, owner, remaining_ms, NULL, id) RUNNING: a live lease and a mark; (4, 0, NULL,
+-- NULL, NULL) CONFLICT; (5, 0, remaining_ms, NULL, id) QUEUED: a live mark, no claim yet. The mark
+-- row is locked (made first if missing), so of two sends at once one publishes.
+CREATE OR REPLACE FUNCTION dedupe_v1_send(p_stem bytea, p_id text, p_ttl_ms bigint, p_keep_ms bigint, p_fp text,
+                                          OUT code integer, OUT token bigint, OUT a text, OUT b bytea,
+                                          OUT task_id text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+    v_fp text := nullif(p_fp, '');
+    r dedupe_claims%ROWTYPE;
+    m dedupe_sent%ROWTYPE;
+    live_mark boolean;
+BEGIN
+    code := 4; token := 0;
+    INSERT INTO dedupe_sent AS s (stem, task_id, until, expires_at) VALUES (p_stem, '', now_, now_)
+    ON CONFLICT (stem) DO NOTHING;
+    SELECT * INTO m FROM dedupe_sent s WHERE s.stem = p_stem FOR UPDATE;
+    live_mark := m.expires_at > now_ AND m.task_id <> '';
+    SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem AND c.expires_at > now_;
+    IF FOUND AND r.status IS NOT NULL THEN
+        IF v_fp IS NULL OR r.fp IS NULL OR r.fp = v_fp THEN
+            code := 2; token := r.token; a := r.status::text; b := r.value;
+            task_id := CASE WHEN live_mark THEN m.task_id ELSE '' END;
+        END IF;
+        RETURN;
+    END IF;
+    IF FOUND AND r.owner > 0 AND r.deadline > now_ THEN
+        IF v_fp IS NOT NULL AND r.fp IS NOT NULL AND r.fp <> v_fp THEN
+            RETURN;
+        END IF;
+        IF live_mark THEN
+            code := 3; token := r.owner; task_id := m.task_id;
+            a := greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text;
+            RETURN;
+        END IF;
+    ELSIF live_mark AND m.until > now_ THEN
+        IF v_fp IS NULL OR m.fp IS NULL OR m.fp = v_fp THEN
+            code := 5; task_id := m.task_id;
+            a := greatest(1, ceil(extract(epoch FROM m.until - now_) * 1000))::bigint::text;
+        END IF;
+        RETURN;
+    END IF;
+    UPDATE dedupe_sent s SET task_id = p_id, until = now_ + p_ttl_ms * interval '1 millisecond', fp = v_fp,
+           expires_at = now_ + (p_ttl_ms + p_keep_ms) * interval '1 millisecond'
+     WHERE s.stem = p_stem;
+    code := 1; a := p_ttl_ms::text; task_id := p_id;
 END $$;
 
 INSERT INTO dedupe_schema (version) VALUES (1) ON CONFLICT (version) DO NOTHING;

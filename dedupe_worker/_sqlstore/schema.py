@@ -79,12 +79,15 @@ def purge(pool: Any, batch: int = 1000) -> int:
     with pool.connection() as conn:
         while True:
             if pool.dialect == POSTGRESQL:
+                conn.execute("DELETE FROM dedupe_sent WHERE stem IN (SELECT stem FROM dedupe_sent "
+                             "WHERE expires_at <= clock_timestamp() LIMIT %s FOR UPDATE SKIP LOCKED)", (batch,))
                 count = conn.execute(
                     "DELETE FROM dedupe_claims WHERE stem IN (SELECT stem FROM dedupe_claims "
                     "WHERE expires_at <= clock_timestamp() ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)",
                     (batch,)).rowcount
             else:
                 with conn.cursor() as cursor:
+                    cursor.execute("DELETE FROM dedupe_sent WHERE expires_at <= NOW(6) LIMIT %s", (batch,))
                     count = cursor.execute("DELETE FROM dedupe_claims WHERE expires_at <= NOW(6) "
                                            "ORDER BY expires_at LIMIT %s", (batch,))
                     cursor.execute("SELECT max(id) FROM dedupe_tokens")
