@@ -9,6 +9,7 @@ holder taken over under a larger token), per-message ttl, batches, waiting, 32 t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,11 +18,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from dedupe_worker import Deduplicator, InProgress, KeyConflict, LeaseLost, Outcome
+from dedupe_worker import OMITTED, Deduplicator, InProgress, KeyConflict, LeaseLost, Outcome
 from dedupe_worker.asyncio import AsyncDeduplicator
 
 from .store_fixtures import store_url
@@ -254,3 +255,51 @@ def test_the_producers_send_check(dedupe: Deduplicator) -> None:
     dedupe.begin("s2")  # a task sent without the check
     assert check_send(dedupe, "s2", "id-1", ttl=5).state is SendState.PUBLISH
     assert check_send(dedupe, "s2", "id-2", ttl=5).state is SendState.RUNNING
+
+
+def test_a_permanent_failure_is_stored_and_answered(dedupe: Deduplicator) -> None:
+    from dedupe_worker import PreviouslyFailed
+
+    claim = dedupe.begin("doomed")
+    dedupe.fail(claim, ValueError("never"))
+    with pytest.raises(PreviouslyFailed):
+        dedupe.run("doomed", lambda: "ran")
+    assert dedupe.status("doomed").status == "f"
+
+
+def test_renewal_and_completion_belong_to_the_owner(store_url: str, namespace: str) -> None:
+    dedupe = short_lease(store_url, namespace, lease=0.3)
+    try:
+        claim = dedupe.begin("owned")
+        time.sleep(0.4)  # ran out, but nobody took it: still ours
+        assert dedupe.renew(claim)
+        assert dedupe.status("owned").state == "in_progress"
+        stranger = dataclasses.replace(claim, token=claim.token + 1000)
+        assert not dedupe.renew(stranger) and not dedupe.release(stranger)
+        dedupe.complete(claim, "mine")
+        assert dedupe.complete_many([(claim, "mine")]) == [True]  # a retried completion answers stored
+        assert dedupe.run("owned", lambda: "other") == "mine"
+    finally:
+        dedupe.close()
+
+
+def test_the_batch_engine_runs_each_key_once_and_compresses_large_results(store_url: str, namespace: str) -> None:
+    from dedupe_worker import decide_many
+
+    dedupe = Deduplicator.from_url(store_url, namespace=namespace, compress_above=100, max_result_bytes=200)
+    runs: Counter[str] = Counter()
+
+    noise = os.urandom(600).hex()  # compressed, still over max_result_bytes
+
+    def handler(key: str) -> Callable[[], object]:
+        return lambda: runs.update([key]) or ("x" * 5000 if key == "big" else noise if key == "huge" else key)
+
+    keys = ["a", "b", "a", "big", "huge", "b"]
+    first = decide_many(dedupe, [(k, None, handler(k)) for k in keys], ttl=[None, 60, None, None, None, 60])
+    again = decide_many(dedupe, [(k, None, handler(k)) for k in keys])
+    assert runs == Counter({"a": 1, "b": 1, "big": 1, "huge": 1})
+    assert [d.reason.value for d in first].count("applied") == 4
+    assert all(d.reason.value == "duplicate" for d in again)
+    assert dedupe.run("big", lambda: "again") == "x" * 5000  # stored compressed: 5000 bytes raw > max_result_bytes
+    assert dedupe.begin("huge").result is OMITTED
+    dedupe.close()
