@@ -6,8 +6,8 @@ exist (``INSERT IGNORE`` of expired placeholders), locked (``SELECT ... FOR UPDA
 order), decided from what was read (:mod:`.mysql_transitions`: the decision each ``lua/*.lua``
 script makes) and written in one multi-row upsert; then ``COMMIT``. The reply is the script's
 (:mod:`.calls`). A transaction InnoDB picks as a deadlock's victim (two claims of one new key
-meeting on its placeholder) was rolled back whole, and is run again. The clock is the database's (``NOW(6)``, read in the
-locking statement). A failure rolls the whole transition back and is
+meeting on its placeholder) was rolled back whole, and is run again. The clock is the database's
+(``NOW(6)``, read in the locking statement). A failure rolls the whole transition back and is
 :class:`~dedupe_worker.StoreUnavailable`.
 
 asyncio: PyMySQL is blocking and aiomysql is not a dependency, so :class:`AsyncMySqlRunner` runs
