@@ -58,15 +58,8 @@ def test_a_celery_worker_applies_each_task_once(pg_only: str, rabbitmq_url: str,
     namespace, queue = unique("sq"), unique("sq-queue")
     os.environ.update(SQL_TEST_BROKER=rabbitmq_url, SQL_TEST_QUEUE=queue, SQL_TEST_NAMESPACE=namespace)
     try:
-        worker = WorkerProcess({"namespace": namespace, "queue": queue}, concurrency=2, tmp=tmp_path)
-        worker.proc.kill()  # WorkerProcess runs the Redis app: start ours the same way
-        worker.proc.wait()
-        worker.proc = subprocess.Popen(
-            [services.python(), "-m", "celery", "-A", "tests.sql_only_apps:app", "worker", "-P", "prefork",
-             "-c", "2", "-Q", queue, "-n", f"{namespace}@%h", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-l", "INFO", "-f", str(worker.log)],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT, start_new_session=True)
+        worker = WorkerProcess({"namespace": namespace, "queue": queue}, concurrency=2, tmp=tmp_path,
+                               app="tests.sql_only_apps:app")
         app = make_celery(rabbitmq_url, queue, namespace)
         try:
             worker.wait_ready()
