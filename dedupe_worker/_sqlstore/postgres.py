@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -120,7 +121,8 @@ class AsyncPgPool(PgPool):
         super().__init__(conninfo, max_size=max_size)
         self._async_idle: list[tuple[asyncio.AbstractEventLoop, psycopg.AsyncConnection[Any]]] = []
         self._async_lock = threading.Lock()
-        self._loop_slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._loop_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = \
+            weakref.WeakKeyDictionary()
 
     @asynccontextmanager
     async def aconnection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
