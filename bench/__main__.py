@@ -31,17 +31,17 @@ import time
 BENCHES = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
            "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.kafka_cpu",
            "bench.frameworks", "bench.single_cpu", "bench.replay", "bench.settle", "bench.durability",
-           "bench.http_middleware", "bench.sql_outcomes", "bench.compression", "bench.packing")
+           "bench.http_middleware", "bench.sql_outcomes", "bench.sql_store", "bench.compression", "bench.packing")
 #: The benches whose Redis is chosen by ``--redis-url`` (the others use the shared one).
 TAKES_REDIS_URL = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths",
                    "bench.celery_tasks", "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer",
                    "bench.kafka_cpu",
                    "bench.frameworks", "bench.single_cpu", "bench.replay", "bench.settle", "bench.http_middleware",
-                   "bench.sql_outcomes", "bench.compression")
+                   "bench.sql_outcomes", "bench.sql_store", "bench.compression")
 #: The benches that print a ``--label`` (where they ran).
 TAKES_LABEL = ("bench.core", "bench.held_connection", "bench.asyncio_paths", "bench.rabbitmq_consumer",
                "bench.kafka_consumer", "bench.frameworks", "bench.settle", "bench.durability", "bench.http_middleware",
-               "bench.sql_outcomes")
+               "bench.sql_outcomes", "bench.sql_store")
 #: Run with each placement under ``--pin both``: the per-message paths, where placement matters most.
 BOTH_PLACEMENTS = ("bench.core", "bench.held_connection")
 

@@ -19,6 +19,10 @@ class DedupeSettings(BaseSettings):
     #: ``redis+cluster://``) for a Redis Cluster; ``redis+sentinel://h1:26379,h2:26379/<service>/<db>``
     #: for a primary found through Sentinel.
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Where the claims live, whatever the store: a Redis URL as ``redis_url``, or a database's
+    #: (``postgresql://``, ``mysql://``, ``mariadb://``, SQLAlchemy forms with a driver) for the SQL
+    #: store. Set, it wins over ``redis_url`` (``DEDUPE_REDIS_URL``, still read when it is unset).
+    store_url: str | None = None
     #: Prefix of every Redis key we write.
     namespace: str = "dedupe"
     #: Seconds a claim is held without renewal before another worker may take over.
@@ -51,6 +55,11 @@ class DedupeSettings(BaseSettings):
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672//"
     #: ``bootstrap.servers`` of the ``kafka`` and ``replay kafka`` commands (no default).
     kafka_bootstrap: str | None = None
+
+    @property
+    def claims_url(self) -> str:
+        """The URL of the claim store: ``store_url``, else ``redis_url``."""
+        return self.store_url or self.redis_url
 
     def client_options(self) -> dict[str, Any]:
         """The options of a claim client (sync or asyncio) these settings set."""

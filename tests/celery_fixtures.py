@@ -188,12 +188,13 @@ def celery_app(celery_config: dict[str, Any]) -> Iterator[Celery]:
 class WorkerProcess:
     """``celery worker`` (prefork) in a subprocess of its own session, killed on ``stop()``."""
 
-    def __init__(self, config: dict[str, Any], concurrency: int = 2, tmp: Path | None = None) -> None:
+    def __init__(self, config: dict[str, Any], concurrency: int = 2, tmp: Path | None = None,
+                 app: str = "tests.celery_worker_app:app") -> None:
         self.config = config
         self.log = (tmp or Path("/tmp")) / f"worker-{uuid.uuid4().hex[:8]}.log"
         env = {**os.environ, CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
-            [services.python(), "-m", "celery", "-A", "tests.celery_worker_app:app", "worker",
+            [services.python(), "-m", "celery", "-A", app, "worker",
              "-P", "prefork", "-c", str(concurrency), "-Q", config["queue"],
              "-n", f"{config['namespace']}@%h", "--without-gossip", "--without-mingle",
              "--without-heartbeat", "-l", "INFO", "-f", str(self.log)],

@@ -69,6 +69,7 @@ def test_wheel_contains_every_script_and_py_typed(wheel: Path) -> None:
     assert "dedupe_worker/py.typed" in names
     assert any(n.endswith("entry_points.txt") for n in names)
     assert {"dedupe_worker/sql/ddl/postgresql.sql", "dedupe_worker/sql/ddl/mysql.sql"} <= names  # atomic()'s DDL
+    assert {"dedupe_worker/_sqlstore/postgresql.sql", "dedupe_worker/_sqlstore/mysql.sql"} <= names  # the SQL store's
     assert SOURCES <= names
 
 

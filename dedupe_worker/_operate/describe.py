@@ -11,6 +11,8 @@ from .._protocol.client import ClaimClient
 from .._protocol.layout import KeyLayout
 from .._protocol.record import read_result
 from .._protocol.serialization import unpack
+from .._sqlstore import SqlPool
+from .._sqlstore.operate import row_times
 
 __all__ = ["KeyReport", "describe"]
 
@@ -57,18 +59,11 @@ def describe(dedupe: ClaimClient, key: str) -> KeyReport:
         state = dedupe.store.inspect(stem)
     except UnreadableRecord as exc:
         return _unreadable(dedupe, key, stem, exc.detail)
-    pipe = dedupe.store.client.pipeline(transaction=False)
-    pipe.pttl(KeyLayout.started(stem))
-    pipe.pttl(KeyLayout.record(stem))
-    pipe.pttl(KeyLayout.result(stem))
-    pipe.hget(KeyLayout.started(stem), "orig")
-    started_ttl, record_ttl, hash_ttl, orig_started = pipe.execute()
-    # at most one of the two outcome records exists (-2: this one does not)
-    result_key = (KeyLayout.record(stem) if int(record_ttl) != -2
-                  else KeyLayout.result(stem) if int(hash_ttl) != -2 else "")
-    result_ttl = record_ttl if int(record_ttl) != -2 else hash_ttl
-    stored = read_result(dedupe.store.client, stem) if state.state is State.DONE else None
-    orig_result = stored.original if stored is not None else b""
+    if isinstance(dedupe.store.client, SqlPool):  # one row: its time left on the claim or the outcome
+        started_ttl, result_ttl, orig_started = row_times(dedupe.store.client, stem)
+        result_key, orig_result = (stem if result_ttl != -2 else ""), b""
+    else:
+        started_ttl, result_ttl, result_key, orig_started, orig_result = _redis_records(dedupe, stem, state.state)
     name = state.state.value
     if state.state is State.DONE and state.status is Stored.FAILED:
         name = "failed"
@@ -91,3 +86,21 @@ def _unreadable(dedupe: ClaimClient, key: str, stem: str, detail: str) -> KeyRep
     result_key = KeyLayout.record(stem) if record_ttl != -2 else KeyLayout.result(stem) if hash_ttl != -2 else ""
     return KeyReport(key, "unreadable", 0, 0, detail, started_ttl, record_ttl if record_ttl != -2 else hash_ttl,
                      stem, "", result_key)
+
+
+def _redis_records(dedupe: ClaimClient, stem: str, state: State) -> tuple[int, int, str, Any, Any]:
+    """The Redis records' TTLs (one pipeline), where the outcome is, and the original key as the
+    claim and the outcome keep it."""
+    pipe = dedupe.store.client.pipeline(transaction=False)
+    pipe.pttl(KeyLayout.started(stem))
+    pipe.pttl(KeyLayout.record(stem))
+    pipe.pttl(KeyLayout.result(stem))
+    pipe.hget(KeyLayout.started(stem), "orig")
+    started_ttl, record_ttl, hash_ttl, orig_started = pipe.execute()
+    # at most one of the two outcome records exists (-2: this one does not)
+    result_key = (KeyLayout.record(stem) if int(record_ttl) != -2
+                  else KeyLayout.result(stem) if int(hash_ttl) != -2 else "")
+    result_ttl = record_ttl if int(record_ttl) != -2 else hash_ttl
+    stored = read_result(dedupe.store.client, stem) if state is State.DONE else None
+    orig_result = stored.original if stored is not None else b""
+    return int(started_ttl), int(result_ttl), result_key, orig_started, orig_result

@@ -21,6 +21,7 @@ from .._protocol.client import ClaimClient
 from .._protocol.eviction import is_evicting
 from .._protocol.script_flow import LIBRARY_PREFIX, SCRIPT_NAMES, SENDER_SCRIPTS, library_name
 from .._protocol.scripts import load_script
+from .._sqlstore import SqlPool
 
 __all__ = ["DEFAULT_RATE", "Check", "check_at_start", "diagnose", "warn_once"]
 
@@ -61,7 +62,7 @@ def _config(client: Any, name: str) -> str | None:
     return value if isinstance(value, str) or value is None else str(value)
 
 
-def diagnose(client: redis.Redis | RedisCluster, *, rate: float = DEFAULT_RATE, result_ttl: float = 86400.0,
+def diagnose(client: redis.Redis | RedisCluster | SqlPool, *, rate: float = DEFAULT_RATE, result_ttl: float = 86400.0,
              bytes_per_key: int = 200, namespace: str | None = None) -> list[Check]:
     """Check ``client``'s Redis; ``rate`` (messages/s) and ``result_ttl`` give the memory projection.
     With ``namespace``, also whether format-2 outcomes are stored where a worker of an earlier
@@ -69,6 +70,10 @@ def diagnose(client: redis.Redis | RedisCluster, *, rate: float = DEFAULT_RATE, 
 
     On a Redis Cluster the settings of every primary are checked (each holds its share of the
     projection); a topic fails when it fails on any primary, and its detail names each node."""
+    if isinstance(client, SqlPool):  # the SQL store: its own topics
+        from .._sqlstore.doctor import diagnose_sql
+
+        return diagnose_sql(client)
     if isinstance(client, RedisCluster):
         primaries = client.get_primaries()  # type: ignore[no-untyped-call]
         share = rate / max(1, len(primaries))
@@ -265,7 +270,7 @@ def check_at_start(dedupe: ClaimClient) -> None:
     warn_once(dedupe.store.client, result_ttl=dedupe.result_ttl, allow_eviction=dedupe.allow_eviction)
 
 
-def warn_once(client: redis.Redis | RedisCluster, *, allow_eviction: bool = False, **projection: Any) -> None:
+def warn_once(client: redis.Redis | RedisCluster | SqlPool, *, allow_eviction: bool = False, **projection: Any) -> None:
     """Log the checks that fail or warn, once per process and Redis (for consumers' start-up);
     with ``allow_eviction`` an evicting policy is logged as a warning, not an error."""
     where = repr(client)

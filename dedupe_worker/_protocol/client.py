@@ -26,6 +26,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
+from .backends import StoreClient, connect
 from .calls import ClaimItem, KeyState
 from .claim import Claim, Stored
 from .codec import KEY_HARD_LIMIT, Request
@@ -85,7 +86,7 @@ class ClaimClient(ClientCore):
 
     def __init__(
         self,
-        redis_client: redis.Redis | RedisCluster,
+        redis_client: redis.Redis | RedisCluster | StoreClient,
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -103,17 +104,26 @@ class ClaimClient(ClientCore):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        super().__init__(functools.partial(RedisStore, redis_client), LeaseRenewer, namespace=namespace, lease=lease,
+        # another store's client (from_url of a database URL): the same protocol on it
+        super().__init__(functools.partial(redis_client.store, asynchronous=False)
+                         if isinstance(redis_client, StoreClient) else functools.partial(RedisStore, redis_client),
+                         LeaseRenewer, namespace=namespace, lease=lease,
                          result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
                          renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
                          wait_timeout=wait_timeout, allow_eviction=allow_eviction,
                          compress_above=compress_above, compression=compression)
         self._watcher: KeyWatcher | None = None
+        if isinstance(redis_client, StoreClient):
+            self.store_checked = True  # the eviction check is Redis's
+            redis_client.attach(self)
 
     # -- construction ---------------------------------------------------------------------------
 
-    _connect = staticmethod(redis_from_url)
+    @staticmethod
+    def _connect(url: str) -> Any:
+        """A redis-py client for a Redis URL; for another store's (a database's), its client."""
+        return connect(url, False) or redis_from_url(url)
 
     @property
     def watcher(self) -> KeyWatcher:
@@ -149,7 +159,7 @@ class ClaimClient(ClientCore):
         warning where ``CONFIG GET`` is refused, raises :class:`StoreUnavailable` (and checks again
         next time) when Redis cannot be reached. The first claim calls it; consumers call it as
         they start. Skipped with ``allow_eviction``."""
-        if not self.allow_eviction:
+        if not self.allow_eviction and not isinstance(self.store.client, StoreClient):
             check_store(self.store.client)
         self.store_checked = True
 

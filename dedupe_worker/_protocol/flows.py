@@ -258,7 +258,7 @@ class ClientCore(ClaimCodec):
     def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
         """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
         s = settings or DedupeSettings()
-        return cls.from_url(s.redis_url, **{**s.client_options(), **options})
+        return cls.from_url(s.claims_url, **{**s.client_options(), **options})
 
     @staticmethod
     def _connect(url: str) -> Any:

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
+from .._protocol.backends import StoreClient, connect
 from .._protocol.calls import ClaimItem, KeyState
 from .._protocol.claim import Claim, Stored
 from .._protocol.codec import Request
@@ -60,7 +61,7 @@ class AsyncClaimClient(ClientCore):
 
     def __init__(
         self,
-        redis_client: AsyncRedis,
+        redis_client: AsyncRedis | StoreClient,
         *,
         namespace: str = "dedupe",
         lease: float = 30.0,
@@ -78,7 +79,10 @@ class AsyncClaimClient(ClientCore):
         compress_above: int | None = 1024,
         compression: str = "auto",
     ) -> None:
-        super().__init__(functools.partial(AsyncRedisStore, redis_client), AsyncLeaseRenewer, namespace=namespace,
+        # another store's client (from_url of a database URL): the same protocol on it
+        super().__init__(functools.partial(redis_client.store, asynchronous=True)
+                         if isinstance(redis_client, StoreClient) else functools.partial(AsyncRedisStore, redis_client),
+                         AsyncLeaseRenewer, namespace=namespace,
                          lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
                          max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
                          renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
@@ -86,8 +90,14 @@ class AsyncClaimClient(ClientCore):
                          compress_above=compress_above, compression=compression)
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
+        if isinstance(redis_client, StoreClient):
+            self.store_checked = True  # the eviction check is Redis's
+            redis_client.attach(self)
 
-    _connect = staticmethod(async_redis_from_url)
+    @staticmethod
+    def _connect(url: str) -> Any:
+        """A ``redis.asyncio`` client for a Redis URL; for another store's (a database's), its client."""
+        return connect(url, True) or async_redis_from_url(url)
 
     @property
     def watcher(self) -> AsyncKeyWaiter:
@@ -139,7 +149,7 @@ class AsyncClaimClient(ClientCore):
 
     async def check_store(self) -> None:
         """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
-        if not self.allow_eviction:
+        if not self.allow_eviction and not isinstance(self.store.client, StoreClient):
             await check_store_async(self.store.client)
         self.store_checked = True
 

@@ -28,6 +28,7 @@ __all__ = ["SETTINGS", "bind_arguments", "deduplicator_for", "derive_fingerprint
 #: Task attribute / app setting -> field of :class:`DedupeSettings` it falls back to.
 SETTINGS = {
     "dedupe_redis_url": "redis_url",
+    "dedupe_store_url": "store_url",
     "dedupe_namespace": "namespace",
     "dedupe_lease": "lease",
     "dedupe_result_ttl": "result_ttl",
@@ -84,7 +85,9 @@ def deduplicator_for(task: Any) -> Deduplicator:
     with _cache_lock:
         found = _cache.get(cache_key)
         if found is None:
-            url = values.pop("redis_url")
+            # the store-neutral setting wins; a database URL in either selects the SQL store
+            url = values.pop("store_url") or values.pop("redis_url")
+            values.pop("redis_url", None)
             dsn, table = values.pop("sql_dsn"), values.pop("sql_table")
             found = Deduplicator.from_url(url, permanent_errors=permanent, outcomes=_outcomes(dsn, table), **values)
             _cache[cache_key] = found

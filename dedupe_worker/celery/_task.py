@@ -114,6 +114,11 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: ``DEDUPE_REDIS_URL``.
     dedupe_redis_url: str | None = None
 
+    #: URL of the claim store, Redis or a database (``postgresql://``, ``mysql://``: the SQL
+    #: store); wins over ``dedupe_redis_url``. :const:`None`: ``app.conf.dedupe_store_url``, else
+    #: ``DEDUPE_STORE_URL``.
+    dedupe_store_url: str | None = None
+
     #: Prefix of the Redis keys. :const:`None`: ``app.conf.dedupe_namespace``, else
     #: ``DEDUPE_NAMESPACE``.
     dedupe_namespace: str | None = None

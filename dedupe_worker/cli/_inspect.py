@@ -8,6 +8,8 @@ import sys
 
 from .._deduplicator import Deduplicator
 from .._operate.describe import describe
+from .._sqlstore import SqlPool
+from .._sqlstore.operate import namespace_is_empty as sql_namespace_is_empty
 from ._options import add_dedupe_options, deduplicator_from
 
 __all__ = ["register"]
@@ -23,6 +25,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def namespace_is_empty(dedupe: Deduplicator) -> bool:
     """Whether no Redis key at all starts with the namespace (a bounded SCAN, stops at the first)."""
+    if isinstance(dedupe.store.client, SqlPool):
+        return sql_namespace_is_empty(dedupe.store.client, dedupe.layout.namespace)
     pattern = f"{dedupe.layout.namespace}:*"
     return next(iter(dedupe.store.client.scan_iter(match=pattern, count=1000)), None) is None
 

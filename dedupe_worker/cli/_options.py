@@ -82,6 +82,8 @@ def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
     ``--sql-dsn`` (defaults: ``DEDUPE_*``)."""
     group = parser.add_argument_group("deduplication (defaults from DEDUPE_* environment variables)")
     group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default redis://127.0.0.1:6379/0)")
+    group.add_argument("--store-url", help="claim store URL, Redis or a database (postgresql://, mysql://); "
+                                           "wins over --redis-url (DEDUPE_STORE_URL)")
     group.add_argument("--namespace", help="key prefix (DEDUPE_NAMESPACE; default 'dedupe')")
     group.add_argument("--lease", type=float, help="lease in seconds (DEDUPE_LEASE; default 30)")
     group.add_argument("--result-ttl", type=float, help="seconds outcomes are kept (DEDUPE_RESULT_TTL)")
@@ -95,7 +97,7 @@ def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
 def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
     overrides = {
         name: value
-        for name in ("redis_url", "namespace", "lease", "result_ttl", "allow_eviction", "sql_dsn")
+        for name in ("redis_url", "store_url", "namespace", "lease", "result_ttl", "allow_eviction", "sql_dsn")
         if (value := getattr(args, name, None)) is not None
     }
     return Deduplicator.from_settings(DedupeSettings(**overrides))

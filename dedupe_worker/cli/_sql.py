@@ -6,6 +6,11 @@
     dedupe-worker sql purge --dsn postgresql://app@db/app     # delete expired rows (cron-safe)
     dedupe-worker sql ddl   --dialect mysql                   # print the DDL for your migrations
 
+With ``--store URL`` (a PostgreSQL or MySQL/MariaDB URL, default ``DEDUPE_STORE_URL``) the same
+actions work on the claim store's schema instead (``dedupe_worker._sqlstore``): ``init`` creates
+it (``--print``: only print its DDL, for one's own migrations), ``purge`` deletes expired rows in
+bounded batches, ``ddl`` prints it for ``--dialect``.
+
 ``--dsn`` defaults to ``DEDUPE_SQL_DSN`` and ``--table`` to ``DEDUPE_SQL_TABLE``. Exit status 0 on
 success, 2 when no DSN is given.
 """
@@ -29,11 +34,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batch", type=int, default=1000, help="rows deleted per statement by purge (default 1000)")
     p.add_argument("--dialect", default="postgresql", choices=("postgresql", "mysql", "mariadb"),
                    help="for ddl: which database's DDL (default postgresql)")
+    p.add_argument("--store", nargs="?", const="", default=None,
+                   help="act on the claim store's schema at this database URL (DEDUPE_STORE_URL)")
+    p.add_argument("--print", action="store_true", dest="print_only",
+                   help="with --store and init: print the DDL instead of running it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = DedupeSettings()
+    if args.store is not None:
+        return _store(args, args.store or settings.store_url or "")
     table = args.table or settings.sql_table
     if args.action == "ddl":
         from ..sql import ddl
@@ -52,4 +63,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"{table}: ready ({outcomes.dialect})")
     else:
         print(f"{table}: purged {outcomes.purge(batch=args.batch)} expired row(s)")
+    return 0
+
+
+def _store(args: argparse.Namespace, url: str) -> int:
+    """The ``--store`` actions: the claim store's schema (see the module doc)."""
+    from .. import _sqlstore
+
+    if args.action == "ddl" or (args.action == "init" and args.print_only):
+        dialect = _sqlstore.dialect_of(url) if url else ("mysql" if args.dialect == "mariadb" else args.dialect)
+        print(_sqlstore.ddl(dialect or "postgresql"), end="")
+        return 0
+    if not _sqlstore.is_sql_url(url):
+        print("dedupe-worker sql --store: give a postgresql:// or mysql:// URL, or set DEDUPE_STORE_URL",
+              file=sys.stderr)
+        return 2
+    pool = _sqlstore.connect(url)
+    try:
+        if args.action == "init":
+            _sqlstore.install(pool)
+            print(f"claim store: schema version {_sqlstore.installed_version(pool)} ready ({pool.dialect})")
+        else:
+            print(f"claim store: purged {_sqlstore.purge(pool, args.batch)} expired row(s)")
+    finally:
+        pool.close()
     return 0

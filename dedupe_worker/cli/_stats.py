@@ -8,6 +8,8 @@ import sys
 
 from .._operate.doctor import DEFAULT_RATE
 from .._operate.survey import UNREADABLE, survey
+from .._sqlstore import SqlPool
+from .._sqlstore.operate import survey_sql
 from ._options import add_dedupe_options, deduplicator_from
 
 __all__ = ["register"]
@@ -25,6 +27,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     dedupe = deduplicator_from(args)
+    if isinstance(dedupe.store.client, SqlPool):
+        return _sql_stats(args, dedupe.store.client, dedupe.layout.namespace)
     try:
         found = survey(dedupe.store.client, dedupe.layout.namespace, sample=args.sample,
                        progress=sys.stderr if sys.stderr.isatty() else None)
@@ -52,4 +56,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"  from the sampled TTLs  {report['sampled_projection_bytes']:,} bytes at {args.rate:g} msg/s kept "
               f"{report['sampled_retention']:,.0f} s (twice the mean remaining TTL of the sampled outcomes: "
               "per-message ttls included)")
+    return 0
+
+
+def _sql_stats(args: argparse.Namespace, pool: SqlPool, namespace: str) -> int:
+    """``stats`` on a SQL store: the namespace's rows by state (one query; no memory projection:
+    the database's storage is its own to watch)."""
+    try:
+        states = survey_sql(pool, namespace)
+    finally:
+        pool.close()
+    if args.json:
+        print(json.dumps({"namespace": namespace, "rows": sum(states.values()), "states": states}))
+        return 0
+    print(f"namespace {namespace}: {sum(states.values()):,} rows ({pool.dialect} store)")
+    for state, count in sorted(states.items()):
+        print(f"  {state:<16} {count:,}")
+    if states.get("expired"):
+        print("  expired rows count as gone; dedupe-worker sql purge --store <url> deletes them")
     return 0

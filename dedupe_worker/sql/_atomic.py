@@ -184,6 +184,15 @@ def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
     ``outcomes``: the :class:`SqlOutcomes` whose table to use; by default the one given to the
     ``Deduplicator`` (or ``AsyncDeduplicator``) that runs the handler. Raises :class:`KeyConflict`
     at entry when an unexpired row was committed for another payload. Raises ``RuntimeError``
-    outside a handler run by the engine (no current claim) or when no ``SqlOutcomes`` is known."""
+    outside a handler run by the engine (no current claim) or when no ``SqlOutcomes`` is known.
+
+    A deduplicator on the SQL store (``from_url("postgresql://...")``) given no ``SqlOutcomes``
+    records the outcome on the claim's own row instead (:mod:`dedupe_worker._sqlstore.atomic`)."""
+    if outcomes is None:
+        from .._sqlstore.atomic import store_atomic
+
+        on_store = store_atomic(connection)
+        if on_store is not None:
+            return on_store  # type: ignore[return-value]
     return Atomic(connection, outcomes)
 
