@@ -27,8 +27,9 @@ from ._options import (
     add_key_options,
     deduplicator_from,
     kafka_config,
+    kafka_reachable,
     key_strategy_from,
-    rabbitmq_url,
+    rabbitmq_connection,
 )
 
 __all__ = ["register"]
@@ -133,14 +134,12 @@ def _reasons(values: list[str] | None) -> set[str] | None:
 
 
 def run_rabbitmq(args: argparse.Namespace) -> int:
-    from .._extras import require
     from ..replay._rabbitmq import Destination, replay_rabbitmq
 
-    kombu = require("kombu", "rabbitmq")
     destination = Destination.parse(args.to) if args.to else None
 
     def replay(planner: Planner, options: ReplayOptions) -> Summary:
-        with kombu.Connection(rabbitmq_url(args)) as connection:
+        with rabbitmq_connection(args) as connection:
             return replay_rabbitmq(connection, args.source, planner, destination=destination,
                                    options=options, confirm_timeout=args.confirm_timeout)
 
@@ -150,9 +149,10 @@ def run_rabbitmq(args: argparse.Namespace) -> int:
 def run_kafka(args: argparse.Namespace) -> int:
     from ..replay._kafka import replay_kafka
 
-    config = kafka_config(args, "replay kafka")
+    config = kafka_config(args)
 
     def replay(planner: Planner, options: ReplayOptions) -> Summary:
+        kafka_reachable(config)
         return replay_kafka(config, args.source, args.group, planner, destination=args.to,
                             options=options, idle_timeout=args.idle_timeout)
 

@@ -7,15 +7,16 @@
     dedupe-worker sql ddl   --dialect mysql                   # print the DDL for your migrations
 
 ``--dsn`` defaults to ``DEDUPE_SQL_DSN`` and ``--table`` to ``DEDUPE_SQL_TABLE``. Exit status 0 on
-success, 2 when no DSN is given.
+success, 2 when no DSN is given, the DSN is not one we take, the database cannot be reached or
+the table does not exist (one line naming it).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .._settings import DedupeSettings
+from ._fail import CommandError, redacted
 
 __all__ = ["register", "run"]
 
@@ -42,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     dsn = args.dsn or settings.sql_dsn
     if not dsn:
-        print("dedupe-worker sql: give --dsn or set DEDUPE_SQL_DSN", file=sys.stderr)
-        return 2
+        raise CommandError("give --dsn or set DEDUPE_SQL_DSN")
+    scheme = dsn.split("://", 1)[0] if "://" in dsn else ""
+    if scheme and scheme not in ("postgresql", "postgres") and "+" not in scheme:
+        raise CommandError(f"--dsn {redacted(dsn)}: expected a PostgreSQL DSN (postgresql://...) or a "
+                           "SQLAlchemy URL with its driver (mysql+pymysql://...)")
     from ..sql import SqlOutcomes
 
     outcomes = SqlOutcomes(dsn, table=table)
