@@ -34,6 +34,11 @@ class Observer:
     def lease_lost(self) -> None:
         """A lease was found taken over by a larger token."""
 
+    def http_answered(self, answer: str) -> None:
+        """The HTTP layer answered one request: ``ran``, ``replayed``, ``conflict`` (409),
+        ``mismatch`` (422), ``missing_key`` (400), ``too_large`` (413), ``scope_refused``,
+        ``already_applied`` or ``error``."""
+
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Around a claim, a handler or a completion; the yielded dict takes attributes learned inside."""
@@ -83,6 +88,10 @@ class Observers(Observer):
     def lease_lost(self) -> None:
         for o in self.enabled:
             o.lease_lost()
+
+    def http_answered(self, answer: str) -> None:
+        for o in self.enabled:
+            o.http_answered(answer)
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict[str, Any]) -> Iterator[dict[str, Any]]:
