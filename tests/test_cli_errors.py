@@ -172,10 +172,16 @@ def test_bad_option(command: str, args: list[str], named: str) -> None:
     one_line(cli(*args), command, named, f"(see dedupe-worker {command} --help)")
 
 
-def test_an_unknown_option_is_one_line_too() -> None:
-    done = cli("stats", "--bogus")
-    assert done.returncode == 2 and done.stderr.splitlines() == [
-        "dedupe-worker: unrecognized arguments: --bogus (see dedupe-worker --help)"]
+@pytest.mark.parametrize(("args", "command"), [(["stats", "--bogus"], "stats"),
+                                             (["replay", "kafka", "--from", "t", "--bogus"], "replay kafka"),
+                                             (["forget", "k", "--bogus"], "forget")])
+def test_an_unknown_option_is_said_by_its_subcommand(args: list[str], command: str) -> None:
+    one_line(cli(*args), command, "unrecognized arguments: --bogus", f"(see dedupe-worker {command} --help)")
+
+
+def test_a_setting_librdkafka_refuses(here: Path, redis_url: str) -> None:
+    args = [*REDIS_COMMANDS["kafka"], "-X", "no.such.setting=1", "--redis-url", redis_url]
+    one_line(cli(*args, cwd=here), "kafka", "Kafka settings (-X, --bootstrap)", "no.such.setting")
 
 
 def test_verbose_adds_the_traceback(here: Path) -> None:

@@ -70,7 +70,11 @@ def importable_here() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand it was given to, not by the top-level parser
+        prog = " ".join(filter(None, ("dedupe-worker", args.command, getattr(args, "broker", None))))
+        parser.exit(2, f"{prog}: unrecognized arguments: {' '.join(unknown)} (see {prog} --help)\n")
     verbose = args.verbose + getattr(args, "more_verbose", 0)
     base = logging.INFO if args.command in LONG_RUNNING else logging.WARNING
     logging.basicConfig(level=base - 10 * verbose, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -117,6 +117,9 @@ def kafka_reachable(config: dict[str, str]) -> None:
     probe = {k: v for k, v in config.items() if k not in ("group.id", "log_level")}
     try:
         client = AdminClient({**probe, "log_level": 0})
+    except (confluent_kafka.KafkaException, ValueError, TypeError) as exc:  # a setting librdkafka refuses
+        raise CommandError(f"Kafka settings (-X, --bootstrap): {exc.args[0] if exc.args else exc}") from exc
+    try:
         client.list_topics(timeout=KAFKA_PROBE_TIMEOUT)
     except confluent_kafka.KafkaException as exc:
         raise CommandError(f"cannot reach Kafka at {bootstrap} (--bootstrap, DEDUPE_KAFKA_BOOTSTRAP): "
