@@ -184,6 +184,18 @@ def test_a_setting_librdkafka_refuses(here: Path, redis_url: str) -> None:
     one_line(cli(*args, cwd=here), "kafka", "Kafka settings (-X, --bootstrap)", "no.such.setting")
 
 
+@pytest.mark.parametrize(("args", "env", "named"), [
+    (["--lease", "-1"], {}, ["bad setting: DEDUPE_LEASE=-1.0", "greater than 0"]),
+    ([], {"DEDUPE_RESULT_TTL": "soon"}, ["bad setting: DEDUPE_RESULT_TTL='soon'"]),
+    (["--namespace", "a b"], {}, ["bad setting: namespace", "'a b'"]),
+])
+def test_a_bad_setting(args: list[str], env: dict[str, str], named: list[str], redis_url: str,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    one_line(cli("stats", "--redis-url", redis_url, *args), "stats", *named)
+
+
 def test_verbose_adds_the_traceback(here: Path) -> None:
     done = cli("-v", "stats", "--redis-url", f"redis://127.0.0.1:{CLOSED}/0", cwd=here)
     assert done.returncode == 2

@@ -69,12 +69,16 @@ def importable_here() -> None:
         sys.path.insert(0, here)
 
 
+def prog(args: argparse.Namespace) -> str:
+    """The command as typed: ``dedupe-worker stats``, ``dedupe-worker replay kafka``."""
+    return " ".join(filter(None, ("dedupe-worker", args.command, getattr(args, "broker", None))))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the subcommand it was given to, not by the top-level parser
-        prog = " ".join(filter(None, ("dedupe-worker", args.command, getattr(args, "broker", None))))
-        parser.exit(2, f"{prog}: unrecognized arguments: {' '.join(unknown)} (see {prog} --help)\n")
+        parser.exit(2, f"{prog(args)}: unrecognized arguments: {' '.join(unknown)} (see {prog(args)} --help)\n")
     verbose = args.verbose + getattr(args, "more_verbose", 0)
     base = logging.INFO if args.command in LONG_RUNNING else logging.WARNING
     logging.basicConfig(level=base - 10 * verbose, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -89,6 +93,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise  # not the user's to fix: a bug, with its traceback
         if verbose:
             traceback.print_exc()
-        command = " ".join(filter(None, (args.command, getattr(args, "broker", None))))
-        print(f"dedupe-worker {command}: {line}", file=sys.stderr)
+        print(f"{prog(args)}: {line}", file=sys.stderr)
         return 2

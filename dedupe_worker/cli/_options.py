@@ -153,8 +153,10 @@ def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
     url = f"{redacted(settings.redis_url)} ({'--redis-url' if 'redis_url' in overrides else 'DEDUPE_REDIS_URL'})"
     try:
         dedupe = Deduplicator.from_settings(settings)
-    except ValueError as exc:  # redis-py's word for a URL it cannot parse
-        raise CommandError(f"bad Redis URL {url}: {exc}") from exc
+    except ValueError as exc:  # redis-py's word for a URL it cannot parse, ours for a bad option value
+        if "URL" in str(exc) or settings.redis_url in str(exc):
+            raise CommandError(f"bad Redis URL {url}: {exc}") from exc
+        raise CommandError(f"bad setting: {exc}") from exc
     except redis.RedisError as exc:  # a cluster or Sentinel URL connects at once
         raise CommandError(f"cannot reach Redis at {url}: {exc}") from exc
     try:
