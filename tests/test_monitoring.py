@@ -135,3 +135,17 @@ def test_the_panels_and_rules_the_operator_needs() -> None:
     rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
     assert all({"alert", "expr", "labels", "annotations"} <= set(rule) for rule in rules)
     assert len({rule["alert"] for rule in rules}) == len(rules)
+
+
+def test_http_answers_are_counted_through_the_fan_out() -> None:
+    """``Observer.http_answered`` reaches the counter the HTTP panels read (the HTTP layer calls it)."""
+    registry = CollectorRegistry()
+    observer = MetricsObserver(registry)
+    current.enable(observer)
+    try:
+        for answer in ("replayed", "replayed", "conflict", "too_large"):
+            current.http_answered(answer)
+    finally:
+        current.disable(observer)
+    value = {a: registry.get_sample_value("dedupe_http_requests_total", {"answer": a}) for a in HTTP_ANSWERS}
+    assert value == {**dict.fromkeys(HTTP_ANSWERS, 0.0), "replayed": 2.0, "conflict": 1.0, "too_large": 1.0}

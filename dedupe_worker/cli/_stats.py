@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
         if report[name]:
             low, mid, high = report[name]["min"], report[name]["p50"], report[name]["max"]
             print(f"  {label:<22} min {low:,}  p50 {mid:,}  max {high:,}")
+    if not found.bytes_per_key:
+        print("  projection             none: no key to measure bytes per key on (the namespace is empty)")
+        return 0
     print(f"  bytes per key          {found.bytes_per_key:,} (MEMORY USAGE, sampled)")
     print(f"  projection             {report['projection_bytes']:,} bytes = {args.rate:g} msg/s x "
           f"{report['retention']:,.0f} s x {found.bytes_per_key:,} bytes per key")
@@ -56,6 +59,7 @@ def assumption(report: dict[str, Any]) -> str:
     rate = f"{report['rate']:g} new keys/s (--rate)"
     if report["retention_from"] == "sampled":
         return (f"{rate}, each outcome kept {report['retention']:,.0f} s: the longest remaining TTL in the "
-                f"sample, above the result TTL of {report['result_ttl']:g} s (per-message ttls)")
+                f"sample, above the result TTL of {report['result_ttl']:g} s (per-message ttls; high when only "
+                "some outcomes are kept that long)")
     return (f"{rate}, each outcome kept the result TTL of {report['result_ttl']:g} s (--result-ttl, "
             "DEDUPE_RESULT_TTL); no sampled outcome has longer left")
