@@ -130,6 +130,12 @@ def test_missing_table_mysql(mysql_url: str) -> None:
     one_line(cli("sql", "purge", "--dsn", mysql_url, "--table", table), "sql", "database: ", table, "doesn't exist")
 
 
+@pytest.mark.parametrize("action", ["ddl", "init", "purge"])
+def test_a_table_name_that_is_not_an_identifier(action: str) -> None:
+    done = cli("sql", action, "--dsn", f"postgresql://postgres@127.0.0.1:{CLOSED}/test", "--table", "x; drop")
+    one_line(done, "sql", "table must be a plain SQL identifier", "'x; drop'", "--table")
+
+
 def test_no_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEDUPE_SQL_DSN", raising=False)
     one_line(cli("sql", "purge"), "sql", "--dsn", "DEDUPE_SQL_DSN")

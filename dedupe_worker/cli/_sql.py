@@ -14,11 +14,15 @@ the table does not exist (one line naming it).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
 
 from .._settings import DedupeSettings
 from ._fail import CommandError, redacted
 
 __all__ = ["register", "run"]
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,10 +40,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = DedupeSettings()
     table = args.table or settings.sql_table
-    if args.action == "ddl":
-        from ..sql import ddl
+    from ..sql import SqlOutcomes, ddl
 
-        print(ddl(args.dialect, table), end="")
+    if args.action == "ddl":
+        print(_checked(lambda: ddl(args.dialect, table)), end="")
         return 0
     dsn = args.dsn or settings.sql_dsn
     if not dsn:
@@ -48,12 +52,18 @@ def run(args: argparse.Namespace) -> int:
     if scheme and scheme not in ("postgresql", "postgres") and "+" not in scheme:
         raise CommandError(f"--dsn {redacted(dsn)}: expected a PostgreSQL DSN (postgresql://...) or a "
                            "SQLAlchemy URL with its driver (mysql+pymysql://...)")
-    from ..sql import SqlOutcomes
-
-    outcomes = SqlOutcomes(dsn, table=table)
+    outcomes = _checked(lambda: SqlOutcomes(dsn, table=table))
     if args.action == "init":
         outcomes.create_table()
         print(f"{table}: ready ({outcomes.dialect})")
     else:
         print(f"{table}: purged {outcomes.purge(batch=args.batch)} expired row(s)")
     return 0
+
+
+def _checked(make: Callable[[], T]) -> T:
+    """``make()``, its ``ValueError`` (a table name that is not a plain identifier) said as one line."""
+    try:
+        return make()
+    except ValueError as exc:
+        raise CommandError(f"{exc} (--table, DEDUPE_SQL_TABLE)") from exc
