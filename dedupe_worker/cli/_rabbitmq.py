@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     handler = load_callable(args.handler)
     dedupe = deduplicator_from(args)
     try:
-        first = rabbitmq_connection(args)  # the broker is there before anything starts
+        with rabbitmq_connection(args) as probe:  # the broker is there before anything starts
+            connection = probe.clone()
     except BaseException:
         dedupe.close()
         raise
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     strategy = key_strategy_from(args, RABBITMQ_DEFAULT)
     options = {} if args.max_attempts is None else {"max_attempts": args.max_attempts}
     consumers = [
-        DedupeConsumer(first if n == 0 else first.clone(),
+        DedupeConsumer(connection if n == 0 else connection.clone(),
                        args.queue, handler, dedupe, key_strategy=strategy,
                        prefetch_count=args.prefetch, batch=not args.no_batch, **options)
         for n in range(max(1, args.concurrency))
