@@ -5,6 +5,8 @@ module that does not import, a bad option. ``-v`` adds the traceback."""
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -207,3 +209,21 @@ def test_verbose_adds_the_traceback(here: Path) -> None:
     assert done.returncode == 2
     assert "Traceback" in done.stderr
     assert done.stderr.splitlines()[-1].startswith("dedupe-worker stats: cannot reach Redis at ")
+
+
+
+def test_the_default_url_is_named_as_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No URL given: the line says the default was tried, and how to name another (in process, with
+    the default aimed at a closed port: 127.0.0.1:6379 may well answer on this machine)."""
+    from dedupe_worker._settings import DedupeSettings
+    from dedupe_worker.cli import _options
+    from dedupe_worker.cli._fail import CommandError
+
+    class Closed(DedupeSettings):
+        redis_url: str = f"redis://127.0.0.1:{CLOSED}/0"
+
+    monkeypatch.delenv("DEDUPE_REDIS_URL", raising=False)
+    monkeypatch.setattr(_options, "DedupeSettings", Closed)
+    with pytest.raises(CommandError, match=re.escape(f"cannot reach Redis at redis://127.0.0.1:{CLOSED}/0 (the "
+                                                     "default; --redis-url or DEDUPE_REDIS_URL names another)")):
+        _options.deduplicator_from(argparse.Namespace())

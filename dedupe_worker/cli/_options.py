@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -150,7 +151,9 @@ def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
         if (value := getattr(args, name, None)) is not None
     }
     settings = DedupeSettings(**overrides)
-    url = f"{redacted(settings.redis_url)} ({'--redis-url' if 'redis_url' in overrides else 'DEDUPE_REDIS_URL'})"
+    where = ("--redis-url" if "redis_url" in overrides else "DEDUPE_REDIS_URL" if os.environ.get("DEDUPE_REDIS_URL")
+             else "the default; --redis-url or DEDUPE_REDIS_URL names another")
+    url = f"{redacted(settings.redis_url)} ({where})"
     try:
         dedupe = Deduplicator.from_settings(settings)
     except ValueError as exc:  # redis-py's word for a URL it cannot parse, ours for a bad option value
