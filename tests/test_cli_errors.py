@@ -138,6 +138,12 @@ def test_a_table_name_that_is_not_an_identifier(action: str) -> None:
     one_line(done, "sql", "table must be a plain SQL identifier", "'x; drop'", "--table")
 
 
+def test_missing_dead_letter_queue(rabbitmq_url: str, redis_url: str) -> None:
+    queue = f"missing-{uuid.uuid4().hex[:8]}.dlq"
+    done = cli("replay", "rabbitmq", "--from", queue, "--url", rabbitmq_url, "--redis-url", redis_url)
+    one_line(done, "replay rabbitmq", f"dead-letter queue '{queue}' not found")
+
+
 def test_no_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEDUPE_SQL_DSN", raising=False)
     one_line(cli("sql", "purge"), "sql", "--dsn", "DEDUPE_SQL_DSN")

@@ -21,6 +21,7 @@ from typing import Any
 from ..keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy, first_of, position_key
 from ..replay._plan import Planner
 from ..replay._summary import Progress, ReplayOptions, Summary, format_table
+from ._fail import CommandError
 from ._options import (
     add_broker_options,
     add_dedupe_options,
@@ -111,9 +112,8 @@ def _run(args: argparse.Namespace, default: KeyStrategy,
                             on_entry=progress.entry if progress else None)
     try:
         summary = replay(planner, options)
-    except LookupError as exc:
-        print(f"dedupe-worker replay {args.broker}: {exc}", file=sys.stderr)
-        return 2
+    except LookupError as exc:  # the dead-letter queue or topic does not exist
+        raise CommandError(str(exc.args[0]) if exc.args else str(exc)) from exc
     finally:
         planner.dedupe.close()
     if progress is not None:
