@@ -1,6 +1,6 @@
 """``make bench``: every benchmark, each against a baseline (and the peers) measured in the same run.
 
-    python -m bench [--pin same|split|both|none] [--only MODULE ...] [--seconds S]
+    python -m bench [--pin same|split|both|none] [--only MODULE ...] [--seconds S] [--charts DIR]
 
 Where Redis and the client run changes a round trip 3x on a small machine, so every run says
 where they ran and only numbers from one placement are compared with each other:
@@ -12,8 +12,10 @@ where they ran and only numbers from one placement are compared with each other:
   the other benches ``split``;
 * ``none``: no pinning, against ``DEDUPE_REDIS_URL`` (default the local 6379).
 
-A private server is used for pinned runs so that the shared Redis other processes use is never
-re-pinned. Without ``taskset``, ``redis-server`` or a second vCPU the run falls back to ``none``
+Each bench's output is echoed as it comes and, at the end, drawn as SVG bar charts under
+``docs/img/`` (``--charts DIR`` elsewhere, ``--charts ''`` none; :mod:`bench.charts`), stamped with
+the date and the machine. A private server is used for pinned runs so that the shared Redis other
+processes use is never re-pinned. Without ``taskset``, ``redis-server`` or a second vCPU the run falls back to ``none``
 and says so.
 """
 
@@ -27,6 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from .charts import bench_charts, stamp
 
 BENCHES = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
            "bench.celery_send", "bench.rabbitmq_consumer", "bench.kafka_consumer", "bench.kafka_cpu",
@@ -72,7 +77,25 @@ def start_redis(cpu: int) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the private redis-server did not start")
 
 
-def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extra: list[str]) -> int:
+#: Where the charts go unless ``--charts`` says otherwise.
+CHARTS = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def echoed(cmd: list[str]) -> tuple[int, str]:
+    """Run ``cmd``, echoing its output as it comes; its exit status and its output."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        lines.append(line)
+    return proc.wait(), "".join(lines)
+
+
+def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extra: list[str],
+        outputs: list[tuple[str, str, str]] | None = None) -> int:
+    """Run one bench; its output is appended to ``outputs`` as ``(module, placement, output)``."""
     if module == "bench.single_cpu" and not shutil.which("valgrind"):
         print(f"\n{module} skipped: it counts instructions with valgrind, which is not installed", flush=True)
         return 0
@@ -86,10 +109,13 @@ def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extr
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
     print(f"\n$ {' '.join(cmd)}\n  placement: {label}", flush=True)
-    code = subprocess.run(cmd).returncode
+    code, text = echoed(cmd)
     if module == "bench.kafka_cpu" and shutil.which("valgrind"):  # and its instructions: no neighbour disturbs them
         print(f"\n$ {' '.join(cmd)} --callgrind", flush=True)
-        code = code or subprocess.run([*cmd, "--callgrind"]).returncode
+        more, extra_text = echoed([*cmd, "--callgrind"])
+        code, text = code or more, text + extra_text
+    if outputs is not None:
+        outputs.append((module, label, text))
     return code
 
 
@@ -99,7 +125,19 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("PIN") or "both")
     parser.add_argument("--only", nargs="*", choices=BENCHES, help="run only these benches")
     parser.add_argument("--seconds", type=float, help="bench.core: seconds per case")
+    parser.add_argument("--charts", default=str(CHARTS), metavar="DIR",
+                        help="write SVG charts of the figures here ('' for none; default docs/img)")
     args = parser.parse_args(argv)
+    outputs: list[tuple[str, str, str]] = []
+    try:
+        return _run_all(args, outputs)
+    finally:
+        if args.charts and outputs:
+            written = bench_charts(outputs, Path(args.charts), stamp())
+            print(f"\ncharts: {len(written)} written to {args.charts}", flush=True)
+
+
+def _run_all(args: argparse.Namespace, outputs: list[tuple[str, str, str]]) -> int:
     benches = args.only or list(BENCHES)
     cpus = sorted(os.sched_getaffinity(0))
     pin = args.pin
@@ -114,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\nbench.lua_cost skipped: it runs only on the private redis-server of a pinned run")
                 continue
             failures += run(module, cpu=None, label="unpinned, shared Redis", redis_url=None,
-                            extra=core_extra if module == "bench.core" else []) != 0
+                            extra=core_extra if module == "bench.core" else [], outputs=outputs) != 0
         return 1 if failures else 0
     redis_cpu, other_cpu = cpus[0], cpus[1]
     placements = {"same": (redis_cpu, f"Redis and client on vCPU {redis_cpu} (taskset)"),
@@ -127,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in chosen:
                 cpu, label = placements[name]
                 failures += run(module, cpu=cpu, label=label, redis_url=url,
-                                extra=core_extra if module == "bench.core" else []) != 0
+                                extra=core_extra if module == "bench.core" else [], outputs=outputs) != 0
     finally:
         server.kill()
         server.wait(10)

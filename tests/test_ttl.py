@@ -177,12 +177,24 @@ def test_inspect_shows_each_key_s_remaining_ttl(dedupe: Deduplicator, capsys: py
     assert re.search(r"kept 7,(19\d|200)\.\d s more", capsys.readouterr().out)
 
 
-def test_stats_projects_memory_from_the_sampled_ttls(dedupe: Deduplicator, capsys: pytest.CaptureFixture[str],
-                                                     redis_url: str, namespace: str) -> None:
+def test_stats_prints_one_projection_and_what_it_assumes(dedupe: Deduplicator, capsys: pytest.CaptureFixture[str],
+                                                         redis_url: str, namespace: str) -> None:
     for n in range(10):
         dedupe.run(f"k{n}", lambda n=n: n, ttl=3600)
-    assert main(["stats", "--redis-url", redis_url, "--namespace", namespace, "--json", "--rate", "10"]) == 0
+    common = ["stats", "--redis-url", redis_url, "--namespace", namespace, "--rate", "10"]
+    # every outcome kept less than the result TTL: the result TTL is the assumption
+    assert main([*common, "--result-ttl", "86400", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert 3590 < report["sampled_retention"] * 0.5 <= 3600  # every outcome was written just now
-    assert report["sampled_projection_bytes"] == int(10 * report["sampled_retention"] * report["bytes_per_key"])
-    assert report["projection_bytes"] == int(10 * report["result_ttl"] * report["bytes_per_key"])
+    assert report["retention"] == 86400 and report["retention_from"] == "result_ttl"
+    assert report["projection_bytes"] == int(10 * 86400 * report["bytes_per_key"]) > 0
+    assert "sampled_projection_bytes" not in report
+    # per-message ttls above the result TTL: the longest remaining one sampled
+    assert main([*common, "--result-ttl", "60", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 3590 < report["retention"] <= 3600 and report["retention_from"] == "sampled"
+    assert report["projection_bytes"] == int(10 * report["retention"] * report["bytes_per_key"])
+    assert main([*common, "--result-ttl", "60"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("projection") == 1 and out.count(" bytes = 10 msg/s x 3,") == 1
+    assert "assuming               10 new keys/s (--rate), each outcome kept 3," in out
+    assert "above the result TTL of 60 s" in out

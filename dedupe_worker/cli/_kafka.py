@@ -14,6 +14,7 @@ from ._options import (
     add_metrics_option,
     deduplicator_from,
     kafka_config,
+    kafka_reachable,
     key_strategy_from,
     load_callable,
     start_metrics,
@@ -46,20 +47,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def consumer_config(args: argparse.Namespace) -> dict[str, Any]:
     """The confluent-kafka settings given on the command line."""
-    return {**kafka_config(args, "kafka"), "group.id": args.group}
+    return {**kafka_config(args), "group.id": args.group}
 
 
 def run(args: argparse.Namespace) -> int:
     from ..kafka import DedupeKafkaConsumer
 
     handler = load_callable(args.handler)
-    start_metrics(args)
+    config = consumer_config(args)
     strategy = key_strategy_from(args, KAFKA_DEFAULT)
     if args.position_fallback:
         strategy = first_of(strategy, position_key())
     dedupe = deduplicator_from(args)
+    try:
+        kafka_reachable(config)
+    except BaseException:
+        dedupe.close()
+        raise
+    start_metrics(args)
     consumer = DedupeKafkaConsumer(
-        consumer_config(args), args.topic, handler, dedupe, key_strategy=strategy,
+        config, args.topic, handler, dedupe, key_strategy=strategy,
         batch_size=args.batch_size, max_attempts=args.max_attempts,  # None: the shared default
         dead_letter_topic=args.dead_letter_topic,
     )

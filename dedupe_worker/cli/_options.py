@@ -1,16 +1,21 @@
-"""Options shared by the consumer and replay commands, so they derive keys identically, and the
-loading of the handler they name (``module:function``)."""
+"""Options shared by the consumer and replay commands, so they derive keys identically, the
+loading of the handler they name (``module:function``), and the start-up checks that each
+service named is reachable (a :class:`~._fail.CommandError` naming it when not)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 from .._deduplicator import Deduplicator
 from .._settings import DedupeSettings
 from ..keys import KeyStrategy, field_key, first_of, header_key
+from ._fail import CommandError, redacted
 
 __all__ = [
     "add_broker_options",
@@ -20,8 +25,10 @@ __all__ = [
     "config_pair",
     "deduplicator_from",
     "kafka_config",
+    "kafka_reachable",
     "key_strategy_from",
     "load_callable",
+    "rabbitmq_connection",
     "rabbitmq_url",
     "start_metrics",
 ]
@@ -69,12 +76,55 @@ def rabbitmq_url(args: argparse.Namespace) -> str:
     return getattr(args, "url", None) or DedupeSettings().rabbitmq_url
 
 
-def kafka_config(args: argparse.Namespace, command: str) -> dict[str, str]:
+def rabbitmq_connection(args: argparse.Namespace) -> Any:
+    """A kombu ``Connection`` to :func:`rabbitmq_url`, connected once to prove the broker is there
+    (later losses are the consumer's to ride out: it reconnects)."""
+    from .._extras import require
+
+    kombu = require("kombu", "rabbitmq")
+    url = rabbitmq_url(args)
+    try:
+        connection = kombu.Connection(url, connect_timeout=5)
+        connection.ensure_connection(max_retries=1)
+    except KeyError as exc:  # kombu's word for an unknown scheme: "No such transport: foo"
+        raise CommandError(f"--url {redacted(url)}: {exc.args[0] if exc.args else exc}") from exc
+    except (OSError, kombu.exceptions.OperationalError) as exc:
+        raise CommandError(f"cannot reach RabbitMQ at {redacted(url)} (--url, DEDUPE_RABBITMQ_URL): {exc}") from exc
+    return connection
+
+
+def kafka_config(args: argparse.Namespace) -> dict[str, str]:
     """``bootstrap.servers`` (``--bootstrap``, else ``DEDUPE_KAFKA_BOOTSTRAP``) and the ``-X`` settings."""
     bootstrap = getattr(args, "bootstrap", None) or DedupeSettings().kafka_bootstrap
     if not bootstrap:
-        raise SystemExit(f"dedupe-worker {command}: give --bootstrap or set DEDUPE_KAFKA_BOOTSTRAP")
+        raise CommandError("give --bootstrap or set DEDUPE_KAFKA_BOOTSTRAP")
     return {"bootstrap.servers": bootstrap, **dict(args.config)}
+
+
+#: Seconds the start-up check waits for the Kafka cluster's metadata.
+KAFKA_PROBE_TIMEOUT = 10.0
+
+
+def kafka_reachable(config: dict[str, str]) -> None:
+    """Ask the cluster for its metadata once, quietly: librdkafka itself retries an unreachable
+    bootstrap server for ever, logging each attempt, so a typo would otherwise look like an idle
+    consumer."""
+    from .._extras import require
+
+    confluent_kafka = require("confluent_kafka", "kafka")
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = config["bootstrap.servers"]
+    probe = {k: v for k, v in config.items() if k not in ("group.id", "log_level")}
+    try:
+        client = AdminClient({**probe, "log_level": 0})
+    except (confluent_kafka.KafkaException, ValueError, TypeError) as exc:  # a setting librdkafka refuses
+        raise CommandError(f"Kafka settings (-X, --bootstrap): {exc.args[0] if exc.args else exc}") from exc
+    try:
+        client.list_topics(timeout=KAFKA_PROBE_TIMEOUT)
+    except confluent_kafka.KafkaException as exc:
+        raise CommandError(f"cannot reach Kafka at {bootstrap} (--bootstrap, DEDUPE_KAFKA_BOOTSTRAP): "
+                           f"{exc.args[0].str() if exc.args else exc}") from exc
 
 
 def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
@@ -95,12 +145,31 @@ def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
 
 
 def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
+    """The deduplicator the options and ``DEDUPE_*`` describe, its Redis pinged once: a bad or
+    unreachable URL is a :class:`~._fail.CommandError` naming it and where it came from."""
     overrides = {
         name: value
         for name in ("redis_url", "store_url", "namespace", "lease", "result_ttl", "allow_eviction", "sql_dsn")
         if (value := getattr(args, name, None)) is not None
     }
-    return Deduplicator.from_settings(DedupeSettings(**overrides))
+    settings = DedupeSettings(**overrides)
+    where = ("--redis-url" if "redis_url" in overrides else "DEDUPE_REDIS_URL" if os.environ.get("DEDUPE_REDIS_URL")
+             else "the default; --redis-url or DEDUPE_REDIS_URL names another")
+    url = f"{redacted(settings.redis_url)} ({where})"
+    try:
+        dedupe = Deduplicator.from_settings(settings)
+    except ValueError as exc:  # redis-py's word for a URL it cannot parse, ours for a bad option value
+        if "URL" in str(exc) or settings.redis_url in str(exc):
+            raise CommandError(f"bad Redis URL {url}: {exc}") from exc
+        raise CommandError(f"bad setting: {exc}") from exc
+    except redis.RedisError as exc:  # a cluster or Sentinel URL connects at once
+        raise CommandError(f"cannot reach Redis at {url}: {exc}") from exc
+    try:
+        dedupe.store.client.ping()
+    except redis.RedisError as exc:
+        dedupe.close()
+        raise CommandError(f"cannot reach Redis at {url}: {exc}") from exc
+    return dedupe
 
 
 def add_key_options(parser: argparse.ArgumentParser) -> None:
@@ -125,10 +194,17 @@ def load_callable(path: str) -> Callable[..., Any]:
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"expected 'module:function', got {path!r}")
-    target: Any = importlib.import_module(module_name)
+        raise CommandError(f"handler {path!r}: expected 'module:function'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # whatever the module raised on import: its own bug or a missing package
+        raise CommandError(f"cannot import the handler's module {module_name!r} ({path}): "
+                           f"{type(exc).__name__}: {exc}") from exc
     for part in attr.split("."):
-        target = getattr(target, part)
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise CommandError(f"handler {path!r}: {module_name} has no {attr!r}") from exc
     if not callable(target):
-        raise TypeError(f"{path} is not callable")
+        raise CommandError(f"handler {path!r} is not callable")
     return target  # type: ignore[no-any-return]

@@ -26,7 +26,7 @@ from ._options import (
     deduplicator_from,
     key_strategy_from,
     load_callable,
-    rabbitmq_url,
+    rabbitmq_connection,
     start_metrics,
 )
 
@@ -59,21 +59,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     require("kombu", "rabbitmq")
-    from kombu.connection import Connection
-
     from ..rabbitmq import DedupeConsumer
 
     handler = load_callable(args.handler)
-    start_metrics(args)
     dedupe = deduplicator_from(args)
+    try:
+        with rabbitmq_connection(args) as probe:  # the broker is there before anything starts
+            connection = probe.clone()
+    except BaseException:
+        dedupe.close()
+        raise
+    start_metrics(args)
     strategy = key_strategy_from(args, RABBITMQ_DEFAULT)
     options = {} if args.max_attempts is None else {"max_attempts": args.max_attempts}
-    url = rabbitmq_url(args)
     consumers = [
-        DedupeConsumer(Connection(url),  # type: ignore[no-untyped-call]
+        DedupeConsumer(connection if n == 0 else connection.clone(),
                        args.queue, handler, dedupe, key_strategy=strategy,
                        prefetch_count=args.prefetch, batch=not args.no_batch, **options)
-        for _ in range(max(1, args.concurrency))
+        for n in range(max(1, args.concurrency))
     ]
 
     def stop(signum: int, frame: FrameType | None) -> None:

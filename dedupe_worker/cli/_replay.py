@@ -22,14 +22,16 @@ from typing import Any
 from ..keys import KAFKA_DEFAULT, RABBITMQ_DEFAULT, KeyStrategy, first_of, position_key
 from ..replay._plan import Planner
 from ..replay._summary import Progress, ReplayOptions, Summary, format_table
+from ._fail import CommandError
 from ._options import (
     add_broker_options,
     add_dedupe_options,
     add_key_options,
     deduplicator_from,
     kafka_config,
+    kafka_reachable,
     key_strategy_from,
-    rabbitmq_url,
+    rabbitmq_connection,
 )
 
 __all__ = ["register"]
@@ -116,9 +118,8 @@ def _run(args: argparse.Namespace, default: KeyStrategy,
                             on_entry=progress.entry if progress else None)
     try:
         summary = replay(planner, options)
-    except LookupError as exc:
-        print(f"dedupe-worker replay {args.broker}: {exc}", file=sys.stderr)
-        return 2
+    except LookupError as exc:  # the dead-letter queue or topic does not exist
+        raise CommandError(str(exc.args[0]) if exc.args else str(exc)) from exc
     finally:
         planner.dedupe.close()
     if progress is not None:
@@ -139,14 +140,12 @@ def _reasons(values: list[str] | None) -> set[str] | None:
 
 
 def run_rabbitmq(args: argparse.Namespace) -> int:
-    from .._extras import require
     from ..replay._rabbitmq import Destination, replay_rabbitmq
 
-    kombu = require("kombu", "rabbitmq")
     destination = Destination.parse(args.to) if args.to else None
 
     def replay(planner: Planner, options: ReplayOptions) -> Summary:
-        with kombu.Connection(rabbitmq_url(args)) as connection:
+        with rabbitmq_connection(args) as connection:
             return replay_rabbitmq(connection, args.source, planner, destination=destination,
                                    options=options, confirm_timeout=args.confirm_timeout)
 
@@ -156,9 +155,10 @@ def run_rabbitmq(args: argparse.Namespace) -> int:
 def run_kafka(args: argparse.Namespace) -> int:
     from ..replay._kafka import replay_kafka
 
-    config = kafka_config(args, "replay kafka")
+    config = kafka_config(args)
 
     def replay(planner: Planner, options: ReplayOptions) -> Summary:
+        kafka_reachable(config)
         return replay_kafka(config, args.source, args.group, planner, destination=args.to,
                             options=options, idle_timeout=args.idle_timeout)
 

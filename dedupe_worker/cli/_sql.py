@@ -12,17 +12,22 @@ it (``--print``: only print its DDL, for one's own migrations), ``purge`` delete
 bounded batches, ``ddl`` prints it for ``--dialect``.
 
 ``--dsn`` defaults to ``DEDUPE_SQL_DSN`` and ``--table`` to ``DEDUPE_SQL_TABLE``. Exit status 0 on
-success, 2 when no DSN is given.
+success, 2 when no DSN is given, the DSN is not one we take, the database cannot be reached or
+the table does not exist (one line naming it).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from .._settings import DedupeSettings
+from ._fail import CommandError, redacted
 
 __all__ = ["register", "run"]
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,18 +51,19 @@ def run(args: argparse.Namespace) -> int:
     if args.store is not None:
         return _store(args, args.store or settings.store_url or "")
     table = args.table or settings.sql_table
-    if args.action == "ddl":
-        from ..sql import ddl
+    from ..sql import SqlOutcomes, ddl
 
-        print(ddl(args.dialect, table), end="")
+    if args.action == "ddl":
+        print(_checked(lambda: ddl(args.dialect, table)), end="")
         return 0
     dsn = args.dsn or settings.sql_dsn
     if not dsn:
-        print("dedupe-worker sql: give --dsn or set DEDUPE_SQL_DSN", file=sys.stderr)
-        return 2
-    from ..sql import SqlOutcomes
-
-    outcomes = SqlOutcomes(dsn, table=table)
+        raise CommandError("give --dsn or set DEDUPE_SQL_DSN")
+    scheme = dsn.split("://", 1)[0] if "://" in dsn else ""
+    if scheme and scheme not in ("postgresql", "postgres") and "+" not in scheme:
+        raise CommandError(f"--dsn {redacted(dsn)}: expected a PostgreSQL DSN (postgresql://...) or a "
+                           "SQLAlchemy URL with its driver (mysql+pymysql://...)")
+    outcomes = _checked(lambda: SqlOutcomes(dsn, table=table))
     if args.action == "init":
         outcomes.create_table()
         print(f"{table}: ready ({outcomes.dialect})")
@@ -75,9 +81,7 @@ def _store(args: argparse.Namespace, url: str) -> int:
         print(_sqlstore.ddl(dialect or "postgresql"), end="")
         return 0
     if not _sqlstore.is_sql_url(url):
-        print("dedupe-worker sql --store: give a postgresql:// or mysql:// URL, or set DEDUPE_STORE_URL",
-              file=sys.stderr)
-        return 2
+        raise CommandError("dedupe-worker sql --store: give a postgresql:// or mysql:// URL, or set DEDUPE_STORE_URL")
     pool = _sqlstore.connect(url)
     try:
         if args.action == "init":
@@ -88,3 +92,11 @@ def _store(args: argparse.Namespace, url: str) -> int:
     finally:
         pool.close()
     return 0
+
+
+def _checked(make: Callable[[], T]) -> T:
+    """``make()``, its ``ValueError`` (a table name that is not a plain identifier) said as one line."""
+    try:
+        return make()
+    except ValueError as exc:
+        raise CommandError(f"{exc} (--table, DEDUPE_SQL_TABLE)") from exc

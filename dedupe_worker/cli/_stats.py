@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from .._operate.doctor import DEFAULT_RATE
 from .._operate.survey import UNREADABLE, survey
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         dedupe.close()
     report = found.as_dict(args.rate, dedupe.result_ttl)
+    report["assumption"] = assumption(report)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -49,13 +51,13 @@ def run(args: argparse.Namespace) -> int:
         if report[name]:
             low, mid, high = report[name]["min"], report[name]["p50"], report[name]["max"]
             print(f"  {label:<22} min {low:,}  p50 {mid:,}  max {high:,}")
+    if not found.bytes_per_key:
+        print("  projection             none: no key to measure bytes per key on (the namespace is empty)")
+        return 0
     print(f"  bytes per key          {found.bytes_per_key:,} (MEMORY USAGE, sampled)")
-    print(f"  projection             {report['projection_bytes']:,} bytes at {args.rate:g} msg/s kept "
-          f"{dedupe.result_ttl:g} s (R x T x bytes per key)")
-    if report["sampled_retention"] is not None:
-        print(f"  from the sampled TTLs  {report['sampled_projection_bytes']:,} bytes at {args.rate:g} msg/s kept "
-              f"{report['sampled_retention']:,.0f} s (twice the mean remaining TTL of the sampled outcomes: "
-              "per-message ttls included)")
+    print(f"  projection             {report['projection_bytes']:,} bytes = {args.rate:g} msg/s x "
+          f"{report['retention']:,.0f} s x {found.bytes_per_key:,} bytes per key")
+    print(f"  assuming               {report['assumption']}")
     return 0
 
 
@@ -75,3 +77,14 @@ def _sql_stats(args: argparse.Namespace, pool: SqlPool, namespace: str) -> int:
     if states.get("expired"):
         print("  expired rows count as gone; dedupe-worker sql purge --store <url> deletes them")
     return 0
+
+
+def assumption(report: dict[str, Any]) -> str:
+    """What the one projection rests on, in words."""
+    rate = f"{report['rate']:g} new keys/s (--rate)"
+    if report["retention_from"] == "sampled":
+        return (f"{rate}, each outcome kept {report['retention']:,.0f} s: the longest remaining TTL in the "
+                f"sample, above the result TTL of {report['result_ttl']:g} s (per-message ttls; high when only "
+                "some outcomes are kept that long)")
+    return (f"{rate}, each outcome kept the result TTL of {report['result_ttl']:g} s (--result-ttl, "
+            "DEDUPE_RESULT_TTL); no sampled outcome has longer left")

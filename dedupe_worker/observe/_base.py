@@ -35,8 +35,9 @@ class Observer:
         """A lease was found taken over by a larger token."""
 
     def http_answered(self, answer: str) -> None:
-        """The HTTP Idempotency-Key layer decided a request: ``ran``, ``replayed``, ``conflict``,
-        ``mismatch``, ``missing_key``, ``too_large``, ``scope_refused``, ``already_applied``, ``error``."""
+        """The HTTP layer answered one request: ``ran``, ``replayed``, ``conflict`` (409),
+        ``mismatch`` (422), ``missing_key`` (400), ``too_large`` (413), ``scope_refused``,
+        ``already_applied`` or ``error``."""
 
     @contextlib.contextmanager
     def span(self, name: str, attributes: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from ._base import Observer
 
-__all__ = ["MetricsObserver"]
+__all__ = ["HTTP_ANSWERS", "MetricsObserver"]
 
 # observe imports nothing else of the package (it sits on the bottom floor beside the errors), so
 # the hint of the extra to install is spelt here rather than through ``_extras.require``.
@@ -16,12 +16,22 @@ except ImportError as exc:
     raise ImportError("prometheus_client is needed for this feature: pip install 'dedupe-worker[metrics]'") from exc
 
 
+#: What the HTTP layer answers a request with: it ``ran`` the view; ``replayed`` the stored
+#: response; refused a retry while the first runs (409, ``conflict``), a key reused with another
+#: request (422, ``mismatch``), a missing key (400, ``missing_key``), a body over the bound (413,
+#: ``too_large``) or a scope it does not cover (``scope_refused``); answered from an outcome an
+#: SQL ``atomic()`` had committed (``already_applied``); or failed (``error``).
+HTTP_ANSWERS = ("ran", "replayed", "conflict", "mismatch", "missing_key", "too_large", "scope_refused",
+                "already_applied", "error")
+
+
 class MetricsObserver(Observer):
     """``dedupe_decisions_total{integration,reason}``, ``dedupe_sends_total{integration,outcome}``,
     ``dedupe_round_trip_seconds{op}``,
     ``dedupe_handler_seconds{integration}``, ``dedupe_leases_held``,
     ``dedupe_lease_renewals_failed_total``, ``dedupe_leases_lost_total``,
-    ``dedupe_http_requests_total{answer}``."""
+    ``dedupe_http_requests_total{answer}``. The dashboard and alert rules of docs/monitoring/ query
+    these names (tests/test_monitoring.py checks them against a real run)."""
 
     _made: ClassVar[dict[int, MetricsObserver]] = {}
 
@@ -42,8 +52,10 @@ class MetricsObserver(Observer):
                                                   "Leases whose renewal round trip failed", registry=r)
         self.lost = prometheus.Counter("dedupe_leases_lost", "Leases found taken over by a larger token",
                                        registry=r)
-        self.http = prometheus.Counter("dedupe_http_requests", "HTTP Idempotency-Key requests, by the layer's "
-                                       "answer", ["answer"], registry=r)
+        self.http = prometheus.Counter("dedupe_http_requests", "HTTP requests answered by the Idempotency-Key "
+                                       "layer, by answer", ["answer"], registry=r)
+        for answer in HTTP_ANSWERS:  # every series from the start: rate() and alerts see the first one
+            self.http.labels(answer)
 
     @classmethod
     def get(cls, registry: Any = None, port: int | None = None) -> MetricsObserver:

@@ -22,10 +22,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.charts import Chart
+
 from .faults import Fault
 from .ledger import Ledger
 
-__all__ = ["Figures", "attribute", "collect", "format_report"]
+__all__ = ["Figures", "attribute", "charts", "collect", "format_report"]
 
 
 @dataclass
@@ -154,3 +156,22 @@ def format_report(figures: dict[str, Figures], seconds: float, details: bool = T
             lines += [f"    LOST {key}" for key in fig.lost[:50]]
             lines += [f"    APPLIED TWICE {key}" for key in fig.applied_twice[:50]]
     return "\n".join(lines)
+
+
+def charts(figures: dict[str, Figures]) -> list[Chart]:
+    """The report as two charts: what happened to the operations of each integration (LOST and
+    APPLIED TWICE must be 0), and the publish->apply latency."""
+    names = list(figures)
+    counts = [("operations", lambda f: f.operations), ("deliveries (copies sent)", lambda f: f.deliveries),
+              ("handler re-runs", lambda f: len(f.reruns)), ("re-runs that found the effect committed",
+                                                              lambda f: f.already_applied),
+              ("stale writes refused by the fence", lambda f: f.fenced),
+              ("outcomes refused as lease lost", lambda f: f.lease_lost),
+              ("dead-lettered", lambda f: sum(f.dead_lettered.values())),
+              ("LOST", lambda f: len(f.lost)), ("APPLIED TWICE", lambda f: len(f.applied_twice)),
+              ("UNEXPLAINED RE-RUNS", lambda f: len(f.unexplained))]
+    outcome = Chart("soak: what happened to the operations", "count", names,
+                    [(label, [float(count(figures[n])) for n in names]) for label, count in counts])
+    latency = Chart("soak: publish -> apply latency", "ms", ["p50", "p99"],
+                    [(n, [figures[n].percentile(0.5) * 1000, figures[n].percentile(0.99) * 1000]) for n in names])
+    return [outcome, latency]
