@@ -19,8 +19,10 @@ VENV_OLDEST  ?= .venv-oldest
 REDIS_FLOOR  := $(shell sed -n 's/.*"redis\[hiredis\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 STAMP_OLDEST  = $(VENV_OLDEST)/.installed-redis-$(REDIS_FLOOR)
 EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,embedded,testing,metrics,otel,asyncio,test,dev
+# `make docs-serve` listens here.
+DOCS_ADDR    ?= 127.0.0.1:8000
 
-.PHONY: install test test-oldest lint typecheck bench demo soak clean
+.PHONY: install test test-oldest lint typecheck bench demo soak docs docs-serve clean
 
 # The editable install compiles dedupe_worker/_resp.c and _kafka_records.c beside them (hatch_build.py): again when they change.
 BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c dedupe_worker/_kafka_records.c
@@ -28,7 +30,7 @@ BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c dedupe_worke
 $(STAMP): $(BUILT_FROM)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench,docs]"
 	touch $(STAMP)
 
 # kombu[redis]: the tests use Redis as a Celery broker, so kombu (and Celery) must be releases
@@ -66,5 +68,13 @@ bench: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dedupe-worker demo
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing
+# page or an API reference that does not resolve fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
+
 clean:
-	rm -rf $(VENV) $(VENV_OLDEST) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_OLDEST) dist build site .pytest_cache .mypy_cache .ruff_cache
