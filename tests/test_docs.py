@@ -1,4 +1,5 @@
-"""Every fenced ``python`` block of every ``docs/*.md`` page runs, as a user would paste it.
+"""Every fenced ``python`` block of every ``docs/*.md`` page and of README.md runs, as a user would
+paste it.
 
 A block that defines ``test_*`` functions is run by pytest (the package's plugin gives it the
 ``dedupe`` fixture); any other block is run by Python. A block that ends by starting a consumer
@@ -98,7 +99,7 @@ def read_page(path: Path) -> Page:
     return page
 
 
-PAGES = {path.name: read_page(path) for path in sorted((ROOT / "docs").glob("*.md"))}
+PAGES = {path.name: read_page(path) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 PROGRAMS = [program for page in PAGES.values() for program in page.programs]
 
 
@@ -107,6 +108,16 @@ def test_the_pages_have_runnable_blocks() -> None:
     assert {"asyncio.md", "celery.md", "kafka.md", "rabbitmq.md", "sql.md", "testing.md"} <= pages
     assert any("IdempotentTask" in p.code and "def test_" in p.code for p in PROGRAMS if p.page == "testing.md")
     assert sum(page.skipped for page in PAGES.values()) <= 3, "keep the fragments that are not run few"
+
+
+def test_the_readme_example_runs_here() -> None:
+    """The README's first ``python`` block is its example: run by this file as pasted, not skipped
+    and not left to another test."""
+    readme = (ROOT / "README.md").read_text()
+    first = FENCE.search(readme)
+    assert first is not None, "the README shows an example"
+    assert PAGES["README.md"].programs[0].lines[0] == readme.count("\n", 0, first.start()) + 1
+    assert "in_memory()" in first.group(1) or "localhost" in first.group(1)
 
 
 def test_blocks_run_elsewhere_are_named_by_their_test() -> None:
