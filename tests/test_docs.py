@@ -234,3 +234,20 @@ def run(program: Program, code: str, tmp_path: Path, namespace: str) -> None:
         assert running, f"{program.id}: the consumer stopped by itself\n{out}\n{err}"
     else:
         assert not running and proc.returncode == 0, f"{program.id}\n{out}\n{err}"
+
+
+def test_the_readme_is_a_front_door_whose_two_commands_do_the_set_up() -> None:
+    """At most 250 lines; its set-up is ``make demo`` and ``make test``, each of which installs
+    everything first (the Makefile's install stamp); every file it links exists."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    commands = re.search(r"## Two commands\n.*?```bash\n(.*?)```", readme, re.S)
+    assert commands is not None
+    assert [line.split("#")[0].strip() for line in commands.group(1).splitlines()] == ["make demo", "make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert re.search(rf"^{target}: \$\(STAMP\)$", makefile, re.M), target
+    assert re.search(r"^\$\(STAMP\):.*\n(\t.*\n)*\t.*pip install .*-e \"\.\[\$\(EXTRAS\)", makefile, re.M)
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target:
+            assert (ROOT / target).exists(), target
