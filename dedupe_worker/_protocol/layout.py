@@ -16,7 +16,7 @@ A message's keys share one Redis Cluster hash slot through the ``{...}`` hash ta
 At most one of the two outcome records exists: a result is written once, by the owner of the
 claim, in the format its worker writes (``DEDUPE_RECORD_FORMAT``). Readers of this release read
 both; releases before it read only ``:result``, so format 2 is switched on only once every worker
-of the namespace runs this release or a later one (see the upgrade section of docs/protocol.md). A name that
+of the namespace runs this release or a later one (see the README's upgrade section). A name that
 ends with ``}`` is a format-2 outcome (:meth:`KeyLayout.kind`): every other key has a suffix.
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
