@@ -19,8 +19,10 @@ VENV_OLDEST  ?= .venv-oldest
 REDIS_FLOOR  := $(shell sed -n 's/.*"redis\[hiredis\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 STAMP_OLDEST  = $(VENV_OLDEST)/.installed-redis-$(REDIS_FLOOR)
 EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,embedded,testing,metrics,otel,asyncio,test,dev
+# `make docs-serve` listens here.
+DOCS_ADDR    ?= 127.0.0.1:8000
 
-.PHONY: install test test-oldest lint typecheck bench demo soak clean
+.PHONY: install test test-oldest lint typecheck bench demo soak docs docs-serve clean
 
 # The editable install compiles dedupe_worker/_resp.c and _kafka_records.c beside them (hatch_build.py): again when they change.
 BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c dedupe_worker/_kafka_records.c
@@ -28,7 +30,7 @@ BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c dedupe_worke
 $(STAMP): $(BUILT_FROM)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),bench,docs]"
 	touch $(STAMP)
 
 # kombu[redis]: the tests use Redis as a Celery broker, so kombu (and Celery) must be releases
@@ -51,11 +53,11 @@ test-oldest: $(STAMP_OLDEST)
 	DEDUPE_PURE_PYTHON=1 $(VENV_OLDEST)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check dedupe_worker tests bench hatch_build.py
+	$(BIN)/ruff check dedupe_worker tests bench hatch_build.py mkdocs_hooks.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/mypy hatch_build.py
+	$(BIN)/mypy hatch_build.py mkdocs_hooks.py
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak --duration $(SOAK_DURATION) --seed $(SOAK_SEED) --integrations $(SOAK_INTEGRATIONS)
@@ -66,5 +68,14 @@ bench: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dedupe-worker demo
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing
+# page or an API reference that does not resolve fails the build.
+# NO_MKDOCS_2_WARNING: Material's banner about its successor, printed on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
+
 clean:
-	rm -rf $(VENV) $(VENV_OLDEST) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_OLDEST) dist build site .pytest_cache .mypy_cache .ruff_cache

@@ -58,7 +58,7 @@ def free_port() -> int:
 
 
 def start_redis(cpu: int) -> tuple[subprocess.Popen[bytes], str]:
-    """A private ``redis-server`` pinned to ``cpu``, its URL. Configured as the README asks of
+    """A private ``redis-server`` pinned to ``cpu``, its URL. Configured as docs/guarantees.md asks of
     production (``appendonly yes``, ``appendfsync everysec``), so every write pays for the AOF."""
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="dedupe-bench-redis-")

@@ -1,4 +1,5 @@
-"""Every fenced ``python`` block of every ``docs/*.md`` page runs, as a user would paste it.
+"""Every fenced ``python`` block of every ``docs/*.md`` page and of README.md runs, as a user would
+paste it.
 
 A block that defines ``test_*`` functions is run by pytest (the package's plugin gives it the
 ``dedupe`` fixture); any other block is run by Python. A block that ends by starting a consumer
@@ -98,7 +99,7 @@ def read_page(path: Path) -> Page:
     return page
 
 
-PAGES = {path.name: read_page(path) for path in sorted((ROOT / "docs").glob("*.md"))}
+PAGES = {path.name: read_page(path) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 PROGRAMS = [program for page in PAGES.values() for program in page.programs]
 
 
@@ -107,6 +108,16 @@ def test_the_pages_have_runnable_blocks() -> None:
     assert {"asyncio.md", "celery.md", "kafka.md", "rabbitmq.md", "sql.md", "testing.md"} <= pages
     assert any("IdempotentTask" in p.code and "def test_" in p.code for p in PROGRAMS if p.page == "testing.md")
     assert sum(page.skipped for page in PAGES.values()) <= 3, "keep the fragments that are not run few"
+
+
+def test_the_readme_example_runs_here() -> None:
+    """The README's first ``python`` block is its example: run by this file as pasted, not skipped
+    and not left to another test."""
+    readme = (ROOT / "README.md").read_text()
+    first = FENCE.search(readme)
+    assert first is not None, "the README shows an example"
+    assert PAGES["README.md"].programs[0].lines[0] == readme.count("\n", 0, first.start()) + 1
+    assert "in_memory()" in first.group(1) or "localhost" in first.group(1)
 
 
 def test_blocks_run_elsewhere_are_named_by_their_test() -> None:
@@ -223,3 +234,20 @@ def run(program: Program, code: str, tmp_path: Path, namespace: str) -> None:
         assert running, f"{program.id}: the consumer stopped by itself\n{out}\n{err}"
     else:
         assert not running and proc.returncode == 0, f"{program.id}\n{out}\n{err}"
+
+
+def test_the_readme_is_a_front_door_whose_two_commands_do_the_set_up() -> None:
+    """At most 250 lines; its set-up is ``make demo`` and ``make test``, each of which installs
+    everything first (the Makefile's install stamp); every file it links exists."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    commands = re.search(r"## Two commands\n.*?```bash\n(.*?)```", readme, re.S)
+    assert commands is not None
+    assert [line.split("#")[0].strip() for line in commands.group(1).splitlines()] == ["make demo", "make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert re.search(rf"^{target}: \$\(STAMP\)$", makefile, re.M), target
+    assert re.search(r"^\$\(STAMP\):.*\n(\t.*\n)*\t.*pip install .*-e \"\.\[\$\(EXTRAS\)", makefile, re.M)
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target:
+            assert (ROOT / target).exists(), target

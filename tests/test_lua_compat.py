@@ -368,7 +368,7 @@ def test_format_1_reads_back_in_python_alike(redis_client: redis.Redis, versions
 @pytest.mark.parametrize("earlier", ["previous", "older"])
 def test_an_earlier_release_cannot_see_a_format_2_outcome(
         earlier: str, redis_client: redis.Redis, versions: dict[str, Scripts]) -> None:
-    """Why the switch to format 2 waits until no worker of an earlier release is left (the README's
+    """Why the switch to format 2 waits until no worker of an earlier release is left (docs/protocol.md's
     upgrade order; ``doctor`` warns when it finds both): such a worker looks for the outcome at
     ``<stem>:result`` only, so it takes a key completed in format 2 for a new one and would run its
     message again. This release, writing either format, answers DUPLICATE."""

@@ -248,7 +248,7 @@ def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int
     if repl.get("role") == "master" and replicas:
         checks.append(Check("replication", True, f"{replicas} replica(s); min-replicas-to-write {min_replicas}",
                             "" if not unguarded else "a failover can lose the last writes: set "
-                            "min-replicas-to-write and use wait_replicas (see README)", warn=unguarded))
+                            "min-replicas-to-write and use wait_replicas (see docs/guarantees.md)", warn=unguarded))
     else:
         checks.append(Check("replication", True, f"role {repl.get('role')}, {replicas} replica(s)",
                             "no replica: a lost primary loses everything not on disk", warn=True))

@@ -69,7 +69,7 @@ class ClaimClient(ClientCore):
     :param serializer: how results are stored (default JSON; never pickle).
     :param wait_replicas: send ``WAIT wait_replicas`` in the same round trip as every claim and
         completion; fewer acknowledgements within ``wait_timeout`` seconds raise
-        :class:`StoreUnavailable` (the claims it took are given back). Not consensus: see README.
+        :class:`StoreUnavailable` (the claims it took are given back). Not consensus: see docs/guarantees.md.
     :param allow_eviction: accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run
         again). Off: the first claim raises :class:`EvictionPolicyError` there (:meth:`check_store`).
     :param compress_above: results (and stored failures) over this many bytes are stored

@@ -75,7 +75,7 @@ class SoakResult:
     @property
     def ok(self) -> bool:
         """No operation lost, none applied twice, and every handler re-run in a window the
-        README names (a fault or a lost lease explains it)."""
+        guarantees name (docs/guarantees.md: a fault or a lost lease explains it)."""
         return self.lost == 0 and self.applied_twice == 0 and self.unexplained == 0
 
     def fault_counts(self) -> Counter[str]:

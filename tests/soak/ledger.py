@@ -2,14 +2,14 @@
 of every handler invocation, and the events the consumers' hooks report.
 
 Tables are named after the run (``soak_<run>_accounts``, ``_invocations``, ``_events``) so runs
-and engineers sharing the database never meet. The handler's write is the README's fenced update::
+and engineers sharing the database never meet. The handler's write is the fenced update of docs/guarantees.md::
 
     UPDATE accounts SET balance = balance + :a, fence = :token WHERE id = :id AND fence < :token
 
 preceded, in the same transaction, by ``SELECT fence ... FOR UPDATE``: a fence already set by a
 *smaller* token means an earlier run's effect committed but its outcome never reached Redis (a
 crash or a Redis outage between the handler and ``complete``), and the handler skips the write
-instead of adding the amount again (the README's "make effects idempotent"). The fence alone
+instead of adding the amount again (docs/guarantees.md: "make such a write idempotent"). The fence alone
 cannot tell that case apart: the re-run holds a *larger* token, so its write passes the fence.
 ``SOAK_WRITE=fenced`` (``--write fenced``) leaves the guard out to measure exactly that.
 

@@ -9,7 +9,7 @@ integration.
   with what its write did;
   one with no such fault is listed as ``unexplained``;
 - **fenced**: writes refused by the fence (0 rows: a newer token had written);
-- **already applied**: re-runs that found an earlier token's write committed (the README's crash
+- **already applied**: re-runs that found an earlier token's write committed (a crash
   window) and skipped it, as the handler's idempotent write does;
 - **lease lost**: completions refused (the ``on_lease_lost`` hook's rows);
 - **dead-lettered**: the ``on_dead_letter`` hook's rows, by reason.
