@@ -14,9 +14,9 @@ A message's keys share one Redis Cluster hash slot through the ``{...}`` hash ta
                                   task id it sent, until when that counts as queued, fingerprint
 
 At most one of the two outcome records exists: a result is written once, by the owner of the
-claim, in the format its worker writes (``DEDUPE_RECORD_FORMAT``). Readers of this release read
-both; releases before it read only ``:result``, so format 2 is switched on only once every worker
-of the namespace runs this release or a later one (see the README's upgrade section). A name that
+claim, in the format its worker writes (format 2 unless ``DEDUPE_RECORD_FORMAT=1``). Readers of
+this release read both; releases before it read only ``:result``, so while one of them shares the
+namespace its peers write format 1 (see the README's upgrade section). A name that
 ends with ``}`` is a format-2 outcome (:meth:`KeyLayout.kind`): every other key has a suffix.
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
