@@ -1,5 +1,4 @@
-"""The package's compiled extensions, each ``None`` where it was not built, and the switch that
-makes the library ignore them.
+"""The package's compiled extensions, each ``None`` where it was not built.
 
 - ``compiled_pack``: ``dedupe_worker._resp.pack_command`` (``_resp.c``), RESP packing, byte for byte
   as ``hiredis.pack_command`` (chosen by :func:`~dedupe_worker._protocol.held.direct_packer`);
@@ -8,19 +7,17 @@ makes the library ignore them.
 
 They are built with the package where a C compiler is found (``hatch_build.py``), and not at all
 with ``DEDUPE_NO_EXTENSIONS=1``. ``DEDUPE_PURE_PYTHON=1`` in the environment makes the library use
-the Python paths instead (read where each is chosen: a connection's first use, a consumer's
-construction): CI runs the whole suite that way too (``make test-oldest``).
+the Python paths instead (:func:`~dedupe_worker._settings.accelerators_off`, read where each is
+chosen: a connection's first use, a consumer's construction): CI runs the whole suite that way
+too (``make test-oldest``).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-__all__ = ["PURE_PYTHON_ENV", "compiled_pack", "plain_identities", "pure_python"]
+__all__ = ["compiled_pack", "plain_identities"]
 
-#: Set to anything but ``""`` or ``0``: the library ignores the compiled extensions.
-PURE_PYTHON_ENV = "DEDUPE_PURE_PYTHON"
 
 compiled_pack: Any
 try:
@@ -34,7 +31,3 @@ try:
 except ImportError:  # not compiled at install: the Kafka consumer identifies its records in Python
     plain_identities = None
 
-
-def pure_python() -> bool:
-    """Whether :data:`PURE_PYTHON_ENV` asks for the Python paths now."""
-    return os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0")

@@ -15,7 +15,29 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["ACCELERATORS_OFF_ENV", "RECORD_FORMAT", "RECORD_FORMATS", "RECORD_FORMAT_ENV", "SCRIPTS_ENV",
-           "DedupeSettings", "accelerators_off", "eval_forced", "record_format_from_env"]
+           "DedupeSettings", "Defaults", "accelerators_off", "eval_forced", "record_format_from_env"]
+
+
+class Defaults:
+    """The default of each client option, written once: :class:`DedupeSettings` and every client's
+    signature (sync, asyncio, the flows they share) take them from here."""
+
+    #: Prefix of every Redis key we write.
+    NAMESPACE = "dedupe"
+    #: Seconds a claim is held without renewal.
+    LEASE = 30.0
+    #: Seconds a stored outcome is kept.
+    RESULT_TTL = 86400.0
+    #: Keys longer than this many UTF-8 bytes are stored as their sha256.
+    MAX_KEY_LENGTH = 200
+    #: Results larger than this are stored as "completed, body omitted".
+    MAX_RESULT_BYTES = 1_000_000
+    #: Results over this many bytes are stored compressed.
+    COMPRESS_ABOVE = 1024
+    #: ``auto``: zstd where installed, else zlib.
+    COMPRESSION = "auto"
+    #: Seconds to wait for ``wait_replicas`` replicas.
+    WAIT_TIMEOUT = 0.1
 
 #: The formats ``complete.lua`` can write a result in: 1 the hash at ``<stem>:result`` every
 #: release reads, 2 the compact string at the stem itself (one ``SET ... PX``) that only the
@@ -67,25 +89,25 @@ class DedupeSettings(BaseSettings):
     #: for a primary found through Sentinel.
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Prefix of every Redis key we write.
-    namespace: str = "dedupe"
+    namespace: str = Defaults.NAMESPACE
     #: Seconds a claim is held without renewal before another worker may take over.
-    lease: float = Field(30.0, gt=0)
+    lease: float = Field(Defaults.LEASE, gt=0)
     #: Seconds a stored outcome (and so the protection against duplicates) is kept.
-    result_ttl: float = Field(86400.0, gt=0)
+    result_ttl: float = Field(Defaults.RESULT_TTL, gt=0)
     #: Keys longer than this many UTF-8 bytes are stored as their sha256.
-    max_key_length: int = Field(200, gt=0)
+    max_key_length: int = Field(Defaults.MAX_KEY_LENGTH, gt=0)
     #: Results larger than this are stored as "completed, body omitted".
-    max_result_bytes: int = Field(1_000_000, ge=0)
+    max_result_bytes: int = Field(Defaults.MAX_RESULT_BYTES, ge=0)
     #: Results over this many bytes are stored compressed (when that makes them smaller).
-    compress_above: int | None = Field(1024, ge=0)
+    compress_above: int | None = Field(Defaults.COMPRESS_ABOVE, ge=0)
     #: How: ``auto`` (zstd where installed, else zlib), ``zstd`` or ``zlib``.
-    compression: str = "auto"
+    compression: str = Defaults.COMPRESSION
     #: Run the handler without deduplication when Redis is down (loudly logged). Off: fail closed.
     fail_open: bool = False
     #: Replicas that must acknowledge every claim and completion (``WAIT``); 0: none.
     wait_replicas: int = Field(0, ge=0)
     #: Seconds to wait for them before the write counts as not durable.
-    wait_timeout: float = Field(0.1, gt=0)
+    wait_timeout: float = Field(Defaults.WAIT_TIMEOUT, gt=0)
     #: Accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run again). Off: the
     #: first claim (and a consumer's start) refuses with ``EvictionPolicyError`` there.
     allow_eviction: bool = False

@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
-from dedupe_worker._compiled import PURE_PYTHON_ENV, plain_identities
+from dedupe_worker._compiled import plain_identities
 from dedupe_worker._messages.envelope import from_kafka
 from dedupe_worker._messages.retention import TTL_HEADER, TtlHeader, header_ttl
+from dedupe_worker._settings import ACCELERATORS_OFF_ENV as PURE_PYTHON_ENV
 from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
 from dedupe_worker.kafka._positions import PartitionState
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key

@@ -43,7 +43,8 @@ from typing import Any, TypeGuard
 import redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
-from .._compiled import compiled_pack, pure_python
+from .._compiled import compiled_pack
+from .._settings import accelerators_off
 
 hiredis_pack: Any
 try:
@@ -267,7 +268,7 @@ def direct_packer(connection: Any) -> Any:
         own = b"".join(connection.pack_command(*_PROBE))
     except Exception:  # a packer that refuses part of the probe: keep it
         return None
-    for pack in (None if pure_python() else compiled_pack, hiredis_pack):
+    for pack in (None if accelerators_off() else compiled_pack, hiredis_pack):
         if pack is None:
             continue
         try:

@@ -32,6 +32,7 @@ import hashlib
 import re
 
 from .._errors import InvalidKey
+from .._settings import Defaults
 
 __all__ = ["NOTICE", "RESULT", "SENT", "STARTED", "KeyLayout"]
 
@@ -53,7 +54,7 @@ HASHED_PREFIX = "sha256:"
 class KeyLayout:
     """Maps idempotency keys to Redis key names under one namespace."""
 
-    def __init__(self, namespace: str = "dedupe", max_key_length: int = 200) -> None:
+    def __init__(self, namespace: str = Defaults.NAMESPACE, max_key_length: int = Defaults.MAX_KEY_LENGTH) -> None:
         if not namespace or _UNSAFE.search(namespace):
             raise ValueError(f"namespace must be non-empty without braces or whitespace: {namespace!r}")
         self.namespace = namespace

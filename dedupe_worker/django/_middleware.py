@@ -29,6 +29,7 @@ from typing import Any
 from .._deduplicator import Deduplicator
 from .._errors import StoreUnavailable
 from .._protocol.claim import Claim
+from .._settings import Defaults
 from ..http._request import RequestInfo
 from ..http._rules import IdempotencyRules, Recorder
 from ..http._stored import Response
@@ -87,7 +88,7 @@ class IdempotencyMiddleware:
         self.rules = IdempotencyRules(**options)
         self.dedupe = dedupe if dedupe is not None else Deduplicator.from_url(
             getattr(settings, "DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-            namespace=getattr(settings, "DEDUPE_NAMESPACE", "dedupe"), **client_options)
+            namespace=getattr(settings, "DEDUPE_NAMESPACE", Defaults.NAMESPACE), **client_options)
 
     def __call__(self, request: Any) -> Any:
         info = request_info(request)

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from .._compiled import plain_identities, pure_python
+from .._compiled import plain_identities
 from .._deduplicator import Deduplicator
 from .._engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, refused
 from .._engine.batch import Verdicts, verdicts_flow
@@ -38,8 +38,9 @@ from .._engine.hooks import Hooks
 from .._messages.envelope import Envelope, from_kafka
 from .._messages.retention import TTL_HEADER, TtlHeader, header_ttl
 from .._operate.doctor import check_at_start
+from .._settings import accelerators_off
 from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint, bytes_fingerprint, default_header_key
-from ._deadletter import DeadLetter, DeadLetterProducer, producer_config
+from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
 from ._hooks import ConsumerHooks
 from ._positions import DONE, Hold, PartitionState, plan_partition
@@ -115,7 +116,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         defer_wait: float | None = None,
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
-        dead_letter_timeout: float = 30.0,
+        dead_letter_timeout: float = DELIVERY_TIMEOUT,
         summary_interval: float = 10.0,
         ttl_header: str | None = TTL_HEADER,
     ) -> None:
@@ -151,7 +152,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self._partitions: dict[TP, PartitionState] = {}
         self._ttl_of: TtlHeader | None = None
         #: The compiled identification of plain records (``None``: not built, or DEDUPE_PURE_PYTHON).
-        self._compiled = None if pure_python() else plain_identities
+        self._compiled = None if accelerators_off() else plain_identities
         self._stop = threading.Event()
         self._woken = deque()
 
