@@ -22,8 +22,8 @@ EXTRAS        = celery,rabbitmq,kafka,faststream,dramatiq,http,sql,django,zstd,e
 
 .PHONY: install test test-oldest lint typecheck bench demo soak clean
 
-# The editable install compiles dedupe_worker/_resp.c and _kafka_records.c beside them (hatch_build.py): again when they change.
-BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c dedupe_worker/_kafka_records.c
+# The editable install compiles dedupe_worker/_resp.c beside it (hatch_build.py): again when it changes.
+BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c
 
 $(STAMP): $(BUILT_FROM)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
