@@ -329,7 +329,8 @@ class ReadCountingConnection(CountingConnection):
 
 
 @pytest.fixture
-def streamed(redis_url: str, namespace: str) -> Iterator[Deduplicator]:
+def streamed(accelerated: None, redis_url: str, namespace: str) -> Iterator[Deduplicator]:
+    """Streaming is the held connection's: on for these tests (``accelerated``)."""
     kwargs = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
     pool = redis.ConnectionPool(connection_class=ReadCountingConnection, **kwargs)
     dedupe = Deduplicator(redis.Redis(connection_pool=pool), namespace=namespace, lease=5.0,

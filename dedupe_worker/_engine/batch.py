@@ -279,8 +279,8 @@ class _Batch:
         """A run of duplicates: when every claim of ``indices`` (in order, one after the other,
         as a batch's first copies are claimed) found a completed outcome, note them all as the
         loop of :meth:`claimed` does one by one (its token, its stored value, DUPLICATE) with a
-        slice each; ``False`` (nothing noted) otherwise. Kept for its figure: ~1,000 fewer
-        instructions a duplicate (18,542 against 17,486, valgrind, bench.kafka_cpu --callgrind)."""
+        slice each; ``False`` (nothing noted) otherwise. A redelivered batch is mostly such runs
+        (docs/performance.md, bench.kafka_cpu's duplicates)."""
         count = len(indices)
         if count < 2 or flat[0::4].count(_DUPLICATE_CODE) != count or not _COMPLETED_LETTERS.issuperset(flat[2::4]):
             return False
@@ -346,14 +346,13 @@ class _Batch:
         perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
         # The sync driver would perform the Handler effect as a plain call, so the handler is
         # called here: its exception (or BaseException) reaches the same handlers below as when the
-        # driver throws it in. Kept for its figure: ~0.45 us less client CPU per handler (an effect
-        # through Steps and three generator frames, timeit, pinned, shared machine).
+        # driver throws it in, without an effect through Steps and three generator frames a
+        # handler (docs/performance.md, bench.kafka_cpu).
         inline = self.dedupe.calls_handlers
         last = len(acquired) - 1
         # Per handler, without a call: a None result as finished() stores it, the pacing's running
-        # mean (Pacing.mean) and the finished time in locals, written back on the way out.
-        # Kept for its figure: ~1,300 fewer instructions a new key (41,239 against 39,936, valgrind,
-        # bench.kafka_cpu --callgrind).
+        # mean (Pacing.mean) and the finished time in locals, written back on the way out: this
+        # loop runs once a new key (docs/performance.md, bench.kafka_cpu).
         done, nulls, flush_after = self.done, self.nulls, pacing.flush_after
         mean, done_seconds = pacing.mean, self.done_seconds
         # a handler's time runs from the end of the one before (our bookkeeping between them is
