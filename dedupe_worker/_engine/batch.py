@@ -97,7 +97,6 @@ _NULL = (Stored.COMPLETED, b"null")
 _ACQUIRED_CODE, _DUPLICATE_CODE = Outcome.ACQUIRED.value, Outcome.DUPLICATE.value
 _COMPLETED, _OMITTED = Stored.COMPLETED, Stored.OMITTED
 _stored_status = STORED.get  # a status letter as Redis returned it -> Stored (None for one we never write)
-_COMPLETED_LETTERS = frozenset(letter for letter, stored in STORED.items() if stored is _COMPLETED)
 _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
@@ -238,8 +237,6 @@ class _Batch:
         indices = self.chunk[start:start + len(flat) // 4]
         if len(flat) != 4 * len(indices):
             raise ValueError(f"{len(flat)} reply values for {len(indices)} claims")
-        if not copies and self.all_stored(indices, flat):
-            return
         for i, code, token, status, value in zip(indices, flat[0::4], flat[1::4], flat[2::4], flat[3::4],
                                                  strict=True):
             if code == _ACQUIRED_CODE:
@@ -274,24 +271,6 @@ class _Batch:
             self.give_back(acquired)
         else:
             yield from self.run(acquired)
-
-    def all_stored(self, indices: list[int], flat: list[Any]) -> bool:
-        """A run of duplicates: when every claim of ``indices`` (in order, one after the other,
-        as a batch's first copies are claimed) found a completed outcome, note them all as the
-        loop of :meth:`claimed` does one by one (its token, its stored value, DUPLICATE) with a
-        slice each; ``False`` (nothing noted) otherwise. A redelivered batch is mostly such runs
-        (docs/performance.md, bench.kafka_cpu's duplicates)."""
-        count = len(indices)
-        if count < 2 or flat[0::4].count(_DUPLICATE_CODE) != count or not _COMPLETED_LETTERS.issuperset(flat[2::4]):
-            return False
-        first = indices[0]
-        if indices != list(range(first, first + count)):
-            return False
-        end = first + count
-        self.tokens[first:end], self.values[first:end] = flat[1::4], flat[3::4]
-        self.reasons[first:end] = [_DUPLICATE] * count
-        self.pacing.claimed(count, 0)
-        return True
 
     def found_before(self, acquired: list[tuple[int, Claim]]) -> Flow[list[tuple[int, Claim]]]:
         """The claims whose handlers must run: a re-claimed key whose earlier run committed its
