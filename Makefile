@@ -24,8 +24,8 @@ DOCS_ADDR    ?= 127.0.0.1:8000
 
 .PHONY: install test test-oldest lint typecheck bench demo soak docs docs-serve clean
 
-# The editable install compiles dedupe_worker/_resp.c and _kafka_records.c beside them (hatch_build.py): again when they change.
-BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c dedupe_worker/_kafka_records.c
+# The editable install compiles dedupe_worker/_resp.c beside it (hatch_build.py): again when it changes.
+BUILT_FROM    = pyproject.toml hatch_build.py dedupe_worker/_resp.c
 
 $(STAMP): $(BUILT_FROM)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

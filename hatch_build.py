@@ -1,19 +1,16 @@
-"""Hatchling build hook: compiles the package's C extensions, each from its one source beside it:
-``dedupe_worker._resp`` (``_resp.c``, RESP packing) and ``dedupe_worker._kafka_records`` (``_kafka_records.c``,
-the Kafka consumer's identification of plain records).
+"""Hatchling build hook: compiles the package's C extension from its one source beside it:
+``dedupe_worker._resp`` (``_resp.c``, RESP packing).
 
 What is guaranteed: a wheel built where the machine's C compiler (setuptools' ``build_ext``, the
 compiler Python was built with, or ``CC``) compiles the extensions carries them and is tagged for this
 interpreter and platform (``cp311-cp311-linux_x86_64``); an editable install (``pip install -e .``,
 ``make install``) puts them beside the sources, where the ``.pth`` of the editable wheel makes Python
 import them (git-ignored, each replaced by a rename so a running process keeps the file it loaded).
-``_kafka_records`` computes SHA-256 with OpenSSL (``libcrypto``, the library Python's ``hashlib``
-uses) where its headers are found, else through ``hashlib`` (its ``DIGEST`` says which).
 Where they do not compile (no compiler, no Python headers, no setuptools) or ``DEDUPE_NO_EXTENSIONS=1``
 is set, the build still succeeds, pure Python and tagged ``py3-none-any``, and says why; the library
-then packs with ``hiredis.pack_command`` (see ``dedupe_worker/_protocol/held.py``) and identifies
-Kafka records in Python. The extensions are built together or not at all. An editable install that
-skips them removes those an earlier install left beside the sources.
+then packs with ``hiredis.pack_command`` (see ``dedupe_worker/_protocol/held.py``). An editable
+install that skips the extensions removes those an earlier install left beside the sources (and
+the retired ``_kafka_records``).
 """
 
 from __future__ import annotations
@@ -30,12 +27,9 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 #: The extensions: import name -> its one C source, relative to the project root.
 EXTENSIONS = {
     "dedupe_worker._resp": "dedupe_worker/_resp.c",
-    "dedupe_worker._kafka_records": "dedupe_worker/_kafka_records.c",
 }
-#: How an extension that computes SHA-256 with OpenSSL's EVP interface is built (its source reads
-#: ``DEDUPE_OPENSSL``), and which do; where that does not compile or link, they are built without it.
-OPENSSL: dict[str, Any] = {"define_macros": [("DEDUPE_OPENSSL", "1")], "libraries": ["crypto"]}
-OPENSSL_USERS = frozenset({"dedupe_worker._kafka_records"})
+#: Extensions of earlier releases: an editable install removes what one left beside the sources.
+RETIRED = ("dedupe_worker._kafka_records",)
 #: Set to anything but ``""``/``0``: build without the extensions.
 NO_EXTENSIONS_ENV = "DEDUPE_NO_EXTENSIONS"
 
@@ -52,7 +46,7 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         names = ", ".join(EXTENSIONS)
         editable = version == "editable"
         if editable:  # a stale build of an earlier install would be imported instead of the fallback
-            for target in targets.values():
+            for target in [*targets.values(), *(Path(self.root, name.replace(".", "/") + suffix) for name in RETIRED)]:
                 target.unlink(missing_ok=True)
         if os.environ.get(NO_EXTENSIONS_ENV, "").strip() not in ("", "0"):
             self.app.display_info(f"{NO_EXTENSIONS_ENV} is set: building {names} is skipped (pure Python)")
@@ -62,7 +56,7 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             built = self._compile(Path(self._temp))
         except Exception as exc:  # no compiler, no headers, no setuptools: the pure-Python package
             self.app.display_warning(f"{names} were not compiled ({type(exc).__name__}: {exc}); the package "
-                                     "is pure Python: hiredis packs commands, Python identifies Kafka records")
+                                     "is pure Python: hiredis packs commands")
             return
         for name, target in targets.items():
             if editable:
@@ -86,20 +80,10 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         from setuptools import Distribution, Extension
         from setuptools.command.build_ext import build_ext
 
-        def build(openssl: bool) -> dict[str, Path]:
-            extensions = [Extension(name, [str(Path(self.root, source))],
-                                    **(OPENSSL if openssl and name in OPENSSL_USERS else {}))
-                          for name, source in EXTENSIONS.items()]
-            command = build_ext(Distribution({"name": "dedupe-worker", "ext_modules": extensions}))
-            command.build_lib = str(out / ("lib" if openssl else "lib-no-openssl"))
-            command.build_temp = str(out / ("temp" if openssl else "temp-no-openssl"))
-            command.ensure_finalized()
-            command.run()
-            return {name: Path(command.get_ext_fullpath(name)) for name in EXTENSIONS}
-
-        try:
-            return build(openssl=True)
-        except Exception as exc:  # no OpenSSL headers or libcrypto here: hashlib computes the digests
-            self.app.display_info(f"building with OpenSSL failed ({type(exc).__name__}: {exc}); "
-                                  "building without it (the Kafka records' digests through hashlib)")
-            return build(openssl=False)
+        extensions = [Extension(name, [str(Path(self.root, source))]) for name, source in EXTENSIONS.items()]
+        command = build_ext(Distribution({"name": "dedupe-worker", "ext_modules": extensions}))
+        command.build_lib = str(out / "lib")
+        command.build_temp = str(out / "temp")
+        command.ensure_finalized()
+        command.run()
+        return {name: Path(command.get_ext_fullpath(name)) for name in EXTENSIONS}

@@ -16,7 +16,7 @@ may after start-up, so full collections skip everything that existed then.
 
 ``--callgrind``: the consumer's instructions per message instead of its time, which a shared
 machine does not disturb, in all and by library (the interpreter running our Python and redis-py's,
-hiredis, the packer, the compiled identification, the rest; ``callgrind_annotate``'s self counts).
+hiredis, the packer, the rest; ``callgrind_annotate``'s self counts).
 The consumer runs under ``valgrind --tool=callgrind`` on N and 2N new keys (and, in two more runs,
 the same again as duplicates); the difference of the totals over N is one message's cost
 (start-up, imports and the first batches cancel). Counted: the main thread only (the lease
@@ -46,7 +46,6 @@ import redis
 from confluent_kafka import Message
 
 from dedupe_worker import Deduplicator, decide_many
-from dedupe_worker._compiled import plain_identities, pure_python
 from dedupe_worker._engine import Pacing
 from dedupe_worker.kafka import DedupeKafkaConsumer
 from dedupe_worker.kafka._positions import PartitionState
@@ -144,7 +143,6 @@ def instructions(mode: str, redis_url: str, bootstrap: str, count: int, made: in
 #: and libc's rows from one run to the next, so they are counted together).
 LIBRARIES = {"libpython": "the interpreter: our Python and redis-py's", "hiredis": "reading replies (hiredis)",
              "_resp": "packing commands (the compiled packer)",
-             "_kafka_records": "identifying records (compiled)",
              "cimpl": "confluent-kafka's Message accessors"}
 OTHER = "other: SHA-256 of each body (OpenSSL), libc"
 
@@ -173,11 +171,8 @@ def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
     new = (runs["new", 2 * count][0] - runs["new", count][0]) / count
     duplicate = (runs["dup", 2 * count][0] - runs["dup", count][0]) / count - new
     packer = "compiled" if direct_packer_name() == "compiled" else "hiredis"
-    identification = "python" if pure_python() or plain_identities is None else (
-        f"compiled, digest by {sys.modules['dedupe_worker._kafka_records'].DIGEST}")
     print(f"Kafka consumer instructions per message without a broker (valgrind, main thread, gc off, batches of "
-          f"{BATCH}, whole batches claimed; runs of {count:,} and {2 * count:,} messages; packer: {packer}; "
-          f"identification: {identification})")
+          f"{BATCH}, whole batches claimed; runs of {count:,} and {2 * count:,} messages; packer: {packer})")
     print(f"  consumer, new keys         {new:9,.0f} instructions/msg")
     print(f"  consumer, duplicates       {duplicate:9,.0f} instructions/msg")
     libraries = runs["new", count][1]

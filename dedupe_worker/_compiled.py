@@ -1,26 +1,21 @@
-"""The package's compiled extensions, each ``None`` where it was not built, and the switch that
-makes the library ignore them.
+"""The package's compiled extension, ``None`` where it was not built.
 
 - ``compiled_pack``: ``dedupe_worker._resp.pack_command`` (``_resp.c``), RESP packing, byte for byte
-  as ``hiredis.pack_command`` (chosen by :func:`~dedupe_worker._protocol.held.direct_packer`);
-- ``plain_identities``: ``dedupe_worker._kafka_records.plain_identities`` (``_kafka_records.c``),
-  the Kafka consumer's keys and fingerprints of plain records, as its Python path gives them.
+  as ``hiredis.pack_command`` (chosen by :func:`~dedupe_worker._protocol.held.direct_packer`, for
+  the held connection and the asyncio direct sender only).
 
-They are built with the package where a C compiler is found (``hatch_build.py``), and not at all
-with ``DEDUPE_NO_EXTENSIONS=1``. ``DEDUPE_PURE_PYTHON=1`` in the environment makes the library use
-the Python paths instead (read where each is chosen: a connection's first use, a consumer's
-construction): CI runs the whole suite that way too (``make test-oldest``).
+It is built with the package where a C compiler is found (``hatch_build.py``), and not at all
+with ``DEDUPE_NO_EXTENSIONS=1``. ``DEDUPE_PURE_PYTHON=1`` in the environment makes the library take
+its plain paths instead (:func:`~dedupe_worker._settings.accelerators_off`, read where each is
+chosen): CI runs the whole suite that way too (``make test-oldest``).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-__all__ = ["PURE_PYTHON_ENV", "compiled_pack", "plain_identities", "pure_python"]
+__all__ = ["compiled_pack"]
 
-#: Set to anything but ``""`` or ``0``: the library ignores the compiled extensions.
-PURE_PYTHON_ENV = "DEDUPE_PURE_PYTHON"
 
 compiled_pack: Any
 try:
@@ -28,13 +23,3 @@ try:
 except ImportError:  # not compiled at install (no C compiler, DEDUPE_NO_EXTENSIONS=1): hiredis packs
     compiled_pack = None
 
-plain_identities: Any
-try:
-    from ._kafka_records import plain_identities
-except ImportError:  # not compiled at install: the Kafka consumer identifies its records in Python
-    plain_identities = None
-
-
-def pure_python() -> bool:
-    """Whether :data:`PURE_PYTHON_ENV` asks for the Python paths now."""
-    return os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0")

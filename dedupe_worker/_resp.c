@@ -17,8 +17,8 @@
  * (ValueError) or not C-contiguous (BufferError), a float subclass whose __repr__ fails.
  *
  * Why: hiredis copies every argument into an sds string and formats every length with
- * sprintf, about 1,300 instructions an argument; the protocol's script calls carry up to a few
- * hundred arguments each. Here every length is written by a small integer-to-decimal routine,
+ * sprintf; the protocol's script calls carry up to a few hundred arguments each, so a batch's
+ * client CPU goes largely to packing (docs/performance.md, bench.held_connection's batch case). Here every length is written by a small integer-to-decimal routine,
  * the total size is computed first and the bytes object allocated once, each argument copied
  * into it once. The protocol's arguments are str, bytes and small ints: none of them needs a
  * temporary object. Large ints and floats go through repr(), as in hiredis.

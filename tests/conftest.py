@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from dedupe_worker import Deduplicator
+from dedupe_worker._settings import ACCELERATORS_OFF_ENV
 
 from . import services
 
@@ -47,6 +48,14 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         services.unavailable(f"Redis at {redis_url} ({exc})")
     yield client
     client.close()
+
+
+@pytest.fixture
+def accelerated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accelerators on (the held connection, the asyncio direct sender, the compiled packer)
+    for a test of one of them, also where the suite runs with ``DEDUPE_PURE_PYTHON=1``
+    (``make test-oldest``), which keeps every other test on redis-py's own path."""
+    monkeypatch.delenv(ACCELERATORS_OFF_ENV, raising=False)
 
 
 @pytest.fixture

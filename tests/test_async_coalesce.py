@@ -22,7 +22,7 @@ from .async_fixtures import adedupe, aredis
 
 __all__ = ["adedupe", "aredis"]
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("accelerated")]  # the direct sender is tested here too
 
 
 async def zero() -> int:

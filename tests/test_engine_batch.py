@@ -13,7 +13,7 @@ import redis
 
 from dedupe_worker import Deduplicator, Reason, State, current_claim, decide, decide_many
 from dedupe_worker._engine import Pacing
-from dedupe_worker._engine.batch import STREAM_STEP, _Batch, verdicts_flow
+from dedupe_worker._engine.batch import STREAM_STEP, verdicts_flow
 from dedupe_worker._engine.pacing import STREAM_WORK
 from dedupe_worker._protocol.scripts import ScriptRunner
 
@@ -247,12 +247,11 @@ def test_a_batch_of_duplicates_is_claimed_in_growing_chunks_then_whole(
 
 
 @pytest.mark.parametrize("odd", ["none", "omitted", "failed", "new", "copy"])
-def test_a_run_of_duplicates_noted_at_once_answers_as_one_by_one(
-        redis_client: redis.Redis, namespace: str, odd: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A claimed chunk that found every outcome completed is noted with a slice a column
-    (_Batch.all_stored); the verdicts (reason, stored value, token) are those the loop gives one
-    by one, also where one claim of the chunk is not such a duplicate (an omitted or failed
-    outcome, a new key, a copy in the batch) and the loop answers for all of them."""
+def test_a_run_of_duplicates_answers_each_with_its_stored_outcome(
+        redis_client: redis.Redis, namespace: str, odd: str) -> None:
+    """A claimed chunk that found every outcome completed answers each key with its stored value
+    and token, also where one claim of the chunk is not such a duplicate (an omitted or failed
+    outcome, a new key, a copy in the batch); asked again, the same."""
     dedupe = Deduplicator(redis_client, namespace=namespace, max_result_bytes=64, permanent_errors=(KeyError,))
     try:
         keys = [f"run-{i}" for i in range(40)]
@@ -269,23 +268,8 @@ def test_a_run_of_duplicates_noted_at_once_answers_as_one_by_one(
             decisions = decide_many(dedupe, [(k, None, (lambda: "ran")) for k in again], pacing=fast_pacing())
             return [(d.reason, d.value, d.token) for d in decisions]
 
-        original = _Batch.all_stored
-        answers: list[bool] = []
-
-        def spied(self: _Batch, indices: list[int], flat: list[Any]) -> bool:
-            answers.append(original(self, indices, flat))
-            return answers[-1]
-
-        monkeypatch.setattr(_Batch, "all_stored", spied)
         noted = verdicts()
-        # one chunk, one call (and with a copy: the chunk, with copies waiting, is not asked; the
-        # copy alone is, once its first copy is decided)
-        assert answers == ([True] if odd == "none" else [False])
-        calls: list[bool] = []
-        monkeypatch.setattr(_Batch, "all_stored", lambda self, indices, flat: calls.append(True) or False)
         one_by_one = verdicts()
-        monkeypatch.setattr(_Batch, "all_stored", original)
-        assert calls  # the loop answered the second time
         assert noted[:20] == [(Reason.DUPLICATE, {"n": i}, noted[i][2]) for i in range(20)]
         if odd == "new":
             assert noted[20][:2] == (Reason.APPLIED, "ran") and one_by_one[20][0] is Reason.DUPLICATE
@@ -329,7 +313,8 @@ class ReadCountingConnection(CountingConnection):
 
 
 @pytest.fixture
-def streamed(redis_url: str, namespace: str) -> Iterator[Deduplicator]:
+def streamed(accelerated: None, redis_url: str, namespace: str) -> Iterator[Deduplicator]:
+    """Streaming is the held connection's: on for these tests (``accelerated``)."""
     kwargs = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
     pool = redis.ConnectionPool(connection_class=ReadCountingConnection, **kwargs)
     dedupe = Deduplicator(redis.Redis(connection_pool=pool), namespace=namespace, lease=5.0,

@@ -19,6 +19,8 @@ from dedupe_worker import Deduplicator, Outcome, StoreUnavailable
 
 from .services import RedisServer
 
+pytestmark = pytest.mark.usefixtures("accelerated")  # what is tested here is the accelerator
+
 
 @pytest.fixture
 def held(redis_url: str, namespace: str) -> Iterator[Deduplicator]:
@@ -266,3 +268,24 @@ def test_the_path_is_chosen_in_one_place(redis_url: str) -> None:
         assert isinstance(replies[1], redis.ResponseError)
     big.close()
     small.close()
+
+
+@pytest.mark.asyncio
+async def test_with_the_accelerators_off_every_client_takes_redis_pys_path(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DEDUPE_PURE_PYTHON=1``: no held connection, no asyncio direct sender (read when a client is built)."""
+    import redis.asyncio
+
+    from dedupe_worker._protocol.paths import PoolPath, path_for
+    from dedupe_worker.asyncio._direct import DirectSender
+
+    monkeypatch.setenv("DEDUPE_PURE_PYTHON", "1")
+    client, aclient = redis.Redis.from_url(redis_url), redis.asyncio.Redis.from_url(redis_url)
+    assert type(path_for(client)) is PoolPath and DirectSender.for_client(aclient) is None
+    d = Deduplicator(client, namespace="accelerators-off", lease=5.0, result_ttl=5.0)
+    assert d.run("k", lambda: 1) == 1 and d.run("k", lambda: 2) == 1
+    d.close()
+    monkeypatch.setenv("DEDUPE_PURE_PYTHON", "0")  # "0" is off, as unset
+    assert DirectSender.for_client(aclient) is not None and path_for(client).held is not None
+    client.close()
+    await aclient.aclose()

@@ -1,14 +1,9 @@
 """The Kafka consumer's key, fingerprint and ttl read straight from a record give what the
-envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, the
-compiled identification (``dedupe_worker._kafka_records``) what the Python path gives, and a
-batch's admission what the consumer's acceptance of each record gives."""
+envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, a batch
+what each of its records gives, and a batch's admission what the consumer's acceptance of each record gives."""
 
 from __future__ import annotations
 
-import os
-import sys
-from hashlib import sha256
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +11,6 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
-from dedupe_worker._compiled import PURE_PYTHON_ENV, plain_identities
 from dedupe_worker._messages.envelope import from_kafka
 from dedupe_worker._messages.retention import TTL_HEADER, TtlHeader, header_ttl
 from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
@@ -87,16 +81,10 @@ def test_a_bad_ttl_is_reported_after_a_good_key() -> None:
         DedupeKafkaConsumer._identify(consumer, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))  # type: ignore[arg-type]
 
 
-needs_compiled = pytest.mark.skipif(plain_identities is None, reason="dedupe_worker._kafka_records is not built here")
-#: The batch identified by the pure-Python path, and by the compiled one where it is built.
-PATHS = [pytest.param(None, id="python"), pytest.param(plain_identities, id="compiled", marks=needs_compiled)]
-
-
-def consumer_of(strategy: Any, fingerprint: Any, compiled: Any, ttl_header: str | None = TTL_HEADER) -> Any:
+def consumer_of(strategy: Any, fingerprint: Any, ttl_header: str | None = TTL_HEADER) -> Any:
     """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound."""
-    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=ttl_header, _ttl_of=None,
-                               _compiled=compiled)
-    for name in ("_identify", "_ttl_reader", "_identify_one", "_identities"):
+    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=ttl_header, _ttl_of=None)
+    for name in ("_identify", "_ttl_reader", "_identities"):
         setattr(consumer, name, getattr(DedupeKafkaConsumer, name).__get__(consumer))
     return consumer
 
@@ -118,13 +106,12 @@ def assert_identified_as_each(consumer: Any, records: list[Any]) -> None:
         assert (keys[n], fingerprints[n], ttls[n]) == expected
 
 
-@pytest.mark.parametrize("compiled", PATHS)
 @pytest.mark.parametrize("strategy", [KAFKA_DEFAULT, header_key()])
 @pytest.mark.parametrize("fingerprint", [body_fingerprint, None, lambda envelope: "fp"])
-def test_a_batch_is_identified_as_each_record_is(strategy: Any, fingerprint: Any, compiled: Any) -> None:
+def test_a_batch_is_identified_as_each_record_is(strategy: Any, fingerprint: Any) -> None:
     records = [*RECORDS, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]), *RECORDS,
                Record([("idempotency-key", b"k2"), ("X-DEDUPE-ttl", b"7"), ("other", b"")])]
-    assert_identified_as_each(consumer_of(strategy, fingerprint, compiled), records)
+    assert_identified_as_each(consumer_of(strategy, fingerprint), records)
 
 
 class Raising(Record):
@@ -145,7 +132,7 @@ class Raising(Record):
         return super().value()
 
 
-#: Records the compiled path takes, and records it must leave to the Python path, side by side.
+#: Records with odd headers, keys and bodies, side by side with plain ones.
 ODD_RECORDS: list[Any] = [
     Record([("idempotency-key", b"caf\xc3\xa9"), ("idempotency-key", b"\xff\xfeno-utf8")]),  # backslashreplace
     Record([("idempotency-key", b"k"), ("h\u00e9ader", b"1")]),  # a name that is not ASCII
@@ -177,116 +164,15 @@ ODD_RECORDS: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize("compiled", PATHS)
 @pytest.mark.parametrize("ttl_header", [TTL_HEADER, "X-\u00c9t\u00e9", None])
 @pytest.mark.parametrize("fingerprint", [body_fingerprint, None])
-def test_odd_records_are_identified_as_each_record_is(compiled: Any, ttl_header: str | None,
-                                                      fingerprint: Any) -> None:
-    """Whatever a record holds, the compiled path answers for it what the Python path answers, or
-    leaves it to that path: keys undecodable as UTF-8, header names that are not ASCII (one whose
-    lower() is ASCII), not str or not in pairs, headers in a tuple or a dict, bodies that are not
-    bytes, calls that raise, a ttl header in any case, a ttl header name that is not ASCII."""
+def test_odd_records_are_identified_as_each_record_is(ttl_header: str | None, fingerprint: Any) -> None:
+    """Whatever a record holds, a batch is identified as each record is on its own: keys
+    undecodable as UTF-8, header names that are not ASCII (one whose lower() is ASCII), not str or
+    not in pairs, headers in a tuple or a dict, bodies that are not bytes, calls that raise, a ttl
+    header in any case, a ttl header name that is not ASCII."""
     records = [*ODD_RECORDS, *RECORDS, *ODD_RECORDS]
-    assert_identified_as_each(consumer_of(KAFKA_DEFAULT, fingerprint, compiled, ttl_header), records)
-
-
-@needs_compiled
-def test_the_compiled_identification_takes_plain_records_and_leaves_the_rest() -> None:
-    """It answers for records with a key header and no ttl header (the fingerprint as
-    bytes_fingerprint gives it), and leaves (None) what the Python path must read."""
-    assert plain_identities is not None
-    records: list[Any] = [Record([("idempotency-key", b"a"), ("other", b"1")], value=b"body"),
-                          Record([("idempotency-key", b"b")], value=None),
-                          Record([("idempotency-key", b"c"), ("X-Dedupe-TTL", b"5")]),
-                          Record([("Idempotency-Key", b"d")]),
-                          Record([("idempotency-key", b"e")], value="text")]
-    keys, fingerprints = plain_identities(records, True, TTL_HEADER)
-    assert keys == ["a", "b", None, None, None]
-    assert fingerprints == [sha256(b"body").hexdigest()[:32], sha256(b"").hexdigest()[:32], None, None, None]
-    assert plain_identities(records, False, None) == (["a", "b", "c", None, "e"], [None] * 5)  # no ttl read
-    with pytest.raises(TypeError):
-        plain_identities(records, True)
-    with pytest.raises(TypeError, match="True or False"):
-        plain_identities(records, 1, None)
-    with pytest.raises(TypeError, match="True or False"):
-        plain_identities(records, sha256, None)
-    with pytest.raises(TypeError):
-        plain_identities(records, True, b"x-dedupe-ttl")
-    with pytest.raises(TypeError):
-        plain_identities(42, True, None)
-
-
-#: Bodies around the SHA-256 block (64 bytes, 55 the longest in one block) and the size from which
-#: the digest runs with the GIL released (2048), a large one, and bytes of every value.
-BODIES = [b"", b"a", b"order-1234567", bytes(range(256)), *(b"x" * n for n in (55, 56, 63, 64, 65, 119, 120, 2047,
-                                                                               2048, 5000, 1 << 20))]
-
-
-@needs_compiled
-def test_the_compiled_fingerprint_is_sha256_of_any_body() -> None:
-    """However its digest is computed (``DIGEST``: OpenSSL or hashlib), a body's fingerprint is
-    ``sha256(body).hexdigest()[:32]``, at every length across the block boundaries."""
-    assert plain_identities is not None
-    records = [Record([("idempotency-key", b"k%d" % n)], value=body) for n, body in enumerate(BODIES)]
-    keys, fingerprints = plain_identities(records, True, None)
-    assert keys == [f"k{n}" for n in range(len(BODIES))]
-    assert fingerprints == [sha256(body).hexdigest()[:32] for body in BODIES]
-
-
-def test_the_compiled_identification_digests_with_openssl_where_its_headers_are() -> None:
-    """Built where OpenSSL's headers are (CI here), the digest is OpenSSL's EVP, not hashlib's
-    (~210 ns less a message, bench.kafka_cpu); hatch_build.py falls back to hashlib elsewhere."""
-    import sysconfig
-
-    if plain_identities is None:
-        pytest.skip("dedupe_worker._kafka_records is not built here")
-    include = [sysconfig.get_paths()["include"], "/usr/include", "/usr/local/include"]
-    if not any(Path(root, "openssl", "evp.h").exists() for root in include):
-        pytest.skip("OpenSSL's headers are not installed here")
-    assert sys.modules["dedupe_worker._kafka_records"].DIGEST == "openssl"
-
-
-@needs_compiled
-def test_the_compiled_identification_leaks_no_references() -> None:
-    """Run over the same records many times, the records, their headers and bodies, and the
-    arguments keep their reference counts (a missed decref would grow them)."""
-    assert plain_identities is not None
-    records: list[Any] = [*ODD_RECORDS, *RECORDS]
-    parts = [records, TTL_HEADER, *records, *(r.headers() for r in records if not isinstance(r, Raising)),
-             *(r.value() for r in records if not isinstance(r, Raising))]
-    before = [sys.getrefcount(part) for part in parts]
-    for _ in range(200):
-        plain_identities(records, True, TTL_HEADER)
-        plain_identities(records, False, None)
-    assert [sys.getrefcount(part) for part in parts] == before
-
-
-def test_the_consumer_uses_the_compiled_identification_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where it is built, a consumer identifies plain records with it; ``DEDUPE_PURE_PYTHON=1`` at
-    construction keeps it on the Python path. In CI (``make test``) it must be built."""
-    from dedupe_worker.testing import in_memory
-
-    if plain_identities is None:
-        in_ci = os.environ.get("CI") == "true" and not os.environ.get("DEDUPE_NO_EXTENSIONS")
-        assert not in_ci, "dedupe_worker._kafka_records did not build: see hatch_build.py's warning"
-        pytest.skip("dedupe_worker._kafka_records is not built here")
-    built = Path(sys.modules["dedupe_worker._kafka_records"].__file__ or "")
-    source = built.with_name("_kafka_records.c")
-    if source.exists():  # an editable install: built beside the source
-        assert built.stat().st_mtime >= source.stat().st_mtime, "stale build: run `make install` again"
-    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "identify"}
-
-    def make() -> DedupeKafkaConsumer:
-        return DedupeKafkaConsumer(config, ["t"], lambda m: None, in_memory())
-
-    monkeypatch.delenv(PURE_PYTHON_ENV, raising=False)
-    consumer = make()
-    assert consumer._compiled is plain_identities
-    consumer.close()
-    monkeypatch.setenv(PURE_PYTHON_ENV, "1")
-    consumer = make()
-    assert consumer._compiled is None
-    consumer.close()
+    assert_identified_as_each(consumer_of(KAFKA_DEFAULT, fingerprint, ttl_header), records)
 
 
 @pytest.mark.parametrize("headers", [
@@ -375,21 +261,3 @@ def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
     finally:
         consumer.close()
         twin.close()
-
-
-@needs_compiled
-def test_a_record_that_empties_the_batch_under_the_compiled_loop_changes_nothing_it_answers() -> None:
-    """A record's ``headers()`` may run any Python code, even clear the caller's list: the loop
-    reads its own copy, so it answers for every record it was given."""
-    assert plain_identities is not None
-    batch: list[Any] = []
-
-    class Clearing(Record):
-        def headers(self) -> Any:
-            batch.clear()
-            return super().headers()
-
-    batch.extend([Record([("idempotency-key", b"a")]), Clearing([("idempotency-key", b"b")]),
-                  Record([("idempotency-key", b"c")])])
-    keys, fingerprints = plain_identities(batch, True, TTL_HEADER)
-    assert keys == ["a", "b", "c"] and len(fingerprints) == 3 and batch == []

@@ -1,4 +1,4 @@
-"""The wheel ships the Lua scripts and the compiled extensions, and the public names are the intended ones."""
+"""The wheel ships the Lua scripts and the compiled extension, and the public names are the intended ones."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from dedupe_worker._protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
 ROOT = Path(__file__).resolve().parent.parent
 #: The compiled packer's file name for this interpreter, as the wheel and an editable install hold it.
 EXTENSION = "dedupe_worker/_resp" + str(sysconfig.get_config_var("EXT_SUFFIX"))
-#: Every compiled extension's file name (the packer, the Kafka consumer's identification).
-EXTENSIONS = sorted([EXTENSION, "dedupe_worker/_kafka_records" + str(sysconfig.get_config_var("EXT_SUFFIX"))])
+#: Every compiled extension's file name (the packer alone since the Kafka identification's was retired).
+EXTENSIONS = [EXTENSION]
 #: Their C sources and stubs, which every wheel and sdist carry.
-SOURCES = {"dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi", "dedupe_worker/_kafka_records.c",
-           "dedupe_worker/_kafka_records.pyi"}
+SOURCES = {"dedupe_worker/_resp.c", "dedupe_worker/_resp.pyi"}
 
 
 def build(out: Path, *what: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -96,49 +95,6 @@ def test_a_wheel_without_the_extension_still_builds_pure(env: dict[str, str], tm
     assert "Root-Is-Purelib: true" in wheel_tag(found)
     if "CC" in env:
         assert "were not compiled" in built.stdout + built.stderr  # said, not silent
-
-
-def test_without_openssl_the_kafka_records_extension_digests_through_hashlib(tmp_path: Path) -> None:
-    """Where OpenSSL's headers do not compile (here: an ``openssl/evp.h`` that stops the compiler,
-    found first through ``CFLAGS``), the build says so and builds ``_kafka_records`` without it:
-    its ``DIGEST`` is ``hashlib`` and its fingerprints are the same SHA-256."""
-    import hashlib
-    import importlib.machinery
-    import importlib.util
-
-    if not compiled_expected():
-        pytest.skip("no compiled extensions expected here (DEDUPE_NO_EXTENSIONS, or no C compiler outside CI)")
-    broken = tmp_path / "include" / "openssl"
-    broken.mkdir(parents=True)
-    (broken / "evp.h").write_text("#error OpenSSL is missing here\n")
-    built = build(tmp_path / "dist", "--wheel", CFLAGS=f"-I{broken.parent}")
-    assert "building without it" in built.stdout + built.stderr  # said, not silent
-    (found,) = (tmp_path / "dist").glob("dedupe_worker-*.whl")
-    name = next(n for n in EXTENSIONS if "_kafka_records" in n)
-    target = tmp_path / "unpacked" / Path(name).name
-    target.parent.mkdir()
-    target.write_bytes(zipfile.ZipFile(found).read(name))
-    loader = importlib.machinery.ExtensionFileLoader("dedupe_worker._kafka_records", str(target))
-    spec = importlib.util.spec_from_file_location("dedupe_worker._kafka_records", target, loader=loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)  # not put in sys.modules: the installed one stays
-    loader.exec_module(module)
-    assert module.DIGEST == "hashlib"
-
-    class Record:
-        def __init__(self, value: bytes | None) -> None:
-            self._value = value
-
-        def headers(self) -> list[tuple[str, bytes]]:
-            return [("idempotency-key", b"k")]
-
-        def value(self) -> bytes | None:
-            return self._value
-
-    bodies = [None, b"", b"order-1", b"y" * 5000]
-    keys, fingerprints = module.plain_identities([Record(body) for body in bodies], True, None)
-    assert keys == ["k"] * 4
-    assert fingerprints == [hashlib.sha256(body or b"").hexdigest()[:32] for body in bodies]
 
 
 def test_the_sdist_builds_a_wheel_with_the_compiled_packer(tmp_path: Path) -> None:
@@ -247,15 +203,15 @@ def test_an_integration_without_its_extra_names_the_extra_to_install(module: str
 
 def test_the_layers_import_only_downwards() -> None:
     """_protocol < _messages < _engine, each importing only its own layer, the ones below, and the
-    leaves (_errors, _settings, _extras, observe, the compiled extensions and _compiled, which imports
-    only them): so no import cycle runs through them."""
+    leaves (_errors, _settings, _extras, observe, the compiled extension and _compiled, which imports
+    only it): so no import cycle runs through them."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
     rank = {"_protocol": 1, "_messages": 2, "_engine": 3}
-    # _resp, _kafka_records: compiled, importing nothing; _compiled: importing only them
-    leaves = {"_errors", "_settings", "_extras", "observe", "_resp", "_kafka_records", "_compiled"}
+    # _resp: compiled, importing nothing; _compiled: importing only it
+    leaves = {"_errors", "_settings", "_extras", "observe", "_resp", "_compiled"}
     for layer, own in rank.items():
         for path in (root / layer).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -275,7 +231,7 @@ def test_the_compiled_extensions_module_imports_only_them() -> None:
     path = Path(dedupe_worker.__file__).parent / "_compiled.py"
     imported = {(node.level, node.module) for node in ast.walk(ast.parse(path.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.level}
-    assert imported == {(1, "_resp"), (1, "_kafka_records")}
+    assert imported == {(1, "_resp")}
 
 
 def test_the_leaves_import_nothing_of_the_package() -> None:

@@ -10,6 +10,7 @@ import pytest
 import redis
 import redis.asyncio
 
+from bench.core import completed_key_memory
 from dedupe_worker import Deduplicator, Envelope, Outcome, Stored, decide_many
 from dedupe_worker._protocol.layout import KeyLayout
 from dedupe_worker._protocol.record import parse_result
@@ -36,12 +37,25 @@ def _result(client: redis.Redis, d: Deduplicator | AsyncDeduplicator, key: str) 
 def test_the_switch_is_read_from_the_environment(
         redis_client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEDUPE_RECORD_FORMAT", raising=False)  # the suite may run with it set
+    assert Deduplicator(redis_client, namespace=namespace).store.record_format == 2
+    monkeypatch.setenv("DEDUPE_RECORD_FORMAT", "1")  # a mixed rollout: an earlier release still reads
     assert Deduplicator(redis_client, namespace=namespace).store.record_format == 1
     monkeypatch.setenv("DEDUPE_RECORD_FORMAT", "2")
     assert Deduplicator(redis_client, namespace=namespace).store.record_format == 2
     monkeypatch.setenv("DEDUPE_RECORD_FORMAT", "3")
     with pytest.raises(ValueError, match="DEDUPE_RECORD_FORMAT"):
         Deduplicator(redis_client, namespace=namespace)
+
+
+def test_a_completed_key_costs_at_most_144_bytes_by_default(
+        redis_client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's own ``MEMORY USAGE`` probe (``bench.core``), on a deduplicator built with no switch set."""
+    monkeypatch.delenv("DEDUPE_RECORD_FORMAT", raising=False)
+    d = Deduplicator(redis_client, namespace=namespace)
+    assert completed_key_memory(d, redis_client) <= 144
+    monkeypatch.setenv("DEDUPE_RECORD_FORMAT", "1")  # format 1 (the hash every release reads) costs more
+    assert completed_key_memory(Deduplicator(redis_client, namespace=f"{namespace}-f1"), redis_client) > 144
+    d.close()
 
 
 def test_one_key_and_batches_in_format_2(redis_client: redis.Redis, namespace: str) -> None:

@@ -99,7 +99,6 @@ _NULL = (Stored.COMPLETED, b"null")
 _ACQUIRED_CODE, _DUPLICATE_CODE = Outcome.ACQUIRED.value, Outcome.DUPLICATE.value
 _COMPLETED, _OMITTED = Stored.COMPLETED, Stored.OMITTED
 _stored_status = STORED.get  # a status letter as Redis returned it -> Stored (None for one we never write)
-_COMPLETED_LETTERS = frozenset(letter for letter, stored in STORED.items() if stored is _COMPLETED)
 _APPLIED, _DUPLICATE, _LEASE_LOST = Reason.APPLIED, Reason.DUPLICATE, Reason.LEASE_LOST
 
 
@@ -240,8 +239,6 @@ class _Batch:
         indices = self.chunk[start:start + len(flat) // 4]
         if len(flat) != 4 * len(indices):
             raise ValueError(f"{len(flat)} reply values for {len(indices)} claims")
-        if not copies and self.all_stored(indices, flat):
-            return
         for i, code, token, status, value in zip(indices, flat[0::4], flat[1::4], flat[2::4], flat[3::4],
                                                  strict=True):
             if code == _ACQUIRED_CODE:
@@ -273,24 +270,6 @@ class _Batch:
             self.give_back(acquired)
         else:
             yield from self.run(acquired)
-
-    def all_stored(self, indices: list[int], flat: list[Any]) -> bool:
-        """A run of duplicates: when every claim of ``indices`` (in order, one after the other,
-        as a batch's first copies are claimed) found a completed outcome, note them all as the
-        loop of :meth:`claimed` does one by one (its token, its stored value, DUPLICATE) with a
-        slice each; ``False`` (nothing noted) otherwise. Kept for its figure: ~1,000 fewer
-        instructions a duplicate (18,542 against 17,486, valgrind, bench.kafka_cpu --callgrind)."""
-        count = len(indices)
-        if count < 2 or flat[0::4].count(_DUPLICATE_CODE) != count or not _COMPLETED_LETTERS.issuperset(flat[2::4]):
-            return False
-        first = indices[0]
-        if indices != list(range(first, first + count)):
-            return False
-        end = first + count
-        self.tokens[first:end], self.values[first:end] = flat[1::4], flat[3::4]
-        self.reasons[first:end] = [_DUPLICATE] * count
-        self.pacing.claimed(count, 0)
-        return True
 
     def found_before(self, acquired: list[tuple[int, Claim]]) -> Flow[list[tuple[int, Claim]]]:
         """The claims whose handlers must run: a re-claimed key whose earlier run committed its
@@ -359,14 +338,13 @@ class _Batch:
         perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
         # The sync driver would perform the Handler effect as a plain call, so the handler is
         # called here: its exception (or BaseException) reaches the same handlers below as when the
-        # driver throws it in. Kept for its figure: ~0.45 us less client CPU per handler (an effect
-        # through Steps and three generator frames, timeit, pinned, shared machine).
+        # driver throws it in, without an effect through Steps and three generator frames a
+        # handler (docs/performance.md, bench.kafka_cpu).
         inline = self.dedupe.calls_handlers
         last = len(acquired) - 1
         # Per handler, without a call: a None result as finished() stores it, the pacing's running
-        # mean (Pacing.mean) and the finished time in locals, written back on the way out.
-        # Kept for its figure: ~1,300 fewer instructions a new key (41,239 against 39,936, valgrind,
-        # bench.kafka_cpu --callgrind).
+        # mean (Pacing.mean) and the finished time in locals, written back on the way out: this
+        # loop runs once a new key (docs/performance.md, bench.kafka_cpu).
         done, nulls, flush_after = self.done, self.nulls, pacing.flush_after
         mean, done_seconds = pacing.mean, self.done_seconds
         # a handler's time runs from the end of the one before (our bookkeeping between them is

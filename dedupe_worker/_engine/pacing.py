@@ -18,10 +18,9 @@ FLUSH_AFTER = 0.005
 #: The fewest claims per ``claim.lua`` call of a streamed chunk.
 STREAM_STEP = 32
 #: Seconds of handler time a streamed call's claims should carry at least. Each call's reply is
-#: read, handed on and settled on its own, which costs the client about 24,000 instructions a call
-#: (batches of 500 duplicates in calls of 32 against one call: 19,422 against 18,664 instructions
-#: a message, valgrind, bench.kafka_cpu --callgrind) and Redis a script call's set-up: worth it
-#: only where there is handler work to run while Redis claims.
+#: read, handed on and settled on its own, which costs the client a fixed price a call and Redis a
+#: script call's set-up: worth it only where there is handler work to run while Redis claims
+#: (docs/performance.md, bench.kafka_cpu).
 STREAM_WORK = 0.001
 
 

@@ -71,8 +71,8 @@ def from_kafka(message: Any) -> Envelope:
     """
     headers: dict[str, Any] = dict(message.headers() or ())
     # Built as from_kombu() builds it (every field set at once, as the frozen dataclass's __init__
-    # would): one per consumed record. Kept for its figure: 0.55 us against 1.04 us per record
-    # (timeit, pinned, shared machine), ~0.5 us of DedupeKafkaConsumer's ~12 us per new key.
+    # would, without its one object.__setattr__ a field): one per consumed record
+    # (docs/performance.md, bench.kafka_cpu).
     envelope = object.__new__(Envelope)
     envelope.__dict__.update(body=message.value() or b"", headers=headers, message_id=None,
                              partition_key=message.key(), source=message.topic() or "",

@@ -21,6 +21,7 @@ from .._protocol.client import ClaimClient
 from .._protocol.eviction import is_evicting
 from .._protocol.script_flow import LIBRARY_PREFIX, SCRIPT_NAMES, SENDER_SCRIPTS, library_name
 from .._protocol.scripts import load_script
+from .._settings import Defaults
 from .._sqlstore import SqlPool
 
 __all__ = ["DEFAULT_RATE", "Check", "check_at_start", "diagnose", "warn_once"]
@@ -62,7 +63,8 @@ def _config(client: Any, name: str) -> str | None:
     return value if isinstance(value, str) or value is None else str(value)
 
 
-def diagnose(client: redis.Redis | RedisCluster | SqlPool, *, rate: float = DEFAULT_RATE, result_ttl: float = 86400.0,
+def diagnose(client: redis.Redis | RedisCluster | SqlPool, *, rate: float = DEFAULT_RATE,
+             result_ttl: float = Defaults.RESULT_TTL,
              bytes_per_key: int = 200, namespace: str | None = None) -> list[Check]:
     """Check ``client``'s Redis; ``rate`` (messages/s) and ``result_ttl`` give the memory projection.
     With ``namespace``, also whether format-2 outcomes are stored where a worker of an earlier

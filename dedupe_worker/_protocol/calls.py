@@ -7,12 +7,12 @@ round trip is made differs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from .._errors import UnreadableRecord
+from .._settings import RECORD_FORMATS, record_format_from_env
 from .claim import Outcome, State, Stored
 from .layout import KeyLayout
 from .scripts import Call
@@ -24,11 +24,6 @@ __all__ = ["RECORD_FORMATS", "STORED", "WITH_FINGERPRINT", "ClaimItem", "ClaimRe
 #: the stem holds its hash, else ``""``).
 ClaimItem = tuple[str, str, str]
 
-#: The formats ``complete.lua`` can write a result in: 1 the hash at ``<stem>:result`` every
-#: release reads, 2 the compact string at the stem itself (one ``SET ... PX``) that only this
-#: release and later ones read.
-RECORD_FORMATS = (1, 2)
-
 
 _OUTCOMES = {int(o.value): o for o in Outcome}
 #: The per-key code of a record the scripts cannot read (claim.lua's and inspect.lua's).
@@ -39,20 +34,6 @@ STORED: dict[Any, Stored] = {**{s.value: s for s in Stored}, **{s.value.encode()
 #: The letter ``complete.lua`` takes for each ``Stored`` (``.value`` is an enum property look-up).
 _LETTER = {s: s.value for s in Stored}
 _PREFIX = {s: s.value.encode() for s in Stored}
-
-
-def record_format_from_env() -> int:
-    """The result format to write: ``DEDUPE_RECORD_FORMAT`` (``1`` or ``2``), else 1.
-
-    The switch of a two-phase upgrade: this release reads both formats and writes format 1 unless
-    told otherwise; once every worker and producer sharing the namespace runs this release (or a
-    later one), set ``DEDUPE_RECORD_FORMAT=2`` (the next release makes it the default). A worker
-    of an earlier release does not see a format-2 result (it reads only ``<stem>:result``): it
-    would take the key for a new one and run its message again, so the order matters."""
-    raw = os.environ.get("DEDUPE_RECORD_FORMAT", "1").strip() or "1"
-    if raw not in ("1", "2"):
-        raise ValueError(f"DEDUPE_RECORD_FORMAT must be 1 or 2, not {raw!r}")
-    return int(raw)
 
 
 def _text(value: Any) -> str:
@@ -167,8 +148,9 @@ class StoreCalls:
     #: (``WAIT``, in the same pipeline); ``None``: they do not.
     durability: tuple[int, int] | None = None
     #: The trailing argument of every ``complete.lua`` call: ``("2",)`` writes results in the
-    #: compact format 2, ``()`` in format 1 (see :func:`record_format_from_env`).
-    format_args: tuple[str, ...] = ()
+    #: compact format 2 (the default), ``()`` in format 1 (see
+    #: :func:`~dedupe_worker._settings.record_format_from_env`).
+    format_args: tuple[str, ...] = ("2",)
 
     def __init__(self) -> None:
         self.write_format(record_format_from_env())

@@ -93,9 +93,8 @@ class Claim:
                  reclaimed: bool = False, ttl: float | None = None) -> None:
         # One per message on every path: filling __dict__ at once is half the cost of the frozen
         # dataclass __init__ (one object.__setattr__ per field); the fields and defaults are the
-        # ones declared above, and the instance stays frozen. Kept for its figure: 402 ns against
-        # 1039 ns per Claim (timeit, pinned, shared machine), 0.64 us of the batch path's ~13 us
-        # per message (bench.core, begin_many+complete_many): ~5%.
+        # ones declared above, and the instance stays frozen (docs/performance.md, bench.core's
+        # batch case).
         self.__dict__.update(key=key, outcome=outcome, token=token, result=result, retry_after=retry_after,
                              failed=failed, error=error, stem=stem, fingerprint=fingerprint,
                              reclaimed=reclaimed, ttl=ttl)

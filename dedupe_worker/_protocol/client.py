@@ -26,6 +26,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
+from .._settings import Defaults
 from .backends import StoreClient, connect
 from .calls import ClaimItem, KeyState
 from .claim import Claim, Stored
@@ -88,21 +89,21 @@ class ClaimClient(ClientCore):
         self,
         redis_client: redis.Redis | RedisCluster | StoreClient,
         *,
-        namespace: str = "dedupe",
-        lease: float = 30.0,
-        result_ttl: float = 86400.0,
+        namespace: str = Defaults.NAMESPACE,
+        lease: float = Defaults.LEASE,
+        result_ttl: float = Defaults.RESULT_TTL,
         retention: float | None = None,
-        max_key_length: int = 200,
-        max_result_bytes: int = 1_000_000,
+        max_key_length: int = Defaults.MAX_KEY_LENGTH,
+        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
         permanent_errors: tuple[type[BaseException], ...] = (),
         fail_open: bool = False,
         renew_interval: float | None = None,
         serializer: Serializer | None = None,
         wait_replicas: int = 0,
-        wait_timeout: float = 0.1,
+        wait_timeout: float = Defaults.WAIT_TIMEOUT,
         allow_eviction: bool = False,
-        compress_above: int | None = 1024,
-        compression: str = "auto",
+        compress_above: int | None = Defaults.COMPRESS_ABOVE,
+        compression: str = Defaults.COMPRESSION,
     ) -> None:
         # another store's client (from_url of a database URL): the same protocol on it
         super().__init__(functools.partial(redis_client.store, asynchronous=False)

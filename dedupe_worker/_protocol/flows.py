@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, 
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
-from .._settings import DedupeSettings
+from .._settings import DedupeSettings, Defaults
 from .calls import ClaimItem, KeyState, StoreCalls, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
@@ -209,21 +209,21 @@ class ClientCore(ClaimCodec):
         store_for: Callable[[KeyLayout], Any],
         renewer_for: Callable[[Callable[[list[Lease], Callable[[Lease], bool]], Any], float], Any],
         *,
-        namespace: str = "dedupe",
-        lease: float = 30.0,
-        result_ttl: float = 86400.0,
+        namespace: str = Defaults.NAMESPACE,
+        lease: float = Defaults.LEASE,
+        result_ttl: float = Defaults.RESULT_TTL,
         retention: float | None = None,
-        max_key_length: int = 200,
-        max_result_bytes: int = 1_000_000,
+        max_key_length: int = Defaults.MAX_KEY_LENGTH,
+        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
         permanent_errors: tuple[type[BaseException], ...] = (),
         fail_open: bool = False,
         renew_interval: float | None = None,
         serializer: Serializer | None = None,
         wait_replicas: int = 0,
-        wait_timeout: float = 0.1,
+        wait_timeout: float = Defaults.WAIT_TIMEOUT,
         allow_eviction: bool = False,
-        compress_above: int | None = 1024,
-        compression: str = "auto",
+        compress_above: int | None = Defaults.COMPRESS_ABOVE,
+        compression: str = Defaults.COMPRESSION,
     ) -> None:
         super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
                          max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,

@@ -23,11 +23,13 @@ replies on it.
 
 **Packing.** :func:`direct_packer` chooses what packs a command's arguments into the bytes sent:
 the compiled ``dedupe_worker._resp.pack_command`` (``dedupe_worker/_resp.c``, built with the
-package where a C compiler is found; byte for byte what ``hiredis.pack_command`` gives, about a
-tenth of its instructions), else ``hiredis.pack_command``, each only where it packs a probe of every
-kind of argument exactly as the connection's own ``pack_command`` does, else the connection's own.
-``DEDUPE_PURE_PYTHON=1`` in the environment (read when a connection is first used) makes it ignore
-the compiled module: the fallback path, which CI runs too (``make test-oldest``).
+package where a C compiler is found; byte for byte what ``hiredis.pack_command`` gives, and
+cheaper on a batch's hundreds of arguments: docs/performance.md), else ``hiredis.pack_command``,
+each only where it packs a probe of every kind of argument exactly as the connection's own
+``pack_command`` does, else the connection's own. ``DEDUPE_PURE_PYTHON=1`` in the environment
+(read when a client is built and when a connection is first used) keeps every client on redis-py's
+pool path, without a held connection or the compiled module: the plain path, which CI runs too
+(``make test-oldest``).
 ``DEDUPE_NO_EXTENSIONS=1`` at install time builds the package without it.
 """
 
@@ -43,7 +45,8 @@ from typing import Any, TypeGuard
 import redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
-from .._compiled import compiled_pack, pure_python
+from .._compiled import compiled_pack
+from .._settings import accelerators_off
 
 hiredis_pack: Any
 try:
@@ -260,14 +263,14 @@ def direct_packer(connection: Any) -> Any:
     ``hiredis.pack_command``, the first that packs :data:`_PROBE` byte for byte as ``connection``'s
     own (public) ``pack_command`` does; ``None`` when neither does.
 
-    Called straight it skips redis-py's pass over the arguments (about 4 µs a command; a batch has
-    hundreds of arguments); a connection with another encoding or a custom ``command_packer``
-    packs differently and keeps its own."""
+    Called straight it skips redis-py's pass over the arguments (a Python step each, and a batch
+    has hundreds: docs/performance.md, bench.held_connection); a connection with another encoding
+    or a custom ``command_packer`` packs differently and keeps its own."""
     try:
         own = b"".join(connection.pack_command(*_PROBE))
     except Exception:  # a packer that refuses part of the probe: keep it
         return None
-    for pack in (None if pure_python() else compiled_pack, hiredis_pack):
+    for pack in (None if accelerators_off() else compiled_pack, hiredis_pack):
         if pack is None:
             continue
         try:

@@ -14,9 +14,9 @@ A message's keys share one Redis Cluster hash slot through the ``{...}`` hash ta
                                   task id it sent, until when that counts as queued, fingerprint
 
 At most one of the two outcome records exists: a result is written once, by the owner of the
-claim, in the format its worker writes (``DEDUPE_RECORD_FORMAT``). Readers of this release read
-both; releases before it read only ``:result``, so format 2 is switched on only once every worker
-of the namespace runs this release or a later one (see the README's upgrade section). A name that
+claim, in the format its worker writes (format 2 unless ``DEDUPE_RECORD_FORMAT=1``). Readers of
+this release read both; releases before it read only ``:result``, so while one of them shares the
+namespace its peers write format 1 (see the README's upgrade section). A name that
 ends with ``}`` is a format-2 outcome (:meth:`KeyLayout.kind`): every other key has a suffix.
 
 A key that is longer than ``max_key_length`` bytes, or holds bytes that would break this layout
@@ -32,6 +32,7 @@ import hashlib
 import re
 
 from .._errors import InvalidKey
+from .._settings import Defaults
 
 __all__ = ["NOTICE", "RESULT", "SENT", "STARTED", "KeyLayout"]
 
@@ -40,8 +41,8 @@ _UNSAFE = re.compile(r"[{}\s\x00-\x1f\x7f]")
 
 def plain_ascii(text: str) -> bool:
     """For ASCII ``text`` only: whether it holds no character :data:`_UNSAFE` finds (all printable,
-    no space, no brace). Half the regex's time on a batch's keys joined (0.055 against 0.109 µs a
-    key of bench.kafka_cpu, timeit, client pinned)."""
+    no space, no brace): plain str methods, cheaper than the regex on every key of a batch
+    (docs/performance.md, bench.kafka_cpu's keys)."""
     return text.isprintable() and " " not in text and "{" not in text and "}" not in text
 
 #: The suffixes of a message's keys after its stem (the format-2 record is the stem itself).
@@ -53,7 +54,7 @@ HASHED_PREFIX = "sha256:"
 class KeyLayout:
     """Maps idempotency keys to Redis key names under one namespace."""
 
-    def __init__(self, namespace: str = "dedupe", max_key_length: int = 200) -> None:
+    def __init__(self, namespace: str = Defaults.NAMESPACE, max_key_length: int = Defaults.MAX_KEY_LENGTH) -> None:
         if not namespace or _UNSAFE.search(namespace):
             raise ValueError(f"namespace must be non-empty without braces or whitespace: {namespace!r}")
         self.namespace = namespace

@@ -18,21 +18,11 @@ Two paths with one small interface (:class:`RedisPath`), chosen in one place (:f
   path streams: :meth:`RedisPath.execute_streamed` hands each reply on as it is read; the pool
   path hands them on after the round trip.
 
-Why the held path is kept: ``python -m bench.held_connection`` (both paths in one process,
-taking turns in 15 short rounds, median round), a private ``redis-server`` pinned with ``taskset``
-to vCPU 0 and the client to the same vCPU or the other, three runs each (medians below), on a
-machine shared with other work. Wall time of the held path as a share of the pool path's, and
-client CPU per message held / pool::
-
-                        same vCPU                    split vCPUs
-                   wall     CPU µs              wall     CPU µs
-    run()          0.69     32.9 / 59.0         0.79     62.7 / 95.9
-    duplicate      0.72     15.4 / 25.8         0.78     30.6 / 44.2
-    batch of 100   0.93      4.3 /  5.5         0.85      4.6 /  6.1
-    decide_many    0.89      6.7 /  8.3         0.90      7.2 /  9.0
-
-A first-seen ``run()`` takes about 30% less wall time and 40% less client CPU on the held path;
-batches gain 7-15% (the pool's cost is per round trip, not per message).
+Why the held path is kept: it shortens ``run()``'s latency and a batch's time by more than the
+10% the project asks of a second path (``python -m bench.held_connection`` runs both paths in one
+process, taking turns; the figures are in docs/performance.md). The pool's cost is per round
+trip, so the single-message paths gain most. ``DEDUPE_PURE_PYTHON=1`` keeps every client on
+:class:`PoolPath` (:func:`~dedupe_worker._settings.accelerators_off`): the suite runs that way too.
 """
 
 from __future__ import annotations
@@ -44,6 +34,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from .._settings import accelerators_off
 from .held import BUSY, Command, HeldConnection
 
 __all__ = ["ClusterPath", "HeldPath", "PoolPath", "RedisPath", "path_for"]
@@ -99,12 +90,10 @@ class ClusterPath(PoolPath):
 
     Why: redis-py finds the keys of an ``FCALL`` (5.0.1 and 8.1 checked), and redis-py 8.1 those of
     a pipelined ``EVALSHA`` too, by asking the server (``COMMAND GETKEYS``, one round trip per call,
-    sent before the pipeline), so a batch of 500 keys cost about a thousand round trips. Measured with redis-py
-    8.1 on a private three-primary cluster, 2026-11-25, on a machine shared with other work:
-    ``begin_many`` + ``complete_many`` of 500 keys went from 3,235 to 29,496 msg/s (4.0 socket reads
-    per message on the primaries to 0.02), and ``python -m bench.kafka_consumer --cluster 3``
-    (client on vCPU 1) from 60.3 to 15.7 µs of Redis CPU per new key, 28.4 to 6.6 per duplicate.
-    A single call goes as a pipeline of one for the same reason.
+    sent before the pipeline), so a batch of 500 keys cost about a thousand round trips; routed
+    here, a batch is one round trip per primary (``python -m bench.kafka_consumer --cluster 3``;
+    the figures are in docs/performance.md). A single call goes as a pipeline of one for the same
+    reason.
 
     What redirections do: redis-py resends a pipelined command that met ``MOVED`` or ``ASK``
     (a slot migration, a failover) on its own, routed afresh, once the pipeline's round trip
@@ -168,8 +157,9 @@ class HeldPath(PoolPath):
 
 def path_for(client: Any) -> RedisPath:
     """The one place the path is chosen: :class:`ClusterPath` for a ``RedisCluster``,
-    :class:`HeldPath` where :meth:`HeldConnection.suits` the client, else :class:`PoolPath`."""
+    :class:`HeldPath` where :meth:`HeldConnection.suits` the client (unless
+    :func:`~dedupe_worker._settings.accelerators_off`), else :class:`PoolPath`."""
     if isinstance(client, RedisCluster):
         return ClusterPath(client)
-    held = HeldConnection.for_client(client)
+    held = None if accelerators_off() else HeldConnection.for_client(client)
     return PoolPath(client) if held is None else HeldPath(client, held)

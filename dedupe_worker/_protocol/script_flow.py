@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from typing import Any
 from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 
 from .._errors import StoreUnavailable
+from .._settings import SCRIPTS_ENV, eval_forced
 
 __all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "SCRIPTS_ENV", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call",
            "CallFailed", "Flow", "Library", "NotDurable", "ScriptFlows", "checked", "function_missing",
@@ -51,9 +51,6 @@ __all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "SCRIPTS_ENV", "SCRIPT_NAMES"
 
 log = logging.getLogger(__name__)
 
-#: The environment variable that forces ``EVALSHA`` on every server: ``DEDUPE_SCRIPTS=eval``
-#: (any other value, or none: functions where the server has them).
-SCRIPTS_ENV = "DEDUPE_SCRIPTS"
 
 #: What every library of ours is named with (then the hash of its sources): ``doctor`` lists them.
 LIBRARY_PREFIX = "dedupe_"
@@ -238,7 +235,7 @@ class ScriptFlows:
             info = None
         flags = takes_flags(info)
         self.functions = (self.functions_allowed and flags
-                          and os.environ.get(SCRIPTS_ENV, "").strip().lower() != "eval")
+                          and not eval_forced())
         self.text = {name: script_text(text, flags) for name, text in self.source.items()}
         self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self.text.items()}
         return self.sha

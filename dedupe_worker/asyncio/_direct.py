@@ -14,11 +14,10 @@ batch packed by the compiled ``dedupe_worker._resp.pack_command``, else ``hiredi
 deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
 call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
 
-Why: ``python -m bench.asyncio_paths`` (a private redis-server on vCPU 1, the bench on vCPU 0,
-median of 5 runs alternating with the ``Pipeline``/``execute_command`` code, a shared machine,
-2026-11-25): 50 coroutines with a no-op handler went from 2.68x to 4.15x the sequential sync
-``run()`` (11,214 to 20,750 msg/s), and one coroutine's sequential ``await run()`` from 2,827 to
-3,481 msg/s.
+Why: it makes both a sequential ``await run()`` and 50 concurrent coroutines markedly faster
+than redis-py's ``Pipeline``/``execute_command`` path, well past the 10% the project asks of a
+second path (``python -m bench.asyncio_paths``, with and without ``DEDUPE_PURE_PYTHON=1``, which
+keeps redis-py's path: :meth:`DirectSender.for_client`; the figures are in docs/performance.md).
 
 **The held connection.** As the sync client does (:mod:`dedupe_worker._protocol.held`), the
 senders on a pool take one connection of it with their first round trip and keep it (one per pool,
@@ -31,12 +30,9 @@ before. Before each use it is checked as the pool checks a connection given back
 a closed socket says it is out of step); a round trip that fails or is cancelled disconnects it,
 and the next reconnects. ``AsyncClaimClient.close`` gives it back once no other client on the
 pool uses it. Not kept on a pool of fewer than :data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`
-connections. Why: ``python -m bench.frameworks``'s FastStream path, measured alone (a private
-redis-server on vCPU 0, the client on vCPU 1, a shared machine, 2026-11-25, medians of 15
-alternating rounds): a lone ``EVALSHA`` cost 41 µs of client CPU more than the bare
-``send_packed_command``/``read_response`` through the pool, 4 µs on the held connection; a
-sequential ``decide()`` (claim and completion) 69 µs less CPU on the held connection, 11
-alternating rounds.
+connections. Why: the pool's bookkeeping is paid per round trip, so a lone call (FastStream's
+path, one message at a time) pays it whole (``python -m bench.frameworks``; the figures are in
+docs/performance.md).
 
 What is kept of redis-py's own path: the connection's retry policy around the whole round trip
 (a connection or timeout error disconnects, and the next attempt reconnects and sends the whole
@@ -67,6 +63,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._protocol.held import MIN_POOL_SIZE, direct_packer
+from .._settings import accelerators_off
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
@@ -112,8 +109,11 @@ class DirectSender:
     @classmethod
     def for_client(cls, client: Any) -> DirectSender | None:
         """A sender for ``client``, or ``None`` when it is not a plain ``redis.asyncio.Redis`` whose
-        pool makes connections that write and read as redis-py's own do."""
+        pool makes connections that write and read as redis-py's own do (and ``None`` when
+        :func:`~dedupe_worker._settings.accelerators_off`: redis-py's own path)."""
         if type(client) is not redis.asyncio.Redis:  # a subclass may route or count commands itself
+            return None
+        if accelerators_off():
             return None
         connection_class = getattr(getattr(client, "connection_pool", None), "connection_class", None)
         if not isinstance(connection_class, type) or not issubclass(connection_class, AbstractConnection):
@@ -199,14 +199,11 @@ class DirectSender:
         On Python before 3.12 redis-py's own bound on the write, ``asyncio.wait_for``, runs it as a
         task of its own (one more turn of the loop, a future and a timer per round trip): there
         the connection's ``socket_timeout`` is set aside for the write, and one deadline bounds
-        the write, then, moved to a full ``socket_timeout`` after it, the reads. Why: a sequential
-        ``decide()`` (claim and completion) on ``redis.asyncio.Redis.from_url`` (``socket_timeout``
-        5 s by default in redis-py 8.1; a private redis-server on vCPU 0, the client on vCPU 1, a
-        shared machine, 2026-11-25, two runs of 11 alternating rounds) took 405-410 µs of client
-        CPU instead of 440-477 µs with ``wait_for`` (the paired rounds' median: 65-84 µs less),
-        19-32 µs less wall time; one deadline moved instead of one for the write and one for the
-        reads: 554,642 -> 525,016 instructions per new key (two round trips), 277,175 -> 267,190
-        per duplicate (one) (``python -m bench.single_cpu``, ``async run``, 2026-11-26)."""
+        the write, then, moved to a full ``socket_timeout`` after it, the reads. Why: a client from
+        ``redis.asyncio.Redis.from_url`` has a ``socket_timeout`` (5 s by default in redis-py
+        8.1), so every round trip would pay for that task; one deadline moved costs less than one
+        for the write and one for the reads (``python -m bench.single_cpu``'s ``async run``; the
+        figures are in docs/performance.md)."""
         timeout = connection.socket_timeout
         if not timeout or not _WAIT_FOR_TASK:
             await connection.send_packed_command(packed)

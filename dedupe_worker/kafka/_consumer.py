@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from .._compiled import plain_identities, pure_python
 from .._deduplicator import Deduplicator
 from .._engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, refused
 from .._engine.batch import Verdicts, verdicts_flow
@@ -36,10 +35,10 @@ from .._engine.decision import HANDLER_RAN
 from .._engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
 from .._engine.hooks import Hooks
 from .._messages.envelope import Envelope, from_kafka
-from .._messages.retention import TTL_HEADER, TtlHeader, header_ttl
+from .._messages.retention import TTL_HEADER, TtlHeader
 from .._operate.doctor import check_at_start
 from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint, bytes_fingerprint, default_header_key
-from ._deadletter import DeadLetter, DeadLetterProducer, producer_config
+from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
 from ._hooks import ConsumerHooks
 from ._positions import DONE, Hold, PartitionState, plan_partition
@@ -115,7 +114,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         defer_wait: float | None = None,
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
-        dead_letter_timeout: float = 30.0,
+        dead_letter_timeout: float = DELIVERY_TIMEOUT,
         summary_interval: float = 10.0,
         ttl_header: str | None = TTL_HEADER,
     ) -> None:
@@ -150,8 +149,6 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self._acked: list[tuple[Message, str, Decision]] = []
         self._partitions: dict[TP, PartitionState] = {}
         self._ttl_of: TtlHeader | None = None
-        #: The compiled identification of plain records (``None``: not built, or DEDUPE_PURE_PYTHON).
-        self._compiled = None if pure_python() else plain_identities
         self._stop = threading.Event()
         self._woken = deque()
 
@@ -200,33 +197,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         tps: list[TP] = []
         outcomes = self._outcomes(messages, live, tps)
         acked, self._acked = self._acked, []
-        if outcomes.count(DONE) == len(outcomes):  # the common batch: everything decided
-            self._commit(self._commits_past(live, tps))
-        else:
-            self._plan(live, tps, outcomes)
+        self._plan(live, tps, outcomes)
         for msg, key, decision in acked:  # the commit past them is done (or follows a hold): their hooks
             report(self, msg, key, decision, ACKED, None, _where)
-
-    def _commits_past(self, live: Sequence[Message], tps: Sequence[TP]) -> list[TopicPartition]:
-        """The commits of a batch whose every message is decided: per partition, past its highest
-        offset (what :func:`plan_partition` answers when every outcome is DONE, without a row, a
-        sort and a plan per message: ~0.3 us less client CPU per message, bench.kafka_consumer)."""
-        highest: dict[TP, int] = {}
-        partitions = len(set(tps))
-        # a partition's messages come in the order of their offsets: its last one is its highest,
-        # so the batch is read from its end until every partition is seen (~1,000 fewer
-        # instructions a message than a max per message, valgrind, bench.kafka_cpu --callgrind)
-        for msg, tp in zip(reversed(live), reversed(tps), strict=True):
-            if tp not in highest:
-                highest[tp] = msg.offset() or 0
-                if len(highest) == partitions:
-                    break
-        commits = []
-        for tp, offset in highest.items():
-            state = self._partitions[tp]
-            plan_partition(state, [(offset, DONE)])  # forgets what is below, ends the partition's holds
-            commits.append(TopicPartition(tp[0], tp[1], offset + 1))
-        return commits
 
     def _plan(self, live: Sequence[Message], tps: Sequence[TP], outcomes: Sequence[Any]) -> None:
         """Commit, per partition, past what is decided before its first hold, and rewind to that hold."""
@@ -305,13 +278,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         reasons = verdicts.reasons
         applied, duplicates, failed_before = (reasons.count(_APPLIED), reasons.count(_DUPLICATE),
                                               reasons.count(_PREVIOUSLY_FAILED))
-        if applied + duplicates + failed_before == len(reasons) and not hooked and not debug:
-            # every message acked, nothing to log or hook: what _act() answers, counted in C (~1,500
-            # fewer instructions a message, valgrind, bench.kafka_cpu --callgrind)
-            for i in indices:
-                outcomes[i] = DONE
-        else:
-            self._act(live, indices, keys, verdicts, outcomes, letters, hooked=hooked, debug=debug)
+        self._act(live, indices, keys, verdicts, outcomes, letters, hooked=hooked, debug=debug)
         for reason, count in ((_APPLIED, applied), (_DUPLICATE, duplicates), (_PREVIOUSLY_FAILED, failed_before)):
             if count:
                 stats[reason.value] += count
@@ -328,8 +295,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         partitions; return the positions in ``live`` of those decided in an earlier batch (behind a
         hold). A record of a partition that flows (:func:`_flows`, asked once a batch, and again
         after each of its records :meth:`_accept` took) costs a set look-up; each other record is
-        :meth:`_accept`'s. Kept for its figure: ~300 fewer instructions a message than the state
-        checks of each record's partition (valgrind, bench.kafka_cpu --callgrind)."""
+        :meth:`_accept`'s, since every consumed record passes here (bench.kafka_cpu prices it)."""
         partitions, accept = self._partitions, self._accept
         flowing = {tp for tp, state in partitions.items() if _flows(state)}
         before: list[int] = []
@@ -370,59 +336,32 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     def _identities(self, messages: Sequence[Message]) -> tuple[list[str], list[Any], list[float | None],
                                                                 list[tuple[int, Exception]]]:
         """:meth:`_identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
-        in all three at a message refused), and the ``(position, error)`` of the refused. With the
-        default key strategy and fingerprint, the compiled ``dedupe_worker._kafka_records``
-        answers for the records it takes (an ``idempotency-key`` header, no ttl header: ~6,900
-        fewer instructions a message than the Python path below, a quarter of a duplicate's;
-        valgrind, bench.kafka_cpu --callgrind) and :meth:`_identify_one` for the rest. Without it,
-        each record is read by :meth:`_identify_one` (the rest of the strategy's chain only where
-        the header is missing), the ttl header by one :class:`TtlHeader` for the batch (~3,000
-        fewer instructions a message than :meth:`_identify` each; valgrind, bench.kafka_cpu's
-        records)."""
-        fingerprint = self.fingerprint
-        plain = self.key_strategy is KAFKA_DEFAULT and (fingerprint is None or fingerprint is body_fingerprint)
-        ttl_of = self._ttl_reader()
+        in all three at a message refused), and the ``(position, error)`` of the refused."""
+        count = len(messages)
+        keys: list[Any] = [None] * count
+        fingerprints: list[Any] = [None] * count
+        ttls: list[float | None] = [None] * count
         failures: list[tuple[int, Exception]] = []
-        ttls: list[float | None] = [None] * len(messages)
-        left: Sequence[int]  # the positions the Python path identifies
-        if plain and self._compiled is not None:
-            keys, fingerprints = self._compiled(messages, fingerprint is not None,
-                                                None if ttl_of is None else ttl_of.lowered)
-            left = [n for n, key in enumerate(keys) if key is None] if None in keys else ()
-        else:
-            keys, fingerprints, left = [None] * len(messages), [None] * len(messages), range(len(messages))
-        for n in left:
+        ttl_of = self._ttl_reader()
+        for n, msg in enumerate(messages):
             try:
-                keys[n], fingerprints[n], ttls[n] = (self._identify_one(messages[n], ttl_of) if plain
-                                                     else self._identify(messages[n]))
+                keys[n], fingerprints[n], ttls[n] = self._identify(msg, ttl_of)
             except Exception as exc:  # None in all three columns
                 failures.append((n, exc))
         return keys, fingerprints, ttls, failures
-
-    def _identify_one(self, msg: Message, ttl_of: TtlHeader | None) -> tuple[str, Any, float | None]:
-        """What :meth:`_identify` answers for ``msg`` with the default key strategy and fingerprint,
-        the record read here (the rest of the chain when it has no ``idempotency-key`` header), the
-        ttl header by ``ttl_of``; raises what it raises."""
-        headers = dict(msg.headers() or ())  # as from_kafka() reads them
-        key = default_header_key(headers)
-        if key is None:  # the rest of the chain
-            return self._identify(msg)
-        return (key, None if self.fingerprint is None else bytes_fingerprint(msg.value() or b""),
-                None if ttl_of is None else ttl_of(headers))
 
     def _ttl_reader(self) -> TtlHeader | None:
         """The :class:`TtlHeader` of ``ttl_header`` (kept while the name stays), ``None`` when unset."""
         self._ttl_of = TtlHeader.of(self.ttl_header, self._ttl_of)
         return self._ttl_of
 
-    def _identify(self, msg: Message) -> tuple[str, Any, float | None]:
-        """``(key, fingerprint, ttl)`` of ``msg``; raises what the key strategy, the fingerprint or
-        the ttl header raise. The envelope is built only for a strategy or fingerprint that needs
-        it: the defaults (:data:`KAFKA_DEFAULT` finding its ``idempotency-key`` header,
-        :func:`body_fingerprint`) read the headers and the body straight from the record, as
-        they would from its envelope. Kept for its figure: ~1 us less client CPU per message
-        (key, fingerprint and ttl of a record: 1.0 us against 1.9 us through from_kafka() and the
-        strategies as they were, timeit, pinned, shared machine)."""
+    def _identify(self, msg: Message, ttl_of: TtlHeader | None = None) -> tuple[str, Any, float | None]:
+        """``(key, fingerprint, ttl)`` of ``msg``, the ttl header read by ``ttl_of`` (else by a new
+        :class:`TtlHeader`); raises what the key strategy, the fingerprint or the ttl header
+        raise. The envelope is built only for a strategy or fingerprint that needs it: the
+        defaults (:data:`KAFKA_DEFAULT` finding its ``idempotency-key`` header,
+        :func:`body_fingerprint`) read the headers and the body straight from the record, as they
+        would from its envelope, since every consumed record is identified."""
         headers: dict[str, Any] = dict(msg.headers() or ())  # as from_kafka() reads them
         key = default_header_key(headers) if self.key_strategy is KAFKA_DEFAULT else None
         fingerprint = self.fingerprint
@@ -432,7 +371,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             envelope = from_kafka(msg)
             key = self.key_strategy(envelope)
             fp = None if fingerprint is None else fingerprint(envelope)
-        return key, fp, header_ttl(headers, self.ttl_header) if self.ttl_header else None
+        if ttl_of is None:
+            ttl_of = TtlHeader.of(self.ttl_header, None)
+        return key, fp, None if ttl_of is None else ttl_of(headers)
 
     def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,
                      ttl: Sequence[float | None] | None = None) -> Verdicts:

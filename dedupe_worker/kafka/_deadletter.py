@@ -18,16 +18,19 @@ from .._engine import Decision
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import from_kafka
 
-__all__ = ["DeadLetter", "DeadLetterProducer", "producer_config"]
+__all__ = ["DELIVERY_TIMEOUT", "DeadLetter", "DeadLetterProducer", "producer_config"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds the dead-letter producer waits for the broker to take a record, unless told otherwise.
+DELIVERY_TIMEOUT = 30.0
 
 #: Consumer settings that also apply to the producer (connection and security).
 _SHARED_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
 
 
 def producer_config(consumer_config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None,
-                    timeout: float = 30.0) -> dict[str, Any]:
+                    timeout: float = DELIVERY_TIMEOUT) -> dict[str, Any]:
     """The dead-letter producer's settings: the connection settings of ``consumer_config``, a
     delivery timeout of ``timeout`` seconds, ``acks=all``, then ``overrides``."""
     config = {k: v for k, v in consumer_config.items() if k.startswith(_SHARED_PREFIXES)}
@@ -50,7 +53,7 @@ class DeadLetter:
 class DeadLetterProducer:
     """Writes :class:`DeadLetter` records and reports, per record, whether the broker took it."""
 
-    def __init__(self, producer: Any, topic_format: str = "{topic}.dlq", timeout: float = 30.0) -> None:
+    def __init__(self, producer: Any, topic_format: str = "{topic}.dlq", timeout: float = DELIVERY_TIMEOUT) -> None:
         self.producer = producer
         self.topic_format = topic_format
         self.timeout = timeout
