@@ -169,6 +169,9 @@ class StoreCalls:
     #: The trailing argument of every ``complete.lua`` call: ``("2",)`` writes results in the
     #: compact format 2, ``()`` in format 1 (see :func:`record_format_from_env`).
     format_args: tuple[str, ...] = ()
+    #: Whether ``atomic(conn)`` records outcomes on the claim's own row (the SQL store): the
+    #: engine then confirms a block that joined a transaction it did not open (``committed``).
+    outcomes_on_row = False
 
     def __init__(self) -> None:
         self.write_format(record_format_from_env())

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS dedupe_sent (
     task_id    VARBINARY(1024) NOT NULL,
     until      DATETIME(6)     NOT NULL,
     fp         VARBINARY(1024) NULL,
+    n          BIGINT          NULL,
     expires_at DATETIME(6)     NOT NULL,
     KEY dedupe_sent_expires_at (expires_at)
 ) ENGINE=InnoDB;
