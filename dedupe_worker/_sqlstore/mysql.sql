@@ -15,7 +15,7 @@ CREATE TABLE IF NOT EXISTS dedupe_claims (
     fp         VARBINARY(1024) NULL,
     orig       BLOB            NULL,
     waiters    INT             NOT NULL DEFAULT 0,
-    status     BINARY(1)       NULL,
+    status     BINARY(1)       NULL CHECK (status IN ('c', 'o', 'f')),
     token      BIGINT          NULL,
     value      LONGBLOB        NULL,
     expires_at DATETIME(6)     NOT NULL,

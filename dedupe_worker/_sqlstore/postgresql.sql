@@ -28,8 +28,9 @@ CREATE TABLE IF NOT EXISTS dedupe_claims (
     orig       text,
     -- waiters counted by dedupe_v1_watch, notified by completion or release
     waiters    integer     NOT NULL DEFAULT 0,
-    -- the stored outcome: status 'c', 'o' or 'f' (NULL: none), its token and value
-    status     "char",
+    -- the stored outcome: status 'c', 'o' or 'f' (NULL: none), its token and value. The check keeps
+    -- out a row these functions could not read (inspect.lua's UNREADABLE has no SQL counterpart)
+    status     "char"      CHECK (status IN ('c', 'o', 'f')),
     token      bigint,
     value      bytea,
     -- when the row counts as gone: the lease's retention, or the outcome's ttl
