@@ -164,3 +164,32 @@ def test_async_with_atomic_on_the_store_s_row(pg_url: str) -> None:
 
     asyncio.run(main())
     assert ledger(pg_url) == [("async", 1)]
+
+
+def test_async_an_outer_transaction_rolled_back_releases_the_claim(pg_url: str) -> None:
+    import asyncio
+
+    from dedupe_worker.asyncio import AsyncDeduplicator
+
+    async def handler(rollback: bool) -> str:
+        async with await psycopg.AsyncConnection.connect(_conninfo(pg_url)) as conn:
+            async with conn.transaction():
+                async with atomic(conn) as outcome:
+                    await conn.execute("INSERT INTO ledger VALUES ('async-outer', 1)")
+                    outcome.result = "booked"
+                if rollback:
+                    raise psycopg.Rollback
+        return str(outcome.result)
+
+    async def main() -> None:
+        dedupe = AsyncDeduplicator.from_url(pg_url, lease=5)
+        try:
+            with pytest.raises(NotCommitted):
+                await dedupe.run("async-outer", handler, True)
+            assert (await dedupe.status("async-outer")).state == "free"
+            assert [await dedupe.run("async-outer", handler, False) for _ in range(2)] == ["booked", "booked"]
+        finally:
+            await dedupe.aclose()
+
+    asyncio.run(main())
+    assert ledger(pg_url) == [("async-outer", 1)]
