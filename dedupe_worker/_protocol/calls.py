@@ -163,15 +163,15 @@ class StoreCalls:
     """
 
     scripts: _Scripts
+    #: Whether ``atomic(conn)`` records outcomes on the claim's own row (the SQL store): the
+    #: engine then confirms a block that joined a transaction it did not open (``committed``).
+    outcomes_on_row = False
     #: ``(replicas, timeout_ms)``: claims and completions wait for that many replicas
     #: (``WAIT``, in the same pipeline); ``None``: they do not.
     durability: tuple[int, int] | None = None
     #: The trailing argument of every ``complete.lua`` call: ``("2",)`` writes results in the
     #: compact format 2, ``()`` in format 1 (see :func:`record_format_from_env`).
     format_args: tuple[str, ...] = ()
-    #: Whether ``atomic(conn)`` records outcomes on the claim's own row (the SQL store): the
-    #: engine then confirms a block that joined a transaction it did not open (``committed``).
-    outcomes_on_row = False
 
     def __init__(self) -> None:
         self.write_format(record_format_from_env())
