@@ -355,6 +355,7 @@ def test_forget_with_token_0_removes_only_a_record_carrying_none(dedupe: Dedupli
     stem = dedupe.request("f1").stem
     assert dedupe.store.forget(stem, 0, True) == (-2, claim.token, "")  # a live lease carries a token
     assert dedupe.store.forget(stem, None, False)[:2] == (-1, claim.token)
+    assert not dedupe.forget("f1", token=0, force=True)
     assert dedupe.begin("f1").outcome is Outcome.IN_PROGRESS  # nothing changed
     dedupe.complete(claim, "kept")
     assert dedupe.store.forget(stem, 0, True) == (-2, claim.token, "")  # a stored outcome too
