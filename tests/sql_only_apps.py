@@ -52,7 +52,7 @@ if "SQL_TEST_HTTP" in os.environ:  # uvicorn
 
     asgi = FastAPI()
     asgi.add_middleware(IdempotencyMiddleware, dedupe=AsyncDeduplicator.from_settings(
-        namespace=os.environ["SQL_TEST_NAMESPACE"], lease=10.0))
+        namespace=os.environ["SQL_TEST_NAMESPACE"], lease=10.0), scope=lambda request: "one-client")
 
     @asgi.get("/health")
     async def health() -> dict[str, str]:

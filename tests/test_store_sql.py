@@ -303,3 +303,78 @@ def test_the_batch_engine_runs_each_key_once_and_compresses_large_results(store_
     assert dedupe.run("big", lambda: "again") == "x" * 5000  # stored compressed: 5000 bytes raw > max_result_bytes
     assert dedupe.begin("huge").result is OMITTED
     dedupe.close()
+
+
+def test_a_publish_that_raised_takes_its_mark_back_and_a_release_frees_it(dedupe: Deduplicator) -> None:
+    from dedupe_worker._protocol.sending import SendState, check_send, unsend
+
+    assert check_send(dedupe, "u1", "id-1", ttl=5, fingerprint="fp").state is SendState.PUBLISH
+    assert not unsend(dedupe, "u1", "id-0")  # another send's publish raised late: the mark stays
+    assert check_send(dedupe, "u1", "id-2", ttl=5, fingerprint="fp").task_id == "id-1"  # QUEUED
+    assert unsend(dedupe, "u1", "id-1") and not unsend(dedupe, "u1", "id-1")  # fenced by the task id
+    assert check_send(dedupe, "u1", "id-3", ttl=5, fingerprint="fp").state is SendState.PUBLISH
+    claim = dedupe.begin("u1", fingerprint="fp")  # a worker took task id-3
+    assert check_send(dedupe, "u1", "id-4", ttl=5, fingerprint="fp").state is SendState.RUNNING
+    assert dedupe.release(claim)  # a retryable failure: id-3 is no longer queued
+    again = check_send(dedupe, "u1", "id-5", ttl=5, fingerprint="fp")
+    assert (again.state, again.task_id) == (SendState.PUBLISH, "id-5")
+    assert check_send(dedupe, "u1", "id-6", ttl=5, fingerprint="fp").state is SendState.QUEUED  # id-5's mark
+
+
+def test_celery_sends_a_raising_publish_leaves_no_mark_and_a_send_after_a_release_publishes(
+        store_url: str, namespace: str, rabbitmq_url: str, redis_url: str, dedupe: Deduplicator) -> None:
+    from kombu.exceptions import OperationalError
+
+    from .celery_fixtures import delete_queue, make_app
+    from .test_celery_send import closed_port, queued
+
+    config = {"backend": redis_url, "namespace": namespace, "queue": f"dedupe-test-{namespace}",
+              "store_url": store_url}
+    down = make_app(broker=f"amqp://guest:guest@127.0.0.1:{closed_port()}//", **config)
+    down.conf.update(dedupe_on_send=True, broker_connection_timeout=0.5, task_publish_retry_policy={"max_retries": 0})
+    app = make_app(broker=rabbitmq_url, **config)
+    app.conf.dedupe_on_send = True
+    try:
+        with pytest.raises(OperationalError):  # the broker is down for the first send
+            down.tasks["dt.charge"].delay(1, 10)
+        retried = app.tasks["dt.charge"].delay(1, 10)  # the producer's retry: published, not "queued"
+        assert app.tasks["dt.charge"].delay(1, 10).id == retried.id and queued(app, config["queue"]) == 1
+        claim = dedupe.begin("charge:1")  # a worker takes it, fails retryably, releases the key
+        assert app.tasks["dt.charge"].delay(1, 10).id == retried.id  # running: nothing published
+        assert dedupe.release(claim)
+        again = app.tasks["dt.charge"].delay(1, 10)
+        assert again.id != retried.id and queued(app, config["queue"]) == 2
+    finally:
+        down.close()
+        delete_queue(app, config["queue"])
+        app.close()
+
+
+def test_forget_with_token_0_removes_only_a_record_carrying_none(dedupe: Deduplicator) -> None:
+    claim = dedupe.begin("f1")
+    stem = dedupe.request("f1").stem
+    assert dedupe.store.forget(stem, 0, True) == (-2, claim.token, "")  # a live lease carries a token
+    assert dedupe.store.forget(stem, None, False)[:2] == (-1, claim.token)
+    assert not dedupe.forget("f1", token=0, force=True)
+    assert dedupe.begin("f1").outcome is Outcome.IN_PROGRESS  # nothing changed
+    dedupe.complete(claim, "kept")
+    assert dedupe.store.forget(stem, 0, True) == (-2, claim.token, "")  # a stored outcome too
+    assert dedupe.store.forget(stem, claim.token, False)[:2] == (1, claim.token)
+    assert dedupe.store.forget(stem, 0, True)[:2] == (0, 0)  # nothing left
+
+
+def test_a_decompression_bomb_in_a_stored_record_is_answered_omitted(store_url: str, namespace: str) -> None:
+    import zlib
+
+    from dedupe_worker._protocol import Stored
+    from dedupe_worker._protocol.serialization import MARK, decoded_limit
+
+    dedupe = Deduplicator.from_url(store_url, namespace=namespace, max_result_bytes=1000)
+    plain = b"[" + b"0," * decoded_limit(1000) + b"0]"  # past the bound this client decodes to
+    bomb = MARK + b"z" + zlib.compress(plain, 9)
+    claim = dedupe.begin("bomb")
+    [call] = dedupe.store.complete_calls([(claim.stem, claim.token, Stored.COMPLETED, bomb)], 60_000)
+    assert dedupe.store.scripts.call(*call) in ([1], 1)
+    assert dedupe.begin("bomb").result is OMITTED
+    assert dedupe.run("bomb", lambda: "ran") is OMITTED
+    dedupe.close()

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from dedupe_worker import Deduplicator, LeaseLost, current_claim
-from dedupe_worker.sql import atomic
+from dedupe_worker import Deduplicator, LeaseLost, Reason, current_claim, decide_many
+from dedupe_worker.sql import NotCommitted, atomic
 
 from .store_fixtures import postgres_store
 
@@ -85,6 +85,38 @@ def test_a_zombie_past_its_lease_commits_nothing(pg_url: str) -> None:
     successor.close()
 
 
+def book_in_outer(url: str, key: str, rollback: bool) -> dict[str, object]:
+    """A handler whose ``atomic()`` block joins the caller's own transaction, which the caller
+    then rolls back (``rollback``) or commits."""
+    claim = current_claim()
+    assert claim is not None
+    with psycopg.connect(_conninfo(url)) as conn:
+        with conn.transaction():
+            with atomic(conn) as outcome:
+                conn.execute("INSERT INTO ledger VALUES (%s, %s)", (key, claim.token))
+                outcome.result = {"booked": key, "token": claim.token}
+            if rollback:
+                raise psycopg.Rollback
+    return outcome.result  # type: ignore[return-value]
+
+
+def test_an_outer_transaction_rolled_back_stores_no_outcome_and_the_redelivery_applies(pg_url: str) -> None:
+    dedupe = Deduplicator.from_url(pg_url, lease=5)
+    with pytest.raises(NotCommitted):  # the handler returned, its effect did not commit
+        dedupe.run("outer", book_in_outer, pg_url, "outer", True)
+    assert ledger(pg_url) == [] and dedupe.status("outer").state == "free"  # released, no outcome
+    first = dedupe.run("outer", book_in_outer, pg_url, "outer", False)  # the redelivery applies
+    assert dedupe.run("outer", book_in_outer, pg_url, "outer", False) == first
+    assert ledger(pg_url) == [("outer", first["token"])]
+
+    keys = ["b1", "b2", "b1"]  # the batch engine: a rolled-back key is released, the other stored
+    decisions = decide_many(dedupe, [(k, None, lambda k=k: book_in_outer(pg_url, k, k == "b1")) for k in keys])
+    assert [d.reason for d in decisions] == [Reason.HANDLER_ERROR, Reason.APPLIED, Reason.IN_PROGRESS]
+    assert isinstance(decisions[0].error, NotCommitted) and dedupe.status("b1").state == "free"
+    assert [k for k, _ in ledger(pg_url)] == ["outer", "b2"]
+    dedupe.close()
+
+
 _KILLED = """
 import os, signal, sys
 import psycopg
@@ -132,3 +164,32 @@ def test_async_with_atomic_on_the_store_s_row(pg_url: str) -> None:
 
     asyncio.run(main())
     assert ledger(pg_url) == [("async", 1)]
+
+
+def test_async_an_outer_transaction_rolled_back_releases_the_claim(pg_url: str) -> None:
+    import asyncio
+
+    from dedupe_worker.asyncio import AsyncDeduplicator
+
+    async def handler(rollback: bool) -> str:
+        async with await psycopg.AsyncConnection.connect(_conninfo(pg_url)) as conn:
+            async with conn.transaction():
+                async with atomic(conn) as outcome:
+                    await conn.execute("INSERT INTO ledger VALUES ('async-outer', 1)")
+                    outcome.result = "booked"
+                if rollback:
+                    raise psycopg.Rollback
+        return str(outcome.result)
+
+    async def main() -> None:
+        dedupe = AsyncDeduplicator.from_url(pg_url, lease=5)
+        try:
+            with pytest.raises(NotCommitted):
+                await dedupe.run("async-outer", handler, True)
+            assert (await dedupe.status("async-outer")).state == "free"
+            assert [await dedupe.run("async-outer", handler, False) for _ in range(2)] == ["booked", "booked"]
+        finally:
+            await dedupe.aclose()
+
+    asyncio.run(main())
+    assert ledger(pg_url) == [("async-outer", 1)]

@@ -93,3 +93,25 @@ def test_a_claim_on_a_million_expired_rows_reads_by_index(pg_store: str) -> None
                      "ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED")
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE expired(1000)").fetchall())
         assert "dedupe_claims_expires_at" in plan
+
+
+def test_a_row_with_a_status_the_transitions_cannot_read_is_refused(pg_store: str, mysql_url: str) -> None:
+    """The schema keeps out what claim.lua would answer UNREADABLE: a status letter not ours."""
+    import pymysql
+
+    dedupe = Deduplicator.from_url(pg_store)
+    dedupe.run("letters", lambda: "ok")
+    conninfo = connect(pg_store).conninfo  # type: ignore[attr-defined]
+    with psycopg.connect(conninfo) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE dedupe_claims SET status = 'x'")
+    assert dedupe.run("letters", lambda: "again") == "ok"
+    dedupe.close()
+    for url in mariadb_store(mysql_url):
+        on_maria = Deduplicator.from_url(url)
+        on_maria.run("letters", lambda: "ok")
+        conn = pymysql.connect(**connect(url).arguments)  # type: ignore[attr-defined]
+        with conn.cursor() as cursor, pytest.raises(pymysql.err.OperationalError, match="CONSTRAINT"):
+            cursor.execute("UPDATE dedupe_claims SET status = 'x'")
+        conn.close()
+        assert on_maria.run("letters", lambda: "again") == "ok"
+        on_maria.close()

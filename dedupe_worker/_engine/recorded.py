@@ -70,8 +70,9 @@ class Outcomes(Protocol):
 
 def opened(dedupe: ClaimCodec) -> Run | None:
     """A :class:`Run` made current for the handlers about to run, when ``dedupe`` has
-    ``outcomes`` (else ``None``, nothing done); :func:`closed` ends it."""
-    if outcomes_of(dedupe) is None:
+    ``outcomes`` or its store records outcomes on the claim's row (the SQL store), else ``None``,
+    nothing done; :func:`closed` ends it."""
+    if outcomes_of(dedupe) is None and not getattr(getattr(dedupe, "store", None), "outcomes_on_row", False):
         return None
     run = Run(dedupe)
     run.reset = bind_run(run)
@@ -89,12 +90,11 @@ def uncommitted_flow(dedupe: ClientCore, claim: Claim, run: Run) -> Flow[NotComm
     transaction (nothing to confirm), or joined one whose commit is confirmed by one query. Else
     :class:`NotCommitted`: the caller must release the claim so that a redelivery runs again
     (safe even if that transaction commits later: the redelivery's ``atomic()`` finds the row)."""
-    if (claim.stem, claim.token) not in run.joined:
+    confirms = run.joined.get((claim.stem, claim.token))
+    if confirms is None:
         return None
-    outcomes = outcomes_of(dedupe)
-    assert outcomes is not None
     try:
-        committed = yield Either(lambda: outcomes.committed(claim), lambda: outcomes.committed_async(claim))
+        committed = yield Either(lambda: confirms.committed(claim), lambda: confirms.committed_async(claim))
     except Exception as exc:
         log.warning("could not confirm the commit of key=%s token=%s, releasing it: %s", claim.key, claim.token, exc)
         committed = False

@@ -144,6 +144,9 @@ class StoreCalls:
     """
 
     scripts: _Scripts
+    #: Whether ``atomic(conn)`` records outcomes on the claim's own row (the SQL store): the
+    #: engine then confirms a block that joined a transaction it did not open (``committed``).
+    outcomes_on_row = False
     #: ``(replicas, timeout_ms)``: claims and completions wait for that many replicas
     #: (``WAIT``, in the same pipeline); ``None``: they do not.
     durability: tuple[int, int] | None = None

@@ -21,7 +21,8 @@ from .claim import Claim
 if TYPE_CHECKING:
     from .codec import ClaimCodec
 
-__all__ = ["Holding", "Run", "Tracker", "bind_claim", "bind_run", "current_claim", "current_run", "unbind_run"]
+__all__ = ["Confirms", "Holding", "Run", "Tracker", "bind_claim", "bind_run", "current_claim", "current_run",
+           "unbind_run"]
 
 _current: ContextVar[Claim | None] = ContextVar("dedupe_worker_current_claim", default=None)
 
@@ -38,14 +39,26 @@ bind = _current.set
 unbind = _current.reset
 
 
+class Confirms(Protocol):
+    """What confirms that the row an ``atomic()`` block wrote in a joined transaction committed:
+    a ``SqlOutcomes`` (its table), or the SQL store (the claim's own row)."""
+
+    def committed(self, claim: Claim) -> bool:
+        """Whether ``claim``'s row (its fencing token) is committed (one query)."""
+
+    async def committed_async(self, claim: Claim) -> bool:
+        """:meth:`committed` on asyncio."""
+
+
 class Run:
-    """Handlers the engine runs for a client given SQL ``outcomes`` (one message's, or one batch
-    chunk's), shared by the engine and ``dedupe_worker.sql.atomic()``.
+    """Handlers the engine runs for a client given SQL ``outcomes``, or on the SQL store (one
+    message's, or one batch chunk's), shared by the engine and ``dedupe_worker.sql.atomic()``.
 
     ``client`` is the client that claimed them: ``atomic()`` encodes results and dates rows with
-    its options, whatever other clients share the outcomes. ``joined`` holds ``(stem, token)`` of
-    each claim whose ``atomic()`` block joined a transaction it did not open: its row commits, or
-    not, when that transaction ends, which the block cannot see, so the engine confirms it.
+    its options, whatever other clients share the outcomes. ``joined`` maps ``(stem, token)`` of
+    each claim whose ``atomic()`` block joined a transaction it did not open to what confirms its
+    row: that row commits, or not, when the transaction ends, which the block cannot see, so the
+    engine confirms it.
     """
 
     __slots__ = ("client", "joined", "reset")
@@ -53,7 +66,7 @@ class Run:
 
     def __init__(self, client: ClaimCodec) -> None:
         self.client = client
-        self.joined: set[tuple[str, int]] = set()
+        self.joined: dict[tuple[str, int], Confirms] = {}
 
 
 _run: ContextVar[Run | None] = ContextVar("dedupe_worker_current_run", default=None)

@@ -13,6 +13,13 @@ and the engine's own completion of the first run, were it to come, finds its out
 its token (answered as stored). Killed before the commit: nothing of the block is kept, the lease
 runs out, the redelivery runs the handler.
 
+Inside a transaction the block did not open (a savepoint in the caller's), the outcome commits
+when, and only if, the caller's transaction commits: the engine then confirms, with one
+``inspect`` of the row, that the outcome is there under this claim's token before it completes
+the claim; if the caller rolled back, the claim is released (the verdict is HANDLER_ERROR with
+:class:`~dedupe_worker.sql.NotCommitted`) and a redelivery runs the handler again. A handler
+that returns with that transaction still open holds the row's lock: the release waits for it.
+
 While the block runs the row is locked: a copy of the key claimed meanwhile waits for the
 handler's transaction instead of answering IN_PROGRESS at once (keep such transactions short),
 and the lease renewer waits too (the lease cannot be lost while the row is locked by its owner:
@@ -27,7 +34,7 @@ from typing import Any
 
 from .._errors import LeaseLost
 from .._protocol.claim import Claim, Stored
-from .._protocol.context import current_claim
+from .._protocol.context import current_claim, current_run
 from ..sql._drivers import async_driver, sync_driver
 from ..sql._statements import Statement, recorded
 from .urls import POSTGRESQL
@@ -90,6 +97,13 @@ class StoreAtomic:
         if int(owner) != claim.token:
             raise LeaseLost(claim.key, claim.token)
 
+    def _entered(self, joined: bool) -> None:
+        """A block that joined a transaction it did not open commits out of its sight: the
+        engine's run confirms the row before the claim is completed (engine/recorded.py)."""
+        run = current_run()
+        if joined and run is not None and run.client.layout.namespace == self.client.layout.namespace:
+            run.joined[(self.claim.stem, self.claim.token)] = self.client.store
+
     def _record(self, dialect: str) -> list[Statement]:
         claim, client = self.claim, self.client
         status, data, _ = client.encode(claim, self.outcome.result)
@@ -113,6 +127,7 @@ class StoreAtomic:
         if driver is None:
             raise TypeError(f"atomic() takes a psycopg Connection or a SQLAlchemy Connection or Session, "
                             f"not {type(self.connection).__name__}")
+        joined = driver.joined()
         self._transaction = transaction = driver.transaction()
         transaction.__enter__()
         try:
@@ -120,6 +135,7 @@ class StoreAtomic:
         except BaseException as exc:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self._entered(joined)
         return self.outcome
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -139,6 +155,7 @@ class StoreAtomic:
         if driver is None:
             raise TypeError(f"'async with atomic()' takes a psycopg AsyncConnection or a SQLAlchemy "
                             f"AsyncConnection or AsyncSession, not {type(self.connection).__name__}")
+        joined = driver.joined()
         self._transaction = transaction = driver.transaction()
         await transaction.__aenter__()
         try:
@@ -146,6 +163,7 @@ class StoreAtomic:
         except BaseException as exc:
             await transaction.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        self._entered(joined)
         return self.outcome
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import StoreUnavailable
-from .._protocol.layout import STARTED
+from .._protocol.layout import SENT, STARTED
 from .._protocol.scripts import Call
 
 __all__ = ["SyncRunner", "Transition", "reply_of", "transition_of"]
@@ -70,6 +70,8 @@ def transition_of(name: str, keys: Sequence[str], args: Sequence[Any]) -> Transi
     if name == "send":  # (started, stem, result, sent); task id, ttl, keep, fingerprint
         return Transition(name, [_stem(keys[1])], (),
                           (_text(args[0]), int(args[1]), int(args[2]), _text(args[3]) if len(args) > 3 else ""))
+    if name == "unsend":  # sent; task id
+        return Transition(name, [_stem(keys[0], SENT)], (), (_text(args[0]),))
     raise StoreUnavailable(f"{name}.lua has no SQL counterpart: the SQL store does not run it")
 
 
@@ -107,6 +109,8 @@ def reply_of(transition: Transition, rows: Sequence[Sequence[Any]]) -> Any:
         first = _text(a) if code == 2 else int(a) if a is not None else False
         return [int(code), int(token), first, (bytes(b) if b is not None else b"") if code == 2 else False,
                 _text(task_id) if task_id is not None else False]
+    if name == "unsend":
+        return int(rows[0][0])
     code, token = rows[0]  # forget
     return [int(code), int(token)]
 

@@ -15,7 +15,7 @@ CREATE TABLE IF NOT EXISTS dedupe_claims (
     fp         VARBINARY(1024) NULL,
     orig       BLOB            NULL,
     waiters    INT             NOT NULL DEFAULT 0,
-    status     BINARY(1)       NULL,
+    status     BINARY(1)       NULL CHECK (status IN ('c', 'o', 'f')),
     token      BIGINT          NULL,
     value      LONGBLOB        NULL,
     expires_at DATETIME(6)     NOT NULL,
@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS dedupe_sent (
     task_id    VARBINARY(1024) NOT NULL,
     until      DATETIME(6)     NOT NULL,
     fp         VARBINARY(1024) NULL,
+    n          BIGINT          NULL,
     expires_at DATETIME(6)     NOT NULL,
     KEY dedupe_sent_expires_at (expires_at)
 ) ENGINE=InnoDB;

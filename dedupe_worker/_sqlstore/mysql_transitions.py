@@ -182,17 +182,20 @@ def _forget(cursor: Any, t: Transition) -> list[tuple[Any, ...]]:
 
 def _send(cursor: Any, t: Transition) -> list[tuple[Any, ...]]:
     """send.lua: the mark row locked (made first if missing, so of two sends at once one
-    publishes), the claim's row read, the mark written when the answer is PUBLISH."""
+    publishes), the claim's row read, the mark written when the answer is PUBLISH. The mark
+    records the claim row's ``next_token`` (send.lua's ``n``): once a claim was taken since, a
+    mark with no live lease on the key no longer answers QUEUED."""
     task_id, ttl_ms, keep_ms, fp = t.shared
     stem, fp = t.stems[0], fp or None
     cursor.execute("INSERT IGNORE INTO dedupe_sent (stem, task_id, until, expires_at) VALUES (%s, '', %s, %s)",
                    (stem, _EPOCH, _EPOCH))
-    cursor.execute("SELECT task_id, until, fp, expires_at, NOW(6) FROM dedupe_sent WHERE stem = %s FOR UPDATE",
+    cursor.execute("SELECT task_id, until, fp, n, expires_at, NOW(6) FROM dedupe_sent WHERE stem = %s FOR UPDATE",
                    (stem,))
-    mark_id, until, mark_fp, mark_expires, now = cursor.fetchone()
+    mark_id, until, mark_fp, mark_n, mark_expires, now = cursor.fetchone()
     mark_id, mark_fp = _text(mark_id), _text(mark_fp)
     live_mark = mark_expires > now and mark_id != ""
     row = _Rows(cursor, [stem], lock=False).live(stem)
+    counter = row["next_token"] if row is not None else None
     conflict: list[tuple[Any, ...]] = [(4, 0, None, None, None)]
     if row is not None and row["status"] is not None:
         if fp is not None and row["fp"] is not None and row["fp"] != fp:
@@ -203,15 +206,22 @@ def _send(cursor: Any, t: Transition) -> list[tuple[Any, ...]]:
             return conflict
         if live_mark:
             return [(3, row["owner"], _ms(row["deadline"] - now), None, mark_id)]
-    elif live_mark and until > now:
+    elif live_mark and until > now and mark_n == counter:
         if fp is not None and mark_fp is not None and mark_fp != fp:
             return conflict
         return [(5, 0, _ms(until - now), None, mark_id)]
-    cursor.execute("UPDATE dedupe_sent SET task_id = %s, until = %s, fp = %s, expires_at = %s WHERE stem = %s",
-                   (task_id, now + datetime.timedelta(milliseconds=ttl_ms), fp,
+    cursor.execute("UPDATE dedupe_sent SET task_id = %s, until = %s, fp = %s, n = %s, expires_at = %s WHERE stem = %s",
+                   (task_id, now + datetime.timedelta(milliseconds=ttl_ms), fp, counter,
                     now + datetime.timedelta(milliseconds=ttl_ms + keep_ms), stem))
     return [(1, 0, ttl_ms, None, task_id)]
 
 
+def _unsend(cursor: Any, t: Transition) -> list[tuple[Any, ...]]:
+    """unsend.lua: remove the mark only while it names this send's task id (fenced)."""
+    removed = cursor.execute("DELETE FROM dedupe_sent WHERE stem = %s AND task_id = %s AND task_id <> '' "
+                             "AND expires_at > NOW(6)", (t.stems[0], t.shared[0]))
+    return [(int(removed),)]
+
+
 RUN = {"send": _send, "claim": _claim, "complete": _finish, "release": _finish, "renew": _finish, "inspect": _read,
-        "watch": _read, "forget": _forget}
+        "watch": _read, "forget": _forget, "unsend": _unsend}

@@ -36,6 +36,7 @@ _SQL = {
     "watch": "SELECT dedupe_v1_watch(%s::bytea)",
     "forget": "SELECT code, token FROM dedupe_v1_forget(%s::bytea, %s::bigint, %s)",
     "send": "SELECT code, token, a, b, task_id FROM dedupe_v1_send(%s::bytea, %s, %s, %s, %s)",
+    "unsend": "SELECT dedupe_v1_unsend(%s::bytea, %s)",
 }
 
 
@@ -54,7 +55,7 @@ def statement(t: Transition) -> tuple[str, tuple[Any, ...]]:
         return _ONE[t.name], (t.stems[0], *(column[0] for column in t.per_stem), *t.shared)
     if t.name in ("inspect", "watch"):
         return _SQL[t.name], (t.stems[0],)
-    if t.name in ("forget", "send"):
+    if t.name in ("forget", "send", "unsend"):
         return _SQL[t.name], (t.stems[0], *t.shared)
     return _SQL[t.name], (t.stems, *t.per_stem, *t.shared)
 

@@ -28,8 +28,9 @@ CREATE TABLE IF NOT EXISTS dedupe_claims (
     orig       text,
     -- waiters counted by dedupe_v1_watch, notified by completion or release
     waiters    integer     NOT NULL DEFAULT 0,
-    -- the stored outcome: status 'c', 'o' or 'f' (NULL: none), its token and value
-    status     "char",
+    -- the stored outcome: status 'c', 'o' or 'f' (NULL: none), its token and value. The check keeps
+    -- out a row these functions could not read (inspect.lua's UNREADABLE has no SQL counterpart)
+    status     "char"      CHECK (status IN ('c', 'o', 'f')),
     token      bigint,
     value      bytea,
     -- when the row counts as gone: the lease's retention, or the outcome's ttl
@@ -43,6 +44,8 @@ CREATE TABLE IF NOT EXISTS dedupe_sent (
     task_id    text        NOT NULL,
     until      timestamptz NOT NULL,
     fp         text,
+    -- the claim row's next_token when the mark was written (NULL: no live row), send.lua's 'n'
+    n          bigint,
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS dedupe_sent_expires_at ON dedupe_sent (expires_at);
@@ -309,8 +312,11 @@ END $$;
 -- send.lua: may a producer publish work for a stem (free -> sent; every other answer changes
 -- nothing)? (1, 0, ttl_ms, NULL, id) PUBLISH: the mark now records id; (2, token, status, value,
 -- id) DONE; (3, owner, remaining_ms, NULL, id) RUNNING: a live lease and a mark; (4, 0, NULL,
--- NULL, NULL) CONFLICT; (5, 0, remaining_ms, NULL, id) QUEUED: a live mark, no claim yet. The mark
--- row is locked (made first if missing), so of two sends at once one publishes.
+-- NULL, NULL) CONFLICT; (5, 0, remaining_ms, NULL, id) QUEUED: a live mark, no claim since it was
+-- written. The mark row is locked (made first if missing), so of two sends at once one publishes.
+-- The mark records the claim row's next_token (n): once a claim has been taken since, the task it
+-- names was started, so with no live lease on the key (released, or its worker died) the mark no
+-- longer answers QUEUED and the send publishes, as send.lua does.
 CREATE OR REPLACE FUNCTION dedupe_v1_send(p_stem bytea, p_id text, p_ttl_ms bigint, p_keep_ms bigint, p_fp text,
                                           OUT code integer, OUT token bigint, OUT a text, OUT b bytea,
                                           OUT task_id text)
@@ -321,6 +327,7 @@ DECLARE
     r dedupe_claims%ROWTYPE;
     m dedupe_sent%ROWTYPE;
     live_mark boolean;
+    counter bigint;
 BEGIN
     code := 4; token := 0;
     INSERT INTO dedupe_sent AS s (stem, task_id, until, expires_at) VALUES (p_stem, '', now_, now_)
@@ -328,6 +335,9 @@ BEGIN
     SELECT * INTO m FROM dedupe_sent s WHERE s.stem = p_stem FOR UPDATE;
     live_mark := m.expires_at > now_ AND m.task_id <> '';
     SELECT * INTO r FROM dedupe_claims c WHERE c.stem = p_stem AND c.expires_at > now_;
+    IF FOUND THEN
+        counter := r.next_token;
+    END IF;
     IF FOUND AND r.status IS NOT NULL THEN
         IF v_fp IS NULL OR r.fp IS NULL OR r.fp = v_fp THEN
             code := 2; token := r.token; a := r.status::text; b := r.value;
@@ -344,7 +354,7 @@ BEGIN
             a := greatest(1, ceil(extract(epoch FROM r.deadline - now_) * 1000))::bigint::text;
             RETURN;
         END IF;
-    ELSIF live_mark AND m.until > now_ THEN
+    ELSIF live_mark AND m.until > now_ AND m.n IS NOT DISTINCT FROM counter THEN
         IF v_fp IS NULL OR m.fp IS NULL OR m.fp = v_fp THEN
             code := 5; task_id := m.task_id;
             a := greatest(1, ceil(extract(epoch FROM m.until - now_) * 1000))::bigint::text;
@@ -352,9 +362,19 @@ BEGIN
         RETURN;
     END IF;
     UPDATE dedupe_sent s SET task_id = p_id, until = now_ + p_ttl_ms * interval '1 millisecond', fp = v_fp,
-           expires_at = now_ + (p_ttl_ms + p_keep_ms) * interval '1 millisecond'
+           n = counter, expires_at = now_ + (p_ttl_ms + p_keep_ms) * interval '1 millisecond'
      WHERE s.stem = p_stem;
     code := 1; a := p_ttl_ms::text; task_id := p_id;
 END $$;
+
+-- unsend.lua: take back the mark of a send whose publish raised (sent -> free), fenced by the
+-- task id: 1 removed, 0 it names another task (a later send's mark, left as it is) or is gone.
+CREATE OR REPLACE FUNCTION dedupe_v1_unsend(p_stem bytea, p_id text)
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH gone AS (DELETE FROM dedupe_sent s WHERE s.stem = p_stem AND s.task_id = p_id AND s.task_id <> ''
+                  AND s.expires_at > clock_timestamp() RETURNING 1)
+    SELECT count(*)::integer FROM gone
+$$;
 
 INSERT INTO dedupe_schema (version) VALUES (1) ON CONFLICT (version) DO NOTHING;

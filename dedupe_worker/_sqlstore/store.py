@@ -21,8 +21,11 @@ docs/store-sql.md) and record format 2 (a Redis layout: the row has one format).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
+from .._protocol.calls import key_state
+from .._protocol.claim import Claim, State
 from .._protocol.layout import KeyLayout
 from .._protocol.store import RedisStore, StoreBase
 from ..asyncio._store import AsyncRedisStore
@@ -32,9 +35,17 @@ from .pool import SqlPool
 __all__ = ["AsyncSqlStore", "SqlStore"]
 
 
+def _committed(claim: Claim, reply: Sequence[Any]) -> bool:
+    """Whether ``inspect``'s ``reply`` shows ``claim``'s outcome stored (committed) on its row."""
+    state = key_state(*reply[:4])
+    return state.state is State.DONE and state.token == claim.token
+
+
 class _SqlStoreMixin:
     client: SqlPool
     format_args: tuple[str, ...]
+    #: ``atomic(conn)`` in handlers records the outcome on the claim's row (:mod:`.atomic`).
+    outcomes_on_row = True
 
     def write_format(self, record_format: int) -> None:
         """Record formats are Redis layouts: a SQL row has one (checked, then ignored)."""
@@ -62,6 +73,11 @@ class SqlStore(_SqlStoreMixin, RedisStore):
         self.client.listen()  # before the waiter is counted: its notice cannot be missed
         return super().watch(stem)
 
+    def committed(self, claim: Claim) -> bool:
+        """Whether the transaction an ``atomic(conn)`` block joined committed ``claim``'s outcome
+        on its row (one ``inspect``, read outside that transaction)."""
+        return _committed(claim, self.scripts.call("inspect", KeyLayout.records(claim.stem), ()))
+
 
 class AsyncSqlStore(_SqlStoreMixin, AsyncRedisStore):
     """:class:`SqlStore`, awaited; waits block a worker thread on the pool's notices."""
@@ -72,3 +88,7 @@ class AsyncSqlStore(_SqlStoreMixin, AsyncRedisStore):
     async def watch(self, stem: str) -> float:
         await asyncio.to_thread(self.client.listen)
         return await super().watch(stem)
+
+    async def committed_async(self, claim: Claim) -> bool:
+        """:meth:`SqlStore.committed`, awaited."""
+        return _committed(claim, await self.scripts.call("inspect", KeyLayout.records(claim.stem), ()))

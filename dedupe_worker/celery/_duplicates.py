@@ -25,7 +25,10 @@ def stored_age(dedupe: Deduplicator, stem: str, ttl: float | None) -> tuple[floa
     """``(age, remaining)`` in seconds of the outcome stored under ``stem``: its remaining TTL (one
     round trip, either record format) and the ttl it was stored with minus that. ``ttl`` is the
     one this call would store with (else ``result_ttl``): an outcome stored with a longer
-    per-message ttl gives no age (``None``), nor does a record gone or unreadable."""
+    per-message ttl gives no age (``None``), nor does a record gone or unreadable, nor one on
+    the SQL store (a row's expiry is no Redis TTL: the line says "stored earlier")."""
+    if dedupe.store.outcomes_on_row:
+        return None, None
     try:
         pipe = dedupe.store.client.pipeline(transaction=False)
         pipe.pttl(KeyLayout.record(stem))

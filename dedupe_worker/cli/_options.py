@@ -164,6 +164,8 @@ def deduplicator_from(args: argparse.Namespace) -> Deduplicator:
         raise CommandError(f"bad setting: {exc}") from exc
     except redis.RedisError as exc:  # a cluster or Sentinel URL connects at once
         raise CommandError(f"cannot reach Redis at {url}: {exc}") from exc
+    if dedupe.store.outcomes_on_row:
+        return dedupe  # the SQL store: no Redis to ping; its first transition names what is wrong
     try:
         dedupe.store.client.ping()
     except redis.RedisError as exc:

@@ -107,7 +107,7 @@ class Atomic:
         """This run's row is in the transaction; one the block joined commits out of its sight, so
         the engine confirms it before storing the outcome (engine/recorded.py)."""
         if joined and self.run is not None:
-            self.run.joined.add((self.claim.stem, self.claim.token))
+            self.run.joined[(self.claim.stem, self.claim.token)] = self.outcomes
 
     # -- sync -------------------------------------------------------------------------------------
 
