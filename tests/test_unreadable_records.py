@@ -78,22 +78,31 @@ async def test_the_asyncio_engine_sets_the_unreadable_message_aside_and_decides_
     assert (await adedupe.begin("k2")).acquired
 
 
+@pytest.mark.parametrize("record_format", [1, 2])
 def test_complete_release_and_renew_answer_a_taken_over_key_alone(
-        dedupe: Deduplicator, redis_client: redis.Redis) -> None:
+        dedupe: Deduplicator, redis_client: redis.Redis, record_format: int) -> None:
     """Keys claimed, then another program's value of another type written over one key's started
-    key (and, for format 1, over another's result key): completing, releasing and renewing the
-    batch answers those keys "not ours" (nothing written for them) and the others as usual."""
+    key (and over where the format written keeps another's outcome): completing, releasing and
+    renewing the batch answers those keys "not ours" (nothing written for them) and the others as
+    usual."""
+    dedupe.store.write_format(record_format)
     claims = dedupe.begin_many(["a", "b", "c", "d"])
     assert all(c.acquired for c in claims)
     redis_client.set(KeyLayout.started(stem(dedupe, "b")), "taken")
     renew = dedupe.store.renew_calls([(c.stem, c.token) for c in claims], 5000, 60_000)
     assert [list(map(int, reply)) for reply in dedupe.store.scripts.call_all(renew)] == [[1, 0, 1, 1]]
     assert dedupe.release_many([claims[3], claims[1]]) == [True, False]
-    redis_client.rpush(KeyLayout.result(stem(dedupe, "c")), "x")  # format 1 writes a hash there
-    assert dedupe.complete_many([(claims[0], 1), (claims[1], 2), (claims[2], 3)]) == [True, False, False]
+    # format 1 writes a hash at the result key (HSET on another type fails: "not ours"); format 2
+    # one SET at the stem, which replaces whatever lies at that name of ours while c's claim is held
+    outcome_name = KeyLayout.result if record_format == 1 else KeyLayout.record
+    redis_client.rpush(outcome_name(stem(dedupe, "c")), "x")
+    stored_c = record_format == 2
+    assert dedupe.complete_many([(claims[0], 1), (claims[1], 2), (claims[2], 3)]) == [True, False, stored_c]
     assert redis_client.get(KeyLayout.started(stem(dedupe, "b"))) == b"taken"  # left as it was
     assert dedupe.begin("a").result == 1
-    assert [c.outcome for c in dedupe.begin_many(["b", "c"])] == [Outcome.UNREADABLE, Outcome.UNREADABLE]
+    b, c = dedupe.begin_many(["b", "c"])
+    assert b.outcome is Outcome.UNREADABLE
+    assert (c.outcome, c.result) == ((Outcome.DUPLICATE, 3) if stored_c else (Outcome.UNREADABLE, None))
 
 
 def test_complete_and_release_replace_a_notice_list_of_another_type(
