@@ -5,7 +5,7 @@ driver's one line that performs an effect (it awaits where the sync one blocks; 
 ``flows.Steps`` and how each effect is performed is one table, ``ClientCore.performers``, both
 shared), the waiter, the renewer task, ``close`` and the context manager's spelling. Its logic
 is not here: every operation is a flow of :mod:`dedupe_worker._protocol.flows`, and each public
-method is a typed one-line call of :meth:`AsyncClaimClient._drive` on one.
+method is a typed one-line call of ``AsyncClaimClient._drive_async`` on one.
 
 :class:`AsyncClaimClient` is :class:`~dedupe_worker.ClaimClient` with every round trip
 awaited: the same options, the same Lua scripts, the same key checks, reply decoding and result
@@ -126,7 +126,7 @@ class AsyncClaimClient(ClientCore):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _drive(self, flow: Flow[T]) -> T:
+    async def _drive_async(self, flow: Flow[T]) -> T:
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, awaiting each effect it
         yields (:meth:`performers`): a round trip on the store, ``asyncio.sleep``, a wait on the
         loop's :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into
@@ -138,6 +138,9 @@ class AsyncClaimClient(ClientCore):
             with steps:
                 steps.value = await perform(effect)
         return steps.result
+
+    #: The name the flows written once for both clients call their driver by.
+    _drive = _drive_async
 
     _sleep = staticmethod(asyncio.sleep)
 
@@ -161,14 +164,14 @@ class AsyncClaimClient(ClientCore):
         """Try to claim ``key``: one round trip, one :class:`Claim`; as
         :meth:`ClaimClient.begin <dedupe_worker.ClaimClient.begin>`, ``wait`` and ``ttl`` included.
         Raises :class:`InvalidKey` and :class:`StoreUnavailable`."""
-        return await self._drive(self.begin_flow(key, fingerprint, wait, ttl))
+        return await self._drive_async(self.begin_flow(key, fingerprint, wait, ttl))
 
     async def begin_many(self, keys: Sequence[str | bytes], *, fingerprints: Sequence[Any] | None = None,
                          wait: float = 0.0, ttl: float | None = None) -> list[Claim]:
         """Claim a batch of keys in one round trip, answers in the order of ``keys``; a key twice
         in the batch is ACQUIRED once. With ``wait``, held keys are waited on concurrently, all
         within ``wait`` seconds. ``ttl``: as :meth:`begin`, for every key."""
-        claims, held = await self._drive(self.begin_many_flow(keys, fingerprints, wait, ttl))
+        claims, held = await self._drive_async(self.begin_many_flow(keys, fingerprints, wait, ttl))
         deadline = time.monotonic() + wait
         waited = await asyncio.gather(*(self.wait_for(request, claims[i], deadline) for i, request in held))
         for (i, _), claim in zip(held, waited, strict=True):
@@ -181,17 +184,17 @@ class AsyncClaimClient(ClientCore):
         loop's :class:`AsyncKeyWaiter` task wakes us on (one task and one blocked connection for
         every coroutine that waits), or the holder's lease ends; then we claim again. A waiter
         never holds the claim and the wait never outlasts ``deadline``."""
-        return await self._drive(self.wait_flow(request, claim, deadline))
+        return await self._drive_async(self.wait_flow(request, claim, deadline))
 
     async def claim_requests(self, requests: Sequence[Request]) -> list[Claim]:
         """:meth:`begin_many` for requests already checked by :meth:`request`."""
-        return await self._drive(self.claims_flow(requests))
+        return await self._drive_async(self.claims_flow(requests))
 
     async def settle_and_claim(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
                                requests: Sequence[Request]) -> tuple[list[bool], list[bool], list[Claim]]:
         """In one round trip: store ``outcomes``, release ``releases``, claim ``requests``; as
         :meth:`ClaimClient.settle_and_claim <dedupe_worker.ClaimClient.settle_and_claim>`."""
-        return await self._drive(self.settle_and_claim_flow(outcomes, releases, requests))
+        return await self._drive_async(self.settle_and_claim_flow(outcomes, releases, requests))
 
     async def settle_and_stream(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
                                 requests: Sequence[Request], each: Callable[[int, list[Claim]], Awaitable[None]],
@@ -211,46 +214,46 @@ class AsyncClaimClient(ClientCore):
         """:meth:`settle_and_stream` with ``claims`` as ``(stem, fingerprint, original)`` and the
         flat ``claim.lua`` replies handed to ``await each(start, flat)``; as
         :meth:`ClaimClient.stream_claims <dedupe_worker.ClaimClient.stream_claims>`."""
-        return await self._drive(self.handed_on_flow(outcomes, releases, claims, each, step))
+        return await self._drive_async(self.handed_on_flow(outcomes, releases, claims, each, step))
 
     async def complete(self, claim: Claim, value: Any, *, ttl: float | None = None) -> None:
         """Store ``value`` as the outcome, only if ``claim``'s token still owns the key, kept
         ``ttl`` seconds (default ``result_ttl``). Raises :class:`LeaseLost` (nothing written) and
         :class:`ResultNotSerializable` (stored as omitted)."""
-        await self._drive(self.complete_flow(claim, value, ttl))
+        await self._drive_async(self.complete_flow(claim, value, ttl))
 
     async def complete_many(self, items: Sequence[tuple[Claim, Any]]) -> list[bool]:
         """Store outcomes for a batch in one round trip; ``False`` where the lease was lost.
         Values that cannot be serialised are stored as omitted (and logged)."""
-        return await self._drive(self.complete_many_flow(items))
+        return await self._drive_async(self.complete_many_flow(items))
 
     async def complete_each(self, items: Sequence[tuple[Claim, Any]]) -> list[ClaimError | ResultNotSerializable
                                                                               | None]:
         """:meth:`complete_many`, telling per item what :meth:`complete` would have raised."""
-        return await self._drive(self.complete_each_flow(items))
+        return await self._drive_async(self.complete_each_flow(items))
 
     async def fail(self, claim: Claim, error: BaseException | str) -> None:
         """Store a permanent failure as the outcome; raises :class:`LeaseLost` when fenced off."""
-        await self._drive(self.fail_flow(claim, error))
+        await self._drive_async(self.fail_flow(claim, error))
 
     async def release(self, claim: Claim) -> bool:
         """Give the claim up so the next delivery may claim again; ``False`` when the token no
         longer owned it (nothing changed)."""
-        return (await self._drive(self.release_flow((claim,))))[0]
+        return (await self._drive_async(self.release_flow((claim,))))[0]
 
     async def release_many(self, claims: Sequence[Claim]) -> list[bool]:
         """:meth:`release` for a batch, in one round trip."""
-        return await self._drive(self.release_flow(claims))
+        return await self._drive_async(self.release_flow(claims))
 
     async def renew(self, claim: Claim) -> bool:
         """Extend the lease by ``lease`` from now; ``False`` when the token no longer owns it."""
-        return await self._drive(self.renew_flow(claim))
+        return await self._drive_async(self.renew_flow(claim))
 
     async def forget(self, key: str | bytes, *, token: int | None = None, force: bool = False) -> bool:
         """Remove ``key``'s records, ownership-checked as
         :meth:`ClaimClient.forget <dedupe_worker.ClaimClient.forget>`."""
-        return await self._drive(self.forget_flow(key, token, force))
+        return await self._drive_async(self.forget_flow(key, token, force))
 
     async def status(self, key: str | bytes) -> KeyState:
         """Look at a key's records without changing them."""
-        return await self._drive(self.status_flow(key))
+        return await self._drive_async(self.status_flow(key))

@@ -2,7 +2,7 @@
 
 The same verdicts as :mod:`dedupe_worker._engine.single`, from the same code: :func:`decide`,
 :func:`execute` and :func:`settle_failure` drive that module's flows (``decide_flow``,
-``execute_flow``, ``settle_failure_flow``) with ``AsyncClaimClient._drive``, which awaits each
+``execute_flow``, ``settle_failure_flow``) with ``AsyncClaimClient._drive_async``, which awaits each
 round trip and the ``async def`` handler. Nothing of the decision is written here.
 
 Crash story, one message: as the synchronous engine's. The outcome is stored in the round trip
@@ -38,7 +38,7 @@ AsyncItem = tuple[str | bytes, Any, AsyncHandler]
 async def settle_failure(dedupe: AsyncClaimClient, claim: Claim, exc: BaseException) -> None:
     """After a handler raised ``exc``: store a permanent failure or release the claim, in one round
     trip. Never raises: if Redis is down the lease simply runs out."""
-    await dedupe._drive(settle_failure_flow(dedupe, claim, exc))
+    await dedupe._drive_async(settle_failure_flow(dedupe, claim, exc))
 
 
 async def execute(dedupe: AsyncClaimClient, claim: Claim, handler: AsyncHandler,
@@ -47,7 +47,7 @@ async def execute(dedupe: AsyncClaimClient, claim: Claim, handler: AsyncHandler,
     the awaiting task, and store its outcome. The handler's exceptions become the verdict's
     ``error``; a ``BaseException`` (``CancelledError``, ``KeyboardInterrupt``) releases the claim
     and propagates."""
-    return await dedupe._drive(execute_flow(dedupe, claim, handler, integration))
+    return await dedupe._drive_async(execute_flow(dedupe, claim, handler, integration))
 
 
 async def decide(dedupe: AsyncClaimClient, key: str | bytes, handler: AsyncHandler, *, fingerprint: Any = None,
@@ -56,7 +56,7 @@ async def decide(dedupe: AsyncClaimClient, key: str | bytes, handler: AsyncHandl
     (the same :class:`~dedupe_worker.Decision` as the synchronous engine's). Never raises for bad
     input, Redis or the handler's own exceptions; ``CancelledError`` propagates (the claim
     released). ``integration`` names the caller in metrics and traces; ``ttl`` as the sync one's."""
-    return await dedupe._drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
+    return await dedupe._drive_async(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
 
 
 async def run(dedupe: AsyncClaimClient, key: str | bytes, fn: Callable[..., Awaitable[T]], /, *args: Any,
@@ -79,4 +79,4 @@ async def decide_many(dedupe: AsyncClaimClient, items: Sequence[AsyncItem], *,
     story are the sync engine's; ``run_batch(indices)`` is awaited. Never raises for bad input,
     Redis or the handlers' own exceptions; ``CancelledError`` propagates once what finished is
     stored and the rest released. ``ttl``: as the sync one's."""
-    return await dedupe._drive(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration, ttl))
+    return await dedupe._drive_async(batch_flow(dedupe, items, run_batch, flush_after, pacing, integration, ttl))
