@@ -17,10 +17,15 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import StoreUnavailable
-from .._protocol.client import ClaimClient
-from .._protocol.eviction import is_evicting
-from .._protocol.script_flow import LIBRARY_PREFIX, SCRIPT_NAMES, SENDER_SCRIPTS, library_name
-from .._protocol.scripts import load_script
+from .._protocol import (
+    LIBRARY_PREFIX,
+    SCRIPT_NAMES,
+    SENDER_SCRIPTS,
+    ClaimClient,
+    is_evicting,
+    library_name,
+    load_script,
+)
 from .._settings import Defaults
 from .._sqlstore import SqlPool
 

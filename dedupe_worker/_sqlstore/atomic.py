@@ -33,8 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from .._errors import LeaseLost
-from .._protocol.claim import Claim, Stored
-from .._protocol.context import current_claim, current_run
+from .._protocol import Claim, Stored, current_claim, current_run
 from ..sql._drivers import async_driver, sync_driver
 from ..sql._statements import Statement, recorded
 from .urls import POSTGRESQL

@@ -24,10 +24,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from .._protocol.calls import key_state
-from .._protocol.claim import Claim, State
-from .._protocol.layout import KeyLayout
-from .._protocol.store import RedisStore, StoreBase
+from .._protocol import Claim, KeyLayout, RedisStore, State, StoreBase, key_state
 from ..asyncio._store import AsyncRedisStore
 from .notices import Wake
 from .pool import SqlPool

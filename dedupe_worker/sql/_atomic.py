@@ -46,9 +46,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from .._protocol.claim import Claim
-from .._protocol.codec import ClaimCodec
-from .._protocol.context import Run, current_claim, current_run
+from .._protocol import Claim, ClaimCodec, Run, current_claim, current_run
 from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
 from ._outcomes import SqlOutcomes, attached, namespace_of
 from ._statements import Dialect, dialect_named, enter, leave
