@@ -7,8 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ._protocol.codec import ttl_ms
-from ._protocol.fingerprint import fingerprint_of
+from ._protocol import fingerprint_of, ttl_ms
 
 __all__ = ["idempotent"]
 

@@ -8,10 +8,7 @@ from typing import Any, TypeVar
 from ._engine import decision as _decision
 from ._engine import single as _engine
 from ._engine.recorded import Outcomes
-from ._protocol.claim import Claim
-from ._protocol.client import KEY_HARD_LIMIT, ClaimClient
-from ._protocol.context import Holding
-from ._protocol.flows import ClientCore
+from ._protocol import KEY_HARD_LIMIT, Claim, ClaimClient, ClientCore, Holding
 from ._settings import DedupeSettings
 
 __all__ = ["KEY_HARD_LIMIT", "Deduplicator", "DeduplicatorCore", "sql_outcomes"]

@@ -17,7 +17,7 @@ import orjson
 
 from ._errors import MissingKey, UndecodableMessage
 from ._messages.envelope import Envelope
-from ._protocol.fingerprint import canonical_json, content_hash, fingerprint_of
+from ._protocol import canonical_json, content_hash, fingerprint_of
 
 __all__ = [
     "KAFKA_DEFAULT",

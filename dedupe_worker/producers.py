@@ -35,8 +35,7 @@ from typing import Any, NamedTuple
 
 from ._deduplicator import Deduplicator
 from ._errors import StoreUnavailable
-from ._protocol.calls import KeyState
-from ._protocol.claim import State
+from ._protocol import KeyState, State
 from .keys import DEFAULT_HEADER
 from .observe._base import current as observer
 

@@ -224,6 +224,37 @@ def test_the_layers_import_only_downwards() -> None:
                     f"{layer}/{path.name} imports {'.' * node.level}{node.module}, above its layer"
 
 
+def test_nothing_outside_the_protocol_imports_past_its_door() -> None:
+    """Every module outside ``_protocol/`` imports the protocol from its ``__init__`` (its door),
+    never from a submodule, and only names the door's ``__all__`` hands on (no module, no private
+    name): so the protocol's submodules can move, merge or split without touching the rest."""
+    import ast
+    from pathlib import Path
+
+    import dedupe_worker._protocol as door
+
+    root = Path(dedupe_worker.__file__).parent
+    past, unlisted = [], []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[1] == "_protocol":
+            continue
+        package = parts[:-1]  # a module's and an __init__'s relative imports both start from its folder
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else ()
+                modules = [".".join([*base, *([node.module] if node.module else [])])]
+                if modules[0] == "dedupe_worker":  # from .. import _protocol: the package itself
+                    modules = [f"dedupe_worker.{a.name}" for a in node.names]
+                elif modules[0] == "dedupe_worker._protocol":
+                    unlisted += [f"{path.name}: {a.name}" for a in node.names if a.name not in door.__all__]
+            else:
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            past += [f"{'/'.join(parts)}.py imports {m}" for m in modules if m.startswith("dedupe_worker._protocol.")]
+    assert not past, past
+    assert not unlisted, unlisted
+
+
 def test_the_compiled_extensions_module_imports_only_them() -> None:
     import ast
     from pathlib import Path

@@ -7,7 +7,7 @@ of them turns a claim into a verdict itself. No broker is imported here.
 
 from __future__ import annotations
 
-from .._protocol.context import Holding, bind_claim, current_claim
+from .._protocol import Holding, bind_claim, current_claim
 from .batch import FLUSH_AFTER, Pacing, decide_many
 from .decision import Action, Decision, Reason, outcome, poison, settle
 from .hooks import Hooks

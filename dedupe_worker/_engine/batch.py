@@ -56,14 +56,25 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .._errors import AlreadyApplied, InvalidKey, LeaseLost, StoreUnavailable
-from .._protocol.calls import STORED, ClaimItem
-from .._protocol.claim import OMITTED, Claim, Outcome, Stored
-from .._protocol.client import ClaimClient
-from .._protocol.codec import Request, ttl_ms
-from .._protocol.context import Run
-from .._protocol.context import _current as current
-from .._protocol.flows import ClientCore, Flow, Handler, Stream
-from .._protocol.scripts import StreamCut
+from .._protocol import (
+    OMITTED,
+    STORED,
+    Claim,
+    ClaimClient,
+    ClaimItem,
+    ClientCore,
+    Flow,
+    Handler,
+    Outcome,
+    Request,
+    Run,
+    Stored,
+    Stream,
+    StreamCut,
+    bind,
+    ttl_ms,
+    unbind,
+)
 from ..observe._base import current as observer
 from . import recorded
 from .decision import Decision, Reason, in_progress, poison, settle
@@ -335,7 +346,7 @@ class _Batch:
         """The handlers one after the other, until those that finished reach ``flush_after``."""
         observed = observer.enabled
         call, subjects, pacing, finished = self.call, self.subjects, self.pacing, self.finished
-        perf, bind, unbind = time.perf_counter, current.set, current.reset  # bind_claim(), inline
+        perf, set_claim, reset_claim = time.perf_counter, bind, unbind  # bind_claim(), inline, as locals
         # The sync driver would perform the Handler effect as a plain call, so the handler is
         # called here: its exception (or BaseException) reaches the same handlers below as when the
         # driver throws it in, without an effect through Steps and three generator frames a
@@ -352,7 +363,7 @@ class _Batch:
         began = perf()
         try:
             for n, (i, claim) in enumerate(acquired):
-                reset = bind(claim)
+                reset = set_claim(claim)
                 try:
                     if observed:
                         with observer.span("dedupe.handler", attributes(claim, self.integration)):
@@ -369,7 +380,7 @@ class _Batch:
                     else:
                         finished(i, claim, value)
                 finally:
-                    unbind(reset)
+                    reset_claim(reset)
                 ended = perf()
                 seconds, began = ended - began, ended
                 mean = seconds if mean is None else (mean + seconds) / 2

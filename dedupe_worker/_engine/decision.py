@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import InProgress, KeyConflict, PreviouslyFailed, UndecodableMessage
-from .._protocol.claim import Claim, Outcome
+from .._protocol import Claim, Outcome
 
 __all__ = ["Action", "Decision", "Reason", "outcome", "poison", "settle"]
 

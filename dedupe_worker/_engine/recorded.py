@@ -34,14 +34,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import AlreadyApplied, LeaseLost, NotCommitted, ResultNotSerializable, StoreUnavailable
-from .._protocol.claim import Claim, Outcome
-from .._protocol.context import Run, bind, bind_run, unbind, unbind_run
-from .._protocol.flows import ClientCore, Either, Flow, Handler
+from .._protocol import Claim, ClientCore, Either, Flow, Handler, Outcome, Run, bind, bind_run, unbind, unbind_run
 from .decision import Decision, Reason
 
 if TYPE_CHECKING:
-    from .._protocol.client import ClaimClient
-    from .._protocol.codec import ClaimCodec
+    from .._protocol import ClaimClient, ClaimCodec
 
 __all__ = ["Outcomes", "applied_before_flow", "closed", "found_before_flow", "lookup", "lookup_flow", "opened",
            "outcomes_of", "unbound_claim", "unclaimed_flow", "uncommitted_flow"]

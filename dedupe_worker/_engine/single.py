@@ -26,10 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .._errors import AlreadyApplied, InvalidKey, KeyConflict, LeaseLost, ResultNotSerializable, StoreUnavailable
-from .._protocol.claim import Claim
-from .._protocol.client import ClaimClient
-from .._protocol.context import bind, unbind
-from .._protocol.flows import ClientCore, Flow, Handler
+from .._protocol import Claim, ClaimClient, ClientCore, Flow, Handler, bind, unbind
 from ..observe._base import current as observer
 from . import recorded
 from .decision import Decision, Reason, outcome, poison, settle

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
-from .._protocol.claim import Claim
+from .._protocol import Claim
 
 __all__ = [
     "ATTEMPTS",

@@ -20,7 +20,7 @@ from numbers import Number
 from typing import Any
 
 from .._errors import UndecodableMessage
-from .._protocol.codec import ttl_ms
+from .._protocol import ttl_ms
 
 __all__ = ["TTL_HEADER", "TtlHeader", "header_ttl", "parse_ttl"]
 

@@ -6,11 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .._errors import UnreadableRecord
-from .._protocol.claim import State, Stored
-from .._protocol.client import ClaimClient
-from .._protocol.layout import KeyLayout
-from .._protocol.record import read_result
-from .._protocol.serialization import unpack
+from .._protocol import ClaimClient, KeyLayout, State, Stored, read_result, unpack
 from .._sqlstore import SqlPool
 from .._sqlstore.operate import row_times
 

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
 from .._errors import StoreUnavailable
-from .._protocol.client import ClaimClient
-from .._protocol.eviction import is_evicting
-from .._protocol.script_flow import LIBRARY_PREFIX, SCRIPT_NAMES, SENDER_SCRIPTS, library_name
-from .._protocol.scripts import load_script
+from .._protocol import (
+    LIBRARY_PREFIX,
+    SCRIPT_NAMES,
+    SENDER_SCRIPTS,
+    ClaimClient,
+    is_evicting,
+    library_name,
+    load_script,
+)
 from .._settings import Defaults
 from .._sqlstore import SqlPool
+from .check import Check
 
-__all__ = ["DEFAULT_RATE", "Check", "check_at_start", "diagnose", "warn_once"]
+__all__ = ["DEFAULT_RATE", "check_at_start", "diagnose", "warn_once"]
 
 log = logging.getLogger(__name__)
 #: The SHA1 of ``claim.lua`` as releases before record format 2 load it (``SCRIPT LOAD``, then
@@ -38,21 +43,6 @@ FORMAT_SCAN_LIMIT = 10_000
 #: Messages/s the memory projection assumes unless told (``doctor --rate``, consumers' start-up).
 DEFAULT_RATE = 100.0
 _warned: set[str] = set()
-
-
-@dataclass(frozen=True)
-class Check:
-    """One topic: ``ok`` (nothing breaks), ``warn`` (a guarantee is weaker), what was seen and what to do."""
-
-    name: str
-    ok: bool
-    detail: str
-    advice: str = ""
-    warn: bool = False
-
-    @property
-    def mark(self) -> str:
-        return "FAIL" if not self.ok else ("WARN" if self.warn else "ok")
 
 
 def _config(client: Any, name: str) -> str | None:
@@ -73,7 +63,7 @@ def diagnose(client: redis.Redis | RedisCluster | SqlPool, *, rate: float = DEFA
     On a Redis Cluster the settings of every primary are checked (each holds its share of the
     projection); a topic fails when it fails on any primary, and its detail names each node."""
     if isinstance(client, SqlPool):  # the SQL store: its own topics
-        from .._sqlstore.doctor import diagnose_sql
+        from .sqldoctor import diagnose_sql
 
         return diagnose_sql(client)
     if isinstance(client, RedisCluster):

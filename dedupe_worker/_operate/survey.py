@@ -10,8 +10,7 @@ from typing import Any, TextIO
 
 from redis.exceptions import ResponseError
 
-from .._protocol.layout import KeyLayout
-from .._protocol.record import queue_size_read, size_from_replies
+from .._protocol import KeyLayout, queue_size_read, size_from_replies
 
 __all__ = ["UNREADABLE", "Survey", "survey"]
 

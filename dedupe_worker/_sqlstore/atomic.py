@@ -33,8 +33,8 @@ from types import TracebackType
 from typing import Any
 
 from .._errors import LeaseLost
-from .._protocol.claim import Claim, Stored
-from .._protocol.context import current_claim, current_run
+from .._protocol import Claim, Stored, current_claim, current_run
+from ..sql._atomic import OWN_ROW, AtomicOutcome
 from ..sql._drivers import async_driver, sync_driver
 from ..sql._statements import Statement, recorded
 from .urls import POSTGRESQL
@@ -62,6 +62,8 @@ def store_atomic(connection: Any) -> StoreAtomic | None:
     return StoreAtomic(connection, claim, client)
 
 
+OWN_ROW.append(store_atomic)  # atomic() given no SqlOutcomes asks it first
+
 def _now(dialect: str) -> str:
     return "clock_timestamp()" if dialect == POSTGRESQL else "NOW(6)"
 
@@ -73,8 +75,6 @@ class StoreAtomic:
         self.connection = connection
         self.claim = claim
         self.client = client
-        from ..sql._atomic import AtomicOutcome
-
         self.outcome = AtomicOutcome(claim)
         self._driver: Any = None
         self._transaction: Any = None

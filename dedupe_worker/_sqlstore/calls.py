@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import StoreUnavailable
-from .._protocol.layout import SENT, STARTED
-from .._protocol.scripts import Call
+from .._protocol import SENT, STARTED, Call
 
 __all__ = ["SyncRunner", "Transition", "reply_of", "transition_of"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import pymysql
 
 from .._errors import StoreUnavailable
-from .._protocol.scripts import Call
+from .._protocol import Call
 from .calls import SyncRunner, Transition, reply_of, transition_of
 from .mysql_transitions import RUN
 from .notices import PolledNotices

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._protocol.layout import NOTICE
+from .._protocol import NOTICE
 
 __all__ = ["NOTICE_TTL", "POLL_INTERVAL", "Notices", "PolledNotices", "Wake"]
 

@@ -17,8 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .._protocol.backends import StoreClient
-from .._protocol.layout import KeyLayout
+from .._protocol import KeyLayout, StoreClient
 from .notices import Notices
 
 __all__ = ["SqlPool"]

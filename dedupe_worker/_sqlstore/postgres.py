@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from .._errors import StoreUnavailable
-from .._protocol.scripts import Call
+from .._protocol import Call
 from .calls import SyncRunner, Transition, reply_of, transition_of
 from .notices import PgNotices
 from .pool import SqlPool

@@ -22,17 +22,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from .._protocol.calls import key_state
-from .._protocol.claim import Claim, State
-from .._protocol.layout import KeyLayout
-from .._protocol.store import RedisStore, StoreBase
+from .._protocol import Claim, KeyLayout, RedisStore, State, StoreBase, key_state
 from ..asyncio._store import AsyncRedisStore
-from .notices import Wake
-from .pool import SqlPool
+from .notices import Notices, Wake
 
 __all__ = ["AsyncSqlStore", "SqlStore"]
+
+
+class Pool(Protocol):
+    """What a SQL store uses of its :class:`~.pool.SqlPool`, named here: the pool builds its
+    stores (``SqlPool.store``), so this module does not import it back."""
+
+    notices: Notices
+
+    def runner(self) -> Any:
+        """The runner of the protocol's transitions on the pool."""
+
+    def listen(self) -> None:
+        """Listen for notices before a waiter is counted."""
 
 
 def _committed(claim: Claim, reply: Sequence[Any]) -> bool:
@@ -42,7 +51,7 @@ def _committed(claim: Claim, reply: Sequence[Any]) -> bool:
 
 
 class _SqlStoreMixin:
-    client: SqlPool
+    client: Pool
     format_args: tuple[str, ...]
     #: ``atomic(conn)`` in handlers records the outcome on the claim's row (:mod:`.atomic`).
     outcomes_on_row = True
@@ -66,7 +75,7 @@ class _SqlStoreMixin:
 class SqlStore(_SqlStoreMixin, RedisStore):
     """The protocol's transitions on a :class:`~.pool.SqlPool` (see the module doc)."""
 
-    def __init__(self, pool: SqlPool, layout: KeyLayout) -> None:
+    def __init__(self, pool: Pool, layout: KeyLayout) -> None:
         StoreBase.__init__(self, pool, layout, pool.runner())
 
     def watch(self, stem: str) -> float:
@@ -82,7 +91,7 @@ class SqlStore(_SqlStoreMixin, RedisStore):
 class AsyncSqlStore(_SqlStoreMixin, AsyncRedisStore):
     """:class:`SqlStore`, awaited; waits block a worker thread on the pool's notices."""
 
-    def __init__(self, pool: SqlPool, layout: KeyLayout) -> None:
+    def __init__(self, pool: Pool, layout: KeyLayout) -> None:
         StoreBase.__init__(self, pool, layout, pool.runner())
 
     async def watch(self, stem: str) -> float:

@@ -24,7 +24,7 @@ and nothing below it imports it.
 from __future__ import annotations
 
 from .._decorators import idempotent
-from .._protocol.context import current_claim
+from .._protocol import current_claim
 from ._client import AsyncClaimClient
 from ._connection import async_redis_from_url
 from ._deduplicator import AsyncDeduplicator

@@ -20,16 +20,24 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import ClaimError, ResultNotSerializable
-from .._protocol.backends import StoreClient, connect
-from .._protocol.calls import ClaimItem, KeyState
-from .._protocol.claim import Claim, Stored
-from .._protocol.codec import Request
-from .._protocol.eviction import check_store_async
-from .._protocol.flows import C, ClientCore, Either, Flow, Steps, T
-from .._protocol.serialization import Serializer
+from .._protocol import (
+    Claim,
+    ClaimItem,
+    ClientCore,
+    Either,
+    Flow,
+    KeyState,
+    Request,
+    Serializer,
+    Steps,
+    StoreClient,
+    Stored,
+    check_store_async,
+    connect,
+)
 from .._settings import Defaults
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
@@ -38,6 +46,9 @@ from ._store import AsyncRedisStore
 from ._waiter import AsyncKeyWaiter
 
 __all__ = ["AsyncClaimClient"]
+
+T = TypeVar("T")
+C = TypeVar("C", bound=ClientCore)
 
 
 

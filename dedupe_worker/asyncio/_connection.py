@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 
-from .._protocol.connection import by_scheme, retry_policy, sentinel_options
+from .._protocol import by_scheme, retry_policy, sentinel_options
 from ._scripts import AsyncRedis
 
 __all__ = ["async_redis_from_url"]

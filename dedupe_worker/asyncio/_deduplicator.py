@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from .._deduplicator import DeduplicatorCore
 from .._engine.decision import outcome
-from .._protocol.claim import Claim
+from .._protocol import Claim
 from . import _engine as engine
 from ._client import AsyncClaimClient
 

@@ -62,7 +62,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._protocol.held import MIN_POOL_SIZE, direct_packer
+from .._protocol import MIN_POOL_SIZE, direct_packer
 from .._settings import accelerators_off
 
 if sys.version_info >= (3, 11):

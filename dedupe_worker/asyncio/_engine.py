@@ -22,7 +22,7 @@ from .._engine.batch import batch_flow
 from .._engine.decision import Decision, outcome
 from .._engine.pacing import Pacing
 from .._engine.single import decide_flow, execute_flow, handler_of, settle_failure_flow
-from .._protocol.claim import Claim
+from .._protocol import Claim
 from ._client import AsyncClaimClient
 
 __all__ = ["AsyncHandler", "AsyncItem", "decide", "decide_many", "execute", "run", "settle_failure"]

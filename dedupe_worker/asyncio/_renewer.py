@@ -29,8 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._protocol.flows import Renewed
-from .._protocol.leases import Lease, LeaseBook, forget_after_fork
+from .._protocol import Lease, LeaseBook, Renewed, forget_after_fork
 
 __all__ = ["AsyncLeaseRenewer"]
 

@@ -30,15 +30,14 @@ from __future__ import annotations
 import asyncio
 import os
 import traceback
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .._protocol.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Flow, Library, ScriptFlows
-from .._protocol.scripts import load_script
+from .._protocol import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Library, ScriptFlows, load_script
 from ._direct import DirectSender
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
@@ -106,7 +105,7 @@ class AsyncScriptRunner:
         """:attr:`sha`, asking ``INFO server`` the first time (an error reply: no flags)."""
         return await self._drive(self.flows.shas())  # type: ignore[no-any-return]
 
-    async def _drive(self, flow: Flow) -> Any:
+    async def _drive(self, flow: Generator[Any, Any, Any]) -> Any:
         """Run ``flow``: each request carried by :meth:`_send`, its reply sent back into the flow,
         an exception thrown into it (:func:`~dedupe_worker._protocol.script_flow.drive` with await)."""
         reply: Any = None

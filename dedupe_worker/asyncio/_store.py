@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from .._protocol.layout import KeyLayout
-from .._protocol.store import StoreBase
+from .._protocol import KeyLayout, StoreBase
 from ._scripts import AsyncRedis, AsyncScriptRunner
 
 __all__ = ["AsyncRedisStore"]

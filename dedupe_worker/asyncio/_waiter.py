@@ -26,8 +26,7 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 
-from .._protocol.layout import KeyLayout
-from .._protocol.watcher import Watched
+from .._protocol import KeyLayout, Watched
 from ._store import AsyncRedisStore
 
 __all__ = ["AsyncKeyWaiter"]

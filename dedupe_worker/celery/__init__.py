@@ -9,7 +9,7 @@ from .._extras import require
 
 require("celery", "celery")
 
-from .._protocol.context import current_claim  # noqa: E402
+from .._protocol import current_claim  # noqa: E402
 from . import _startup  # noqa: E402,F401  (the worker's start-up check of the store)
 from ._task import DEFERRALS_HEADER, IdempotentTask  # noqa: E402
 

@@ -14,7 +14,7 @@ import redis
 
 from .._deduplicator import Deduplicator
 from .._engine import Decision
-from .._protocol.layout import KeyLayout
+from .._protocol import KeyLayout
 
 __all__ = ["log_duplicate", "stored_age"]
 

@@ -54,8 +54,7 @@ from .._engine import Decision, Hooks, Reason, RetryPolicy, decide, outcome, ref
 from .._engine.dispatch import ACKED, Acted, Done, dispatch
 from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
 from .._messages.retention import TTL_HEADER, parse_ttl
-from .._protocol.codec import ttl_ms
-from .._protocol.context import current_claim
+from .._protocol import current_claim, ttl_ms
 from ._duplicates import log_duplicate
 from ._options import deduplicator_for, identify
 from ._send import send_once

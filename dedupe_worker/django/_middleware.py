@@ -35,7 +35,7 @@ from typing import Any
 
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied
-from .._protocol.claim import Claim
+from .._protocol import Claim
 from .._settings import Defaults
 from ..http._body import CHUNK, Body, declared_length
 from ..http._claiming import claim_flow, drive

@@ -10,7 +10,7 @@ from .._extras import require
 
 require("dramatiq", "dramatiq")
 
-from .._protocol.context import current_claim  # noqa: E402
+from .._protocol import current_claim  # noqa: E402
 from ._middleware import DEFERRALS_OPTION, DeadLettered, DedupeMiddleware  # noqa: E402
 
 __all__ = ["DEFERRALS_OPTION", "DeadLettered", "DedupeMiddleware", "current_claim"]

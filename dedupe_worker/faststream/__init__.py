@@ -10,7 +10,7 @@ from .._extras import require
 
 require("faststream", "faststream")
 
-from .._protocol.context import current_claim  # noqa: E402
+from .._protocol import current_claim  # noqa: E402
 from ._brokers import DLQ_SUFFIX  # noqa: E402
 from ._middleware import DedupeMiddleware, dedupe_middleware  # noqa: E402
 

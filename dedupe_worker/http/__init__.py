@@ -20,7 +20,7 @@ No dependency beyond the library's own.
 
 from __future__ import annotations
 
-from .._protocol.context import current_claim
+from .._protocol import current_claim
 from ._asgi import IdempotencyMiddleware
 from ._request import KeyProblem, RequestInfo, parse_key
 from ._rules import IdempotencyRules, applied_as_json, stored_status

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
 from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
-from .._protocol.claim import Claim
+from .._protocol import Claim
 from ..asyncio._deduplicator import AsyncDeduplicator
 from ._body import Body, declared_length
 from ._claiming import BEGIN, FORGET, claim_flow, drive_async

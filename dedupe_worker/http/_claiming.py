@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .._protocol.claim import Claim
+from .._protocol import Claim
 from ._rules import UNREADABLE, Attempt, IdempotencyRules
 from ._stored import Response
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from .._protocol.codec import ttl_ms
+from .._protocol import ttl_ms
 from ._stored import Response, encode, kept_headers
 
 __all__ = ["REPLAYED", "Recorder", "Settle", "parse_ttl", "stored_size"]

@@ -31,8 +31,7 @@ from typing import NamedTuple
 import orjson
 
 from .._errors import AlreadyApplied
-from .._protocol.claim import OMITTED, Claim, Outcome
-from .._protocol.fingerprint import content_hash
+from .._protocol import OMITTED, Claim, Outcome, content_hash
 from ..observe._base import current as observer
 from . import _problems as problems
 from ._recorder import REPLAYED, Recorder, Settle

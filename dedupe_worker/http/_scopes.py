@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._protocol.fingerprint import content_hash
+from .._protocol import content_hash
 from ._request import RequestInfo
 
 __all__ = ["asgi_user_scope", "flask_login_scope", "header_scope"]

@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .._protocol.serialization import inflate
+from .._protocol import inflate
 
 __all__ = ["HOP_BY_HOP", "Response", "decode", "encode", "kept_headers"]
 

@@ -23,8 +23,7 @@ from typing import Any
 
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
-from .._protocol.claim import Claim
-from .._protocol.context import Holding
+from .._protocol import Claim, Holding
 from ._applied import RAISED, notice_exceptions
 from ._body import CHUNK, Body, declared_length
 from ._claiming import BEGIN, FORGET, claim_flow, drive

@@ -61,10 +61,15 @@ from .._deduplicator import Deduplicator
 from .._errors import InvalidKey, StoreUnavailable, UndecodableMessage
 from .._messages.deadletter import ATTEMPTS, KEY, REPLAYED
 from .._messages.envelope import Envelope
-from .._protocol.calls import WITH_FINGERPRINT, KeyState, key_state_and_fingerprint
-from .._protocol.claim import State, Stored
-from .._protocol.fingerprint import request_fingerprint
-from .._protocol.layout import KeyLayout
+from .._protocol import (
+    WITH_FINGERPRINT,
+    KeyLayout,
+    KeyState,
+    State,
+    Stored,
+    key_state_and_fingerprint,
+    request_fingerprint,
+)
 from ..keys import KeyStrategy, body_fingerprint
 
 __all__ = ["HELD_BACK", "REPLAYED", "Entry", "Found", "Pacer", "Planner", "Step", "replay_headers"]

@@ -43,12 +43,11 @@ are not in the transaction; a crash after them and before the commit runs them a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from .._protocol.claim import Claim
-from .._protocol.codec import ClaimCodec
-from .._protocol.context import Run, current_claim, current_run
+from .._protocol import Claim, ClaimCodec, Run, current_claim, current_run
 from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
 from ._outcomes import SqlOutcomes, attached, namespace_of
 from ._statements import Dialect, dialect_named, enter, leave
@@ -176,6 +175,13 @@ class Atomic:
         return await transaction.__aexit__(kind, exc, tb)  # type: ignore[no-any-return]
 
 
+#: Asked in turn by :func:`atomic` given no ``outcomes``: each takes the connection and answers
+#: the block that records the current claim's outcome on the claim's own row, or ``None``. The
+#: SQL store adds its own (:mod:`dedupe_worker._sqlstore.atomic`) when a client on it starts, so
+#: this package imports nothing above it.
+OWN_ROW: list[Callable[[Any], Any]] = []
+
+
 def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
     """Run a block in a transaction on ``connection`` that also records the current claim's key
     and, at exit, the block's ``outcome.result``; raise :class:`~dedupe_worker.AlreadyApplied` at
@@ -189,10 +195,9 @@ def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
     A deduplicator on the SQL store (``from_url("postgresql://...")``) given no ``SqlOutcomes``
     records the outcome on the claim's own row instead (:mod:`dedupe_worker._sqlstore.atomic`)."""
     if outcomes is None:
-        from .._sqlstore.atomic import store_atomic
-
-        on_store = store_atomic(connection)
-        if on_store is not None:
-            return on_store  # type: ignore[return-value]
+        for own_row in OWN_ROW:
+            on_store = own_row(connection)
+            if on_store is not None:
+                return on_store  # type: ignore[no-any-return]
     return Atomic(connection, outcomes)
 

@@ -21,8 +21,7 @@ from typing import Any
 
 from .._errors import AlreadyApplied
 from .._extras import require
-from .._protocol.claim import Claim
-from .._protocol.codec import ClaimCodec
+from .._protocol import Claim, ClaimCodec
 from ._statements import (
     Dialect,
     Statement,

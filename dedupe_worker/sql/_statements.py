@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import AlreadyApplied, KeyConflict
-from .._protocol.claim import OMITTED, Claim, Stored
-from .._protocol.codec import ClaimCodec
+from .._protocol import OMITTED, Claim, ClaimCodec, Stored
 
 __all__ = ["FINGERPRINT_COLUMN_LIMIT", "KEY_COLUMN_LIMIT", "Dialect", "Row", "Statement", "answer", "conflicts",
            "dialect_named", "enter", "expired", "leave", "now_ms", "recorded", "row_of", "stored_key"]

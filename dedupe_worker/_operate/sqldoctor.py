@@ -14,10 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._operate.doctor import Check
-from .pool import SqlPool
-from .schema import SCHEMA_VERSION, installed_version
-from .urls import POSTGRESQL
+from .._sqlstore import SCHEMA_VERSION, SqlPool, installed_version
+from .._sqlstore.urls import POSTGRESQL
+from .check import Check
 
 __all__ = ["diagnose_sql"]
 
