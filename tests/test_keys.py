@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import pydantic
 import pytest
@@ -240,33 +239,8 @@ def test_a_request_is_what_the_checked_key_and_its_layout_make(key: object, fing
         text, dedupe.layout.stem(stored), request_fingerprint(fingerprint), original)
 
 
-KEYS_OF_A_BATCH = ["order-1", "a" * 200, "a" * 201, "has space", "has{brace}", "tab\tkey", "caf\u00e9", "",
-                   "sha256:" + "0" * 64, "x-sha256:y", "\x7f", "ok-" + "é", b"bytes-key", 42, None]
-
-
-def test_a_batch_of_plain_keys_gets_the_stems_each_key_gets(dedupe: Deduplicator) -> None:
-    """``plain_stems`` checks a batch's keys all at once: it answers only when every key is plain,
-    and then with the stem ``prepare`` gives each; one key that is not plain (or not a str at
-    all) sends the whole batch to ``prepare`` key by key."""
-    import random
-
-    rng = random.Random(7)
-    plain = ["order-1", "a" * 200, "k", "x-sha256-y", "~!@#$%^&*()"]
-    assert dedupe.plain_stems(plain) == [dedupe.prepare(key)[1] for key in plain]
-    assert dedupe.plain_stems([]) is None
-    for other in KEYS_OF_A_BATCH:
-        if isinstance(other, str) and other in plain:
-            continue
-        batch = [*rng.sample(plain, 3), other]
-        rng.shuffle(batch)
-        assert dedupe.plain_stems(batch) is None, other
-    # keys whose join holds the prefix across two of them are still answered right (by prepare)
-    split = ["sha2", "56:abc"]
-    assert dedupe.plain_stems(split) in (None, [dedupe.prepare(key)[1] for key in split])
-
-
 def test_a_plain_key_is_told_apart_as_the_layout_tells_it() -> None:
-    """``plain_ascii`` (the batch's one check of its keys joined) says of every ASCII character,
+    """``plain_ascii`` (``prepare``'s check of a plain key) says of every ASCII character,
     alone and inside a key, what the layout's own check says: plain, or hashed."""
     from dedupe_worker._protocol.layout import _UNSAFE, plain_ascii
 
@@ -274,8 +248,3 @@ def test_a_plain_key_is_told_apart_as_the_layout_tells_it() -> None:
         for text in (char, f"order-{char}-1"):
             assert plain_ascii(text) is (_UNSAFE.search(text) is None), repr(text)
             assert (KeyLayout("ns").stored_key(text)[0] == text) is plain_ascii(text), repr(text)
-
-
-@pytest.mark.parametrize("fingerprints", [[None, "fp"], ["", "f" * 64], ["f" * 65, "fp"], [{"a": 1}, b"raw"], []])
-def test_a_batch_of_fingerprints_is_sent_as_prepare_sends_each(fingerprints: list[Any], dedupe: Deduplicator) -> None:
-    assert dedupe.sent_fingerprints(fingerprints) == [dedupe.prepare("k", fp)[2] for fp in fingerprints]

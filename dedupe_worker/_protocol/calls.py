@@ -198,18 +198,6 @@ class StoreCalls:
                      (lease_ms, retention_ms, fingerprint, original, *self.format_args))]
         if not items:
             return []
-        if not self.scripts.is_cluster:
-            # One call, its keys and arguments built flat in one pass: what _calls() builds, without
-            # a tuple per key's arguments and a generator to flatten them. Kept for its figure:
-            # ~0.2 us less client CPU per claimed key (0.30 against 0.10 us, 500-key chunks in calls
-            # of 32, pinned, shared machine).
-            keys: list[str] = []
-            args: list[Any] = [lease_ms, retention_ms]
-            claim_keys = self.claim_keys
-            for stem, fingerprint, original in items:
-                keys += claim_keys(stem)
-                args += (fingerprint, original)
-            return [("claim", keys, [*args, *self.format_args])]
         calls = self._calls("claim", [self.claim_keys(s) for s, _, _ in items],
                             (lease_ms, retention_ms), [(fp, orig) for _, fp, orig in items])
         if self.format_args:  # claim.lua reads the format this worker writes first
@@ -224,14 +212,6 @@ class StoreCalls:
                      (result_ttl_ms, token, _LETTER[status], self.record(token, status, value), *self.format_args))]
         if not items:
             return []
-        if not self.scripts.is_cluster:  # one call built flat, as claim_calls (~0.2 us less per key)
-            keys: list[str] = []
-            args: list[Any] = [result_ttl_ms]
-            complete_keys, record = self.complete_keys, self.record if self.format_args else None
-            for stem, token, status, value in items:
-                keys += complete_keys(stem)
-                args += (token, _LETTER[status], value if record is None else record(token, status, value))
-            return [("complete", keys, [*args, *self.format_args])]
         calls = self._calls("complete", [self.complete_keys(s) for s, _, _, _ in items],
                             (result_ttl_ms,), [(token, _LETTER[status], self.record(token, status, value))
                                                for _, token, status, value in items])

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import InvalidKey, ResultNotSerializable, UnreadableRecord
+from .._settings import Defaults
 from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
@@ -28,7 +29,6 @@ KEY_HARD_LIMIT = 8192
 _MAX_TTL = 10 * 365 * 86400.0
 
 _ACQUIRED, _DUPLICATE = Outcome.ACQUIRED, Outcome.DUPLICATE
-_STR = {str}
 
 
 def ttl_ms(ttl: float) -> int:
@@ -81,15 +81,15 @@ class ClaimCodec:
     def __init__(
         self,
         *,
-        namespace: str = "dedupe",
-        lease: float = 30.0,
-        result_ttl: float = 86400.0,
+        namespace: str = Defaults.NAMESPACE,
+        lease: float = Defaults.LEASE,
+        result_ttl: float = Defaults.RESULT_TTL,
         retention: float | None = None,
-        max_key_length: int = 200,
-        max_result_bytes: int = 1_000_000,
+        max_key_length: int = Defaults.MAX_KEY_LENGTH,
+        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
         serializer: Serializer | None = None,
-        compress_above: int | None = 1024,
-        compression: str = "auto",
+        compress_above: int | None = Defaults.COMPRESS_ABOVE,
+        compression: str = Defaults.COMPRESSION,
     ) -> None:
         if lease <= 0 or result_ttl <= 0:
             raise ValueError("lease and result_ttl must be positive")
@@ -175,39 +175,12 @@ class ClaimCodec:
             return key, stem, fingerprint, original
         return key, stem, request_fingerprint(fingerprint), original
 
-    def plain_stems(self, keys: Sequence[Any]) -> list[str] | None:
-        """The stems of a batch whose keys are all plain (what :meth:`prepare` builds without its
-        general checks: ASCII ``str``, not empty nor too long, no character the layout hashes, no
-        ``sha256:`` prefix), checked in one pass over them joined; ``None`` when one is not (then
-        :meth:`prepare` each). Kept for its figure: ~5,000 fewer instructions a key than
-        :meth:`prepare` each (valgrind, the keys of bench.kafka_cpu). The lengths are a set's bounds,
-        and each stem one f-string (one new string, not two): ~30 ns less a key than ``min`` and
-        ``max`` over them and two concatenations (timeit, 500 keys, pinned)."""
-        if not keys or set(map(type, keys)) != _STR:
-            return None
-        joined = "".join(keys)
-        if not joined.isascii() or not plain_ascii(joined) or HASHED_PREFIX in joined:
-            return None
-        lengths = set(map(len, keys))
-        if min(lengths) == 0 or max(lengths) > self._plain_limit:
-            return None
-        stem_open = self._stem_open
-        return [f"{stem_open}{key}}}" for key in keys]
-
-    @staticmethod
-    def sent_fingerprints(fingerprints: Sequence[Any]) -> list[str]:
-        """Each fingerprint as sent to ``claim.lua`` (:func:`request_fingerprint`; a short string
-        as it is), as :meth:`prepare` sends it."""
-        if fingerprints and set(map(type, fingerprints)) == _STR and max(map(len, fingerprints)) <= 64:
-            return list(fingerprints)
-        return [fp if type(fp) is str and len(fp) <= 64 else request_fingerprint(fp) for fp in fingerprints]
-
     def _claims(self, requests: Sequence[Request], flat: Sequence[Any]) -> list[Claim]:
         """The claims of ``requests`` from ``claim.lua``'s flat reply (four values per key): what
         :meth:`_claim` makes of each, with the common answers (ACQUIRED; DUPLICATE of a stored
-        JSON ``null``) built without the general decoding. Kept for its figure: 615 ns against
-        1551 ns per ACQUIRED key, 465 against 1618 per DUPLICATE (timeit, pinned, shared machine),
-        about 1 us of the batch path's ~13 us per message (bench.core): 7-9%."""
+        JSON ``null``) built without the general decoding: that decoding is a large part of the
+        client's time a message, so this path stays for a batch's messages per second
+        (``python -m bench.accelerators claims``; the figures in docs/performance.md)."""
         if len(flat) != 4 * len(requests):
             raise ValueError(f"{len(flat)} reply values for {len(requests)} claims")
         json = type(self.serializer) is JsonSerializer
