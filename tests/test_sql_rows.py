@@ -98,6 +98,19 @@ def test_a_rolled_back_outer_transaction_stores_nothing_and_the_redelivery_appli
     assert db.balance() == 5
 
 
+def test_a_rolled_back_outer_transaction_is_never_stored_as_a_permanent_failure(
+        redis_client: redis.Redis, namespace: str, db: Database) -> None:
+    """NotCommitted says nothing committed: even where ``permanent_errors`` would take it, the
+    claim is released (no failure stored for work that did not commit) and the redelivery runs."""
+    dedupe = Deduplicator(redis_client, namespace=namespace, outcomes=db.outcomes, permanent_errors=(Exception,))
+    decision = decide(dedupe, "order", lambda: db.credit(5, rollback=True))
+    assert decision.reason is Reason.HANDLER_ERROR and isinstance(decision.error, NotCommitted)
+    assert dedupe.status("order").state == "free"
+    assert decide(dedupe, "order", lambda: db.credit(5)).reason is Reason.APPLIED
+    assert db.balance() == 5
+    dedupe.close()
+
+
 def test_the_batch_engine_stores_only_what_committed(dedupe: Deduplicator, db: Database) -> None:
     def item(key: str, rollback: bool) -> tuple[str, Any, Any]:
         return key, None, lambda: db.credit(1, rollback=rollback)

@@ -25,7 +25,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._errors import AlreadyApplied, InvalidKey, KeyConflict, LeaseLost, ResultNotSerializable, StoreUnavailable
+from .._errors import (
+    AlreadyApplied,
+    InvalidKey,
+    KeyConflict,
+    LeaseLost,
+    NotCommitted,
+    ResultNotSerializable,
+    StoreUnavailable,
+)
 from .._protocol import Claim, ClaimClient, ClientCore, Flow, Handler, bind, unbind
 from ..observe._base import current as observer
 from . import recorded
@@ -55,7 +63,10 @@ def failure_reason(dedupe: ClientOptions, exc: BaseException) -> Reason:
     """PERMANENT_FAILURE for the client's ``permanent_errors`` (stored as the outcome); CONFLICT for
     a :class:`KeyConflict` (``atomic()`` found the key committed for another payload: released,
     as Redis refuses a conflict without a record); else HANDLER_ERROR (the claim is released so a
-    retry may claim again)."""
+    retry may claim again). :class:`NotCommitted` is always HANDLER_ERROR, whatever
+    ``permanent_errors`` says: nothing committed, so no outcome (not even a failure) is stored."""
+    if isinstance(exc, NotCommitted):
+        return Reason.HANDLER_ERROR
     if isinstance(exc, dedupe.permanent_errors):
         return Reason.PERMANENT_FAILURE
     return Reason.CONFLICT if isinstance(exc, KeyConflict) else Reason.HANDLER_ERROR
@@ -180,7 +191,7 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
                 return found
         try:
             value = yield from handled_flow(handler, claim, integration)
-            if run is not None:  # atomic() inside a transaction it did not open: did that commit?
+            if run is not None and run.joined:  # atomic() inside a transaction it did not open: did that commit?
                 uncommitted = yield from recorded.uncommitted_flow(dedupe, claim, run)
                 if uncommitted is not None:
                     raise uncommitted
