@@ -322,7 +322,7 @@ class _Batch:
         only once its row is confirmed committed; otherwise the claim is released (engine/recorded.py)."""
         for n, (i, claim, decision, record) in enumerate(self.done):
             if decision is None and record is not None:
-                uncommitted = yield from recorded.uncommitted_flow(self.dedupe, claim, run)
+                uncommitted = yield from recorded.uncommitted_flow(claim, run)
                 if uncommitted is not None:
                     self.done[n] = (i, claim, Decision(Reason.HANDLER_ERROR, claim, error=uncommitted), None)
 

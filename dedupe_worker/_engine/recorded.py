@@ -82,7 +82,7 @@ def closed(run: Run | None) -> None:
         unbind_run(run.reset)
 
 
-def uncommitted_flow(dedupe: ClientCore, claim: Claim, run: Run) -> Flow[NotCommitted | None]:
+def uncommitted_flow(claim: Claim, run: Run) -> Flow[NotCommitted | None]:
     """``None`` when ``claim``'s outcome may be stored: its ``atomic()`` block opened its own
     transaction (nothing to confirm), or joined one whose commit is confirmed by one query. Else
     :class:`NotCommitted`: the caller must release the claim so that a redelivery runs again

@@ -192,7 +192,7 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
         try:
             value = yield from handled_flow(handler, claim, integration)
             if run is not None and run.joined:  # atomic() inside a transaction it did not open: did that commit?
-                uncommitted = yield from recorded.uncommitted_flow(dedupe, claim, run)
+                uncommitted = yield from recorded.uncommitted_flow(claim, run)
                 if uncommitted is not None:
                     raise uncommitted
         except AlreadyApplied as exc:
