@@ -214,8 +214,9 @@ def test_celery(world: World, rabbitmq_url: str, redis_url: str, monkeypatch: py
     app = Celery(f"dispatch-{world.run}", broker=rabbitmq_url, backend=redis_url, set_as_current=False)
     app.conf.update(task_default_queue=queue, dedupe_namespace=world.namespace)
     record_steps(monkeypatch, celery_task._TaskSteps, world, lambda port: port.key)
-    base = type("Recording", (IdempotentTask,), {**hooks_of(world), "abstract": True, **OPTIONS,
-                                                "retry_base": 0.05})
+    base = type("Recording", (IdempotentTask,), {**hooks_of(world), "abstract": True,
+                                                **{f"dedupe_{name}": value for name, value in OPTIONS.items()},
+                                                "dedupe_retry_base": 0.05})
 
     @app.task(base=base, bind=True, shared=False, name="dispatch.handle",
               idempotency_key=lambda payload: payload["key"], idempotency_fingerprint=lambda payload: payload["fp"])

@@ -1,6 +1,7 @@
-"""The Kafka consumer's key, fingerprint and ttl read straight from a record give what the
-envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, a batch
-what each of its records gives, and a batch's admission what the consumer's acceptance of each record gives."""
+"""The Kafka consumer's key, fingerprint and ttl of a record (the engine's ``Identify`` reading its
+envelope) give what the envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl
+header) gives, a batch what each of its records gives, and a batch's admission what the consumer's
+acceptance of each record gives."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
+from dedupe_worker._engine import TTL_HEADER, Identify, TtlHeader, header_ttl
 from dedupe_worker._messages.envelope import from_kafka
-from dedupe_worker._messages.retention import TTL_HEADER, TtlHeader, header_ttl
 from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
 from dedupe_worker.kafka._positions import PartitionState
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key
@@ -65,27 +66,29 @@ def envelope_path(msg: Record, strategy: Any, fingerprint: Any) -> tuple[str, An
 @pytest.mark.parametrize("fingerprint", [body_fingerprint, None, lambda envelope: "fp"])
 @pytest.mark.parametrize("msg", RECORDS)
 def test_identify_gives_what_the_envelope_gives(msg: Record, strategy: Any, fingerprint: Any) -> None:
-    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=TTL_HEADER)
+    consumer = consumer_of(strategy, fingerprint)
     try:
         expected = envelope_path(msg, strategy, fingerprint)
     except Exception as exc:
         with pytest.raises(type(exc)):
-            DedupeKafkaConsumer._identify(consumer, msg)  # type: ignore[arg-type]
+            consumer._identify(msg)
         return
-    assert DedupeKafkaConsumer._identify(consumer, msg) == expected  # type: ignore[arg-type]
+    assert consumer._identify(msg) == expected
 
 
 def test_a_bad_ttl_is_reported_after_a_good_key() -> None:
-    consumer = SimpleNamespace(key_strategy=KAFKA_DEFAULT, fingerprint=body_fingerprint, ttl_header=TTL_HEADER)
+    consumer = consumer_of(KAFKA_DEFAULT, body_fingerprint)
     with pytest.raises(UndecodableMessage):
-        DedupeKafkaConsumer._identify(consumer, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))  # type: ignore[arg-type]
+        consumer._identify(Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))
 
 
 def consumer_of(strategy: Any, fingerprint: Any, ttl_header: str | None = TTL_HEADER) -> Any:
-    """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound."""
-    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=ttl_header, _ttl_of=None)
-    for name in ("_identify", "_ttl_reader", "_identities"):
-        setattr(consumer, name, getattr(DedupeKafkaConsumer, name).__get__(consumer))
+    """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound, and
+    ``_identify(msg)``: one record's ``(key, fingerprint, ttl)`` as the consumer's ``Identify``
+    reads it, raising what it refuses."""
+    identify = Identify("kafka", strategy, fingerprint, ttl_header=ttl_header)
+    consumer = SimpleNamespace(identify=identify, _identify=lambda msg: tuple(identify.identity(from_kafka(msg))))
+    consumer._identities = DedupeKafkaConsumer._identities.__get__(consumer)
     return consumer
 
 
@@ -99,7 +102,7 @@ def assert_identified_as_each(consumer: Any, records: list[Any]) -> None:
         try:
             expected = consumer._identify(msg)
         except Exception as exc:
-            assert type(failed[n]) is type(exc) and str(failed[n]) == str(exc)
+            assert type(failed[n].error) is type(exc) and str(failed[n].error) == str(exc)
             assert (keys[n], fingerprints[n], ttls[n]) == (None, None, None)
             continue
         assert n not in failed

@@ -77,7 +77,7 @@ from .._protocol import (
 )
 from ..observe._base import current as observer
 from . import recorded
-from .decision import Decision, Reason, in_progress, poison, settle
+from .decision import Decision, Reason, in_progress, poison, verdict_of
 from .pacing import FLUSH_AFTER, STREAM_STEP, Pacing
 from .single import attributes, failure_reason, unavailable_flow
 
@@ -259,7 +259,7 @@ class _Batch:
             claim = self.dedupe.claim_of(self.request(i), code, token, status, value)
             if ttls is not None and ttls[i] is not None:
                 claim = self.dedupe.with_ttl([claim], ttls[i])[0]
-            decision = settle(claim)
+            decision = verdict_of(claim)
             assert decision is not None
             self.verdict(i, decision)
         self.pacing.claimed(len(indices), len(acquired))

@@ -29,15 +29,29 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from .._deduplicator import Deduplicator
-from .._engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, refused
-from .._engine.batch import Verdicts, verdicts_flow
-from .._engine.decision import HANDLER_RAN
-from .._engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
-from .._engine.hooks import Hooks
-from .._messages.envelope import Envelope, from_kafka
-from .._messages.retention import TTL_HEADER, TtlHeader
+from .._engine import (
+    ACKED,
+    HANDLER_RAN,
+    Acted,
+    Action,
+    ConsumerOptions,
+    Decision,
+    Done,
+    Hooks,
+    Identify,
+    Identity,
+    Pacing,
+    Reason,
+    RetryPolicy,
+    Tally,
+    Verdicts,
+    is_noop,
+    report,
+    verdicts_flow,
+)
+from .._messages.envelope import from_kafka
 from .._operate.doctor import check_at_start
-from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint, bytes_fingerprint, default_header_key
+from ..keys import KAFKA_DEFAULT
 from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
 from ._hooks import ConsumerHooks
@@ -71,26 +85,16 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     :param batch_handler: called once per batch with the messages to apply (duplicates left out)
         and returns one result per message; if it raises, every one of them failed (retried, then
         dead-lettered). ``current_claim()`` is not set inside it.
-    :param key_strategy: ``Envelope -> key`` (default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`).
-    :param fingerprint: ``Envelope -> payload fingerprint`` (``None``: no conflict detection).
+    :param options: the options every integration shares (:class:`~dedupe_worker.ConsumerOptions`:
+        ``key_strategy``, default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`; ``fingerprint``;
+        ``ttl_header``; ``max_attempts``, ``retry_base``, ``retry_cap``, ``defer_base``,
+        ``defer_cap``, ``defer_wait``: a partition held by a key in progress elsewhere resumes as
+        soon as that key is decided, waiting at most ``defer_wait`` before it looks again;
+        ``flush_after``; ``summary_interval``), whole; or each of them as a keyword, set on top.
     :param batch_size: most messages consumed and decided together.
-    :param flush_after: seconds of handler time whose finished outcomes may wait to be stored
-        together; also the target run time of each claimed chunk (default 5 ms).
-    :param max_attempts: handler attempts before a message is dead-lettered (default 5).
-    :param retry_base, retry_cap: backoff (full jitter) between handler attempts (1 s, 60 s).
-    :param defer_base, defer_cap: backoff of deferrals, never past the holder's remaining lease
-        (0.05 s, 30 s).
-    :param defer_wait: a partition held by a key in progress elsewhere resumes as soon as that key
-        is decided, waiting at most this long (5 s) before it looks again. ``None`` for any of
-        these six: the shared default of :class:`~dedupe_worker._engine.RetryPolicy`.
     :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
     :param producer_overrides: extra settings for the dead-letter producer.
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
-    :param summary_interval: seconds between the summary lines logged at INFO while consuming
-        (applied, duplicates, deferred, retried, dead-lettered; one more at shutdown).
-    :param ttl_header: the header holding a message's retention in seconds (its outcome is kept
-        that long instead of ``result_ttl``); a value that is not a positive number dead-letters
-        the message (``undecodable``, the reason naming the header). ``None``: not read.
     """
 
     def __init__(
@@ -101,25 +105,17 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         deduplicator: Deduplicator,
         *,
         batch_handler: BatchHandler | None = None,
-        key_strategy: KeyStrategy = KAFKA_DEFAULT,
-        fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
+        options: ConsumerOptions | None = None,
         batch_size: int = 500,
         poll_timeout: float = 1.0,
-        flush_after: float = FLUSH_AFTER,
-        max_attempts: int | None = None,
-        retry_base: float | None = None,
-        retry_cap: float | None = None,
-        defer_base: float | None = None,
-        defer_cap: float | None = None,
-        defer_wait: float | None = None,
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
         dead_letter_timeout: float = DELIVERY_TIMEOUT,
-        summary_interval: float = 10.0,
-        ttl_header: str | None = TTL_HEADER,
+        **shared: Any,
     ) -> None:
-        self.set_options(max_attempts=max_attempts, retry_base=retry_base, retry_cap=retry_cap,
-                         defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
+        #: The options every integration shares (``options`` with the keywords on top).
+        self.options = options = ConsumerOptions.of(options, **shared)
+        self.use(options)
         if batch_size < 1 or self.max_attempts < 1:
             raise ValueError("batch_size and max_attempts must be at least 1")
         if (handler is None) == (batch_handler is None):
@@ -129,26 +125,24 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.handler = handler
         self.batch_handler = batch_handler
         self.dedupe = deduplicator
-        self.key_strategy = key_strategy
-        self.fingerprint = fingerprint
-        #: The header holding a message's retention in seconds (``None``: not read).
-        self.ttl_header = ttl_header
+        #: Each record's key, fingerprint and ttl, or its refusal (read from its envelope).
+        self.identify: Identify[Any] = Identify("kafka", options.key_strategy or KAFKA_DEFAULT, options.fingerprint,
+                                                ttl_header=options.ttl_header)
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
         #: Handler timings carried from batch to batch, to size the claimed chunks.
-        self.pacing = Pacing(flush_after)
+        self.pacing = Pacing(options.flush_after)
         self.consumer = Consumer(self.config)
         producer = Producer(producer_config(self.config, producer_overrides, dead_letter_timeout))
         self.dead_letters = DeadLetterProducer(producer, dead_letter_topic, dead_letter_timeout)
         #: Count of decisions by reason value, plus ``"dead_lettered"`` and ``"committed"``.
         self.stats: Counter[str] = Counter()
         #: What was done with the messages, for the summary lines.
-        self.tally = Tally("kafka consumer", summary_interval)
+        self.tally = Tally("kafka consumer", options.summary_interval)
         #: ``(message, key, decision)`` of the ACKs of the batch being processed whose hooks run
         #: after its commit (only collected when ``on_applied`` or ``on_duplicate`` is overridden).
         self._acked: list[tuple[Message, str, Decision]] = []
         self._partitions: dict[TP, PartitionState] = {}
-        self._ttl_of: TtlHeader | None = None
         self._stop = threading.Event()
         self._woken = deque()
 
@@ -261,10 +255,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             indices = _without(indices, set(before))
         messages = live if not before else [live[i] for i in indices]
         keys, fingerprints, ttls, failures = self._identities(messages)
-        if failures:  # MissingKey, UndecodableMessage (a bad ttl too), or a broken strategy: dead-lettered
+        if failures:  # refused (MissingKey, UndecodableMessage, a bad ttl, a broken strategy): dead-lettered
             failed = dict(failures)
-            for n, exc in failures:
-                decision = refused(exc, "kafka")
+            for n, decision in failures:
                 self.stats[decision.reason.value] += 1
                 letters.append((indices[n], DeadLetter(messages[n], decision)))
             indices, messages, keys = _without(indices, failed), _without(messages, failed), _without(keys, failed)
@@ -334,53 +327,29 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             outcomes[i] = DONE
 
     def _identities(self, messages: Sequence[Message]) -> tuple[list[str], list[Any], list[float | None],
-                                                                list[tuple[int, Exception]]]:
-        """:meth:`_identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
-        in all three at a message refused), and the ``(position, error)`` of the refused."""
+                                                                list[tuple[int, Decision]]]:
+        """:attr:`identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
+        in all three at a message refused), and the ``(position, refusal)`` of the refused."""
         count = len(messages)
         keys: list[Any] = [None] * count
         fingerprints: list[Any] = [None] * count
         ttls: list[float | None] = [None] * count
-        failures: list[tuple[int, Exception]] = []
-        ttl_of = self._ttl_reader()
+        failures: list[tuple[int, Decision]] = []
+        identify = self.identify
         for n, msg in enumerate(messages):
-            try:
-                keys[n], fingerprints[n], ttls[n] = self._identify(msg, ttl_of)
-            except Exception as exc:  # None in all three columns
-                failures.append((n, exc))
+            found = identify(msg, from_kafka)
+            if type(found) is Identity:
+                keys[n], fingerprints[n], ttls[n] = found
+            else:
+                failures.append((n, found))  # type: ignore[arg-type]
         return keys, fingerprints, ttls, failures
-
-    def _ttl_reader(self) -> TtlHeader | None:
-        """The :class:`TtlHeader` of ``ttl_header`` (kept while the name stays), ``None`` when unset."""
-        self._ttl_of = TtlHeader.of(self.ttl_header, self._ttl_of)
-        return self._ttl_of
-
-    def _identify(self, msg: Message, ttl_of: TtlHeader | None = None) -> tuple[str, Any, float | None]:
-        """``(key, fingerprint, ttl)`` of ``msg``, the ttl header read by ``ttl_of`` (else by a new
-        :class:`TtlHeader`); raises what the key strategy, the fingerprint or the ttl header
-        raise. The envelope is built only for a strategy or fingerprint that needs it: the
-        defaults (:data:`KAFKA_DEFAULT` finding its ``idempotency-key`` header,
-        :func:`body_fingerprint`) read the headers and the body straight from the record, as they
-        would from its envelope, since every consumed record is identified."""
-        headers: dict[str, Any] = dict(msg.headers() or ())  # as from_kafka() reads them
-        key = default_header_key(headers) if self.key_strategy is KAFKA_DEFAULT else None
-        fingerprint = self.fingerprint
-        if key is not None and (fingerprint is None or fingerprint is body_fingerprint):
-            fp = None if fingerprint is None else bytes_fingerprint(msg.value() or b"")
-        else:
-            envelope = from_kafka(msg)
-            key = self.key_strategy(envelope)
-            fp = None if fingerprint is None else fingerprint(envelope)
-        if ttl_of is None:
-            ttl_of = TtlHeader.of(self.ttl_header, None)
-        return key, fp, None if ttl_of is None else ttl_of(headers)
 
     def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,
                      ttl: Sequence[float | None] | None = None) -> Verdicts:
         """The dedupe verdicts for ``messages`` (their ``keys`` and ``fingerprints``): the batch
         engine (:func:`~dedupe_worker.decide_many`) calling the handler with each message that
         must run, or the batch handler with all of them; ``ttl``: each message's retention (from
-        its ``ttl_header``). A :class:`~dedupe_worker._engine.batch.Verdicts`: an ACK's Decision
+        its ``ttl_header``). A :class:`~dedupe_worker._engine.Verdicts`: an ACK's Decision
         is built only if a hook asks for it."""
         batch = self.batch_handler
         run_batch = None if batch is None else (lambda chosen: batch([messages[i] for i in chosen]))
