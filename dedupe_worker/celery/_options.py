@@ -221,5 +221,5 @@ def deprecated_names(cls: type, names: Mapping[str, Any]) -> None:
     for name in RETRY_OPTIONS:
         if name in names and f"dedupe_{name}" not in names:
             warnings.warn(f"the IdempotentTask option {name!r} is now called 'dedupe_{name}'; {name!r} goes in the "
-                          "next release", DeprecationWarning, stacklevel=4)
+                          "next release", DeprecationWarning, stacklevel=2)
             setattr(cls, f"dedupe_{name}", names[name])
