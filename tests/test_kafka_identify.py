@@ -205,7 +205,7 @@ def states() -> dict[tuple[str, int], PartitionState]:
         ("t", 0): PartitionState(),  # flowing
         ("t", 1): PartitionState(paused_until=1e12),  # paused: its records are dropped
         ("t", 2): PartitionState(rewound_to=5),  # older fetches dropped, 5 accepted, then it flows
-        ("t", 3): PartitionState(settled={7: None}),  # 7 decided behind a hold earlier
+        ("t", 3): PartitionState(decided_behind={7: None}),  # 7 decided behind a hold earlier
         ("t", 4): PartitionState(rewound_to=2),  # delivers 4: the seek did not take, rewound again
         ("t", 5): PartitionState(),
     }
@@ -225,7 +225,7 @@ ADMISSION_BATCH = [
 
 def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
     """``_admit`` (a set look-up for a flowing partition's record, the others one by one) takes
-    what ``_accept`` takes record by record, in order, with the same positions of records settled
+    what ``_accept`` takes record by record, in order, with the same positions of records decided
     earlier, and leaves each partition in the same state: paused records dropped, a rewound partition's older fetches
     dropped and the rest taken from its rewind point, a record past it rewinding it again, an error
     or an unknown partition dropped."""
@@ -247,7 +247,7 @@ def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
             if tp is None:
                 continue
             state = twin._partitions[tp]
-            if state.settled and (msg.offset() or 0) in state.settled:
+            if state.decided_behind and (msg.offset() or 0) in state.decided_behind:
                 expected_before.append(len(expected_live))
             expected_live.append(msg)
             expected_tps.append(tp)
@@ -258,8 +258,8 @@ def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
         assert before == [5]
         for tp, state in consumer._partitions.items():
             other = twin._partitions[tp]
-            assert (state.paused_until is None, state.rewound_to, state.settled) == (
-                other.paused_until is None, other.rewound_to, other.settled), tp
+            assert (state.paused_until is None, state.rewound_to, state.decided_behind) == (
+                other.paused_until is None, other.rewound_to, other.decided_behind), tp
         assert consumer._partitions[("t", 4)].paused_until is not None  # rewound again
     finally:
         consumer.close()

@@ -85,7 +85,7 @@ class Broker(Protocol):
     knows, such as a failed publish) and returns what it did; none calls a hook."""
 
     def ack(self, message: Any, decision: Decision) -> Acted:
-        """APPLIED, DUPLICATE, PREVIOUSLY_FAILED: settle the message as done."""
+        """APPLIED, DUPLICATE, PREVIOUSLY_FAILED: ack the message as done."""
         ...
 
     def defer(self, message: Any, decision: Decision) -> Acted:
@@ -227,7 +227,7 @@ class Tally:
             self.dead_lettered += 1
 
     def acked(self, applied: int, duplicates: int) -> None:
-        """Count ACKs settled without :func:`report` (a batch whose ACK hooks are no-ops)."""
+        """Count ACKs done without :func:`report` (a batch whose ACK hooks are no-ops)."""
         self.applied += applied
         self.duplicates += duplicates
 

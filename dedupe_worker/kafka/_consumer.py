@@ -247,7 +247,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         indices: Sequence[int] = range(len(live))  # of the messages to decide, in live
         if before:
             for i in before:
-                pending = partitions[tps[i]].settled[live[i].offset() or 0]
+                pending = partitions[tps[i]].decided_behind[live[i].offset() or 0]
                 if pending is None:
                     outcomes[i] = DONE
                 else:
@@ -302,7 +302,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             if accepted is None:
                 continue
             state = partitions[accepted]
-            if state.settled and (msg.offset() or 0) in state.settled:  # decided earlier, behind a hold
+            if state.decided_behind and (msg.offset() or 0) in state.decided_behind:  # decided earlier, behind a hold
                 before.append(len(live))
             live.append(msg)
             tps.append(accepted)
@@ -396,8 +396,8 @@ _DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
 
 def _flows(state: PartitionState) -> bool:
     """Whether a partition's records are taken as they come: not paused, not rewound (a fetch from
-    before the rewind may still come), no offset settled behind a hold."""
-    return state.paused_until is None and state.rewound_to is None and not state.settled
+    before the rewind may still come), no offset decided behind a hold."""
+    return state.paused_until is None and state.rewound_to is None and not state.decided_behind
 
 
 def _first(letter: tuple[int, DeadLetter]) -> int:
