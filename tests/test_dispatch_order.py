@@ -279,7 +279,7 @@ def test_faststream(world: World, rabbitmq_url: str, redis_url: str, monkeypatch
     async def main() -> dict[str, list[str]]:
         dedupe = AsyncDeduplicator(redis.asyncio.Redis.from_url(redis_url), namespace=world.namespace,
                                    lease=5.0, result_ttl=60.0, permanent_errors=(Permanent,))
-        middleware = middleware_cls(dedupe, key=header_key("idempotency-key"),
+        middleware = middleware_cls(dedupe, key_strategy=header_key("idempotency-key"),
                                     fingerprint=lambda envelope: envelope.header("x-fp"), **OPTIONS)
         broker = RabbitBroker(rabbitmq_url, middlewares=[middleware], logger=None)
 
