@@ -274,9 +274,9 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         """Identify the call, let :func:`decide` claim its key and run the body, and act on its verdict."""
         request = self.request
         found = self.identify(Call.of(self, args, kwargs, self._header(request, self.idempotency_header), request))
-        if type(found) is Decision:
+        if isinstance(found, Decision):
             return self._act(found, "")
-        key, fingerprint, ttl = found  # type: ignore[misc]
+        key, fingerprint, ttl = found
         request.dedupe_key = key
         request.fencing_token = None
         body = functools.partial(self._body, request, args, kwargs)

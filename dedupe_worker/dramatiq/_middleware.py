@@ -129,8 +129,8 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     integration (:class:`~dedupe_worker.ConsumerOptions`, whole as ``options=`` or as keywords);
     handler errors follow Dramatiq's own ``max_retries``/``min_backoff``/``max_backoff``/``throws``,
     so ``max_attempts``, ``retry_base`` and ``retry_cap`` are not used here, and the key and the
-    fingerprint are the actor's options (see the module doc). Hooks: :class:`~dedupe_worker.Hooks`, ``message`` being
-    Dramatiq's message.
+    fingerprint are the actor's options (see the module doc). Hooks:
+    :class:`~dedupe_worker.Hooks`, ``message`` being Dramatiq's message.
 
     **Not guaranteed.** An actor called directly (``charge(1, 5)``, not through a worker) runs as
     a plain function, without a claim. ``async def`` actors (with Dramatiq's ``AsyncIO``
@@ -205,9 +205,9 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Identify the call, let :func:`decide` claim its key and run ``fn``, and act on its verdict."""
         found = self.identify(_Call(actor, message, args, kwargs))
-        if type(found) is Decision:
+        if isinstance(found, Decision):
             return self.act(actor.broker, message, found, None)
-        key, fingerprint, ttl = found  # type: ignore[misc]
+        key, fingerprint, ttl = found
         body = functools.partial(fn, *args, **kwargs)
         decision = decide(self.dedupe, key, body, fingerprint=fingerprint, wait=self.defer_wait,
                           integration="dramatiq", ttl=ttl)

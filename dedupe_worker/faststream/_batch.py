@@ -101,7 +101,7 @@ async def handle_batch(owner: MiddlewareState, call_next: Callable[[Any], Any], 
     ttls: list[float | None] = []
     for i, envelope in enumerate(envelopes):
         found = owner.identify(envelope, adapter.default_key)
-        if type(found) is Decision:
+        if isinstance(found, Decision):
             decisions[i] = found
             continue
         key, fingerprint, ttl = found

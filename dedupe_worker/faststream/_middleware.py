@@ -99,7 +99,7 @@ class DedupeMiddleware(MiddlewareState):
         adapter = adapter_for(msg)
         envelope = adapter.envelope(msg, subscriber)
         found = self.identify(envelope, adapter.default_key)
-        if type(found) is Decision:
+        if isinstance(found, Decision):
             return await self.act(adapter, msg, envelope, found, None, broker)
         key, fingerprint, ttl = found
         try:

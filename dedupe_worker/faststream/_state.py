@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._engine import ConsumerOptions, Hooks, Identify, RetryPolicy
+from .._engine import ConsumerOptions, Decision, Hooks, Identify, Identity, RetryPolicy
 from .._messages.envelope import Envelope
 from ..asyncio import AsyncClaimClient
 from ..keys import KeyStrategy
@@ -36,7 +36,7 @@ class MiddlewareState(Hooks, RetryPolicy):
         # One per default key strategy: FastStream's default key depends on the broker.
         self._identify: dict[KeyStrategy | None, Identify[Envelope]] = {}
 
-    def identify(self, envelope: Envelope, default_key: KeyStrategy) -> Any:
+    def identify(self, envelope: Envelope, default_key: KeyStrategy) -> Identity | Decision:
         """``envelope``'s :class:`~dedupe_worker._engine.Identity` or its refusal, by the
         ``key_strategy`` option, else the broker's ``default_key``."""
         strategy = self.options.key_strategy or default_key

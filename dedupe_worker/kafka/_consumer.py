@@ -338,10 +338,10 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         identify = self.identify
         for n, msg in enumerate(messages):
             found = identify(msg, from_kafka)
-            if type(found) is Identity:
+            if isinstance(found, Identity):
                 keys[n], fingerprints[n], ttls[n] = found
             else:
-                failures.append((n, found))  # type: ignore[arg-type]
+                failures.append((n, found))
         return keys, fingerprints, ttls, failures
 
     def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,

@@ -253,10 +253,10 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     def _prepare(self, queue: str, message: Any, error: BaseException | None) -> Item:
         item = Item(queue, message)
         found = self.identify(message, functools.partial(from_kombu, queue=queue))
-        if type(found) is Decision:
+        if isinstance(found, Decision):
             item.decision = found
             return item
-        item.key, item.fingerprint, item.ttl = found  # type: ignore[misc]
+        item.key, item.fingerprint, item.ttl = found
         try:
             if error is not None:
                 raise error

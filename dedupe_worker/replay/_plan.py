@@ -194,7 +194,7 @@ class Planner:
     def _before_lookup(self, envelope: Envelope, reason: str) -> tuple[Entry | None, str | None]:
         """The verdicts that need no Redis (filtered, no key, key mismatch); else ``(None, key)``."""
         found = self.identify(envelope)
-        key, problem = (found.key, "") if type(found) is Identity else (None, found.detail)  # type: ignore[union-attr]
+        key, problem = (found.key, "") if isinstance(found, Identity) else (None, found.detail)
         if self.reasons is not None and reason not in self.reasons:
             return Entry(key, Found.FILTERED, Step.LEAVE, reason, "reason not selected by --filter"), key
         if self.reasons is None and reason in HELD_BACK:
