@@ -199,7 +199,7 @@ class Tally:
     seconds (checked by :meth:`tick`, which the consumer's loop calls between batches) and once
     more from :meth:`close` at shutdown. ``clock`` is injectable for tests."""
 
-    def __init__(self, name: str, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, name: str, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.interval = interval
         self.clock = clock
