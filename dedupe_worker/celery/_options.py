@@ -26,7 +26,7 @@ from .._settings import DedupeSettings
 from ..keys import fingerprint_of
 
 __all__ = ["SETTINGS", "Call", "bind_arguments", "call_fingerprint", "call_key", "consumer_options", "deduplicator_for",
-           "derive_fingerprint", "derive_key", "identify"]
+           "derive_fingerprint", "derive_key", "key_and_fingerprint"]
 
 #: Task attribute / app setting -> field of :class:`DedupeSettings` it falls back to.
 SETTINGS = {
@@ -189,7 +189,8 @@ def call_fingerprint(call: Call) -> Any:
         raise InvalidKey(f"idempotency_fingerprint failed: {exc!r}") from exc
 
 
-def identify(task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], header_value: Any) -> tuple[str, Any]:
+def key_and_fingerprint(task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                        header_value: Any) -> tuple[str, Any]:
     """``(key, fingerprint)`` of ``task`` called with these arguments and key header value: what
     a send checks before publishing, derived as the worker's identification derives them.
 
