@@ -28,6 +28,7 @@ actor, message and arguments). :class:`Identify` is given how to read it, and ke
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from hashlib import sha256
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -63,9 +64,8 @@ def bytes_fingerprint(body: bytes) -> str:
     return content_hash(body)
 
 
-def _headers(message: Any) -> Mapping[str, Any] | None:
-    headers: Mapping[str, Any] | None = message.headers
-    return headers
+#: ``Identity(key, fingerprint, ttl)`` without the named tuple's ``__new__`` in Python (one a message).
+_identity = functools.partial(tuple.__new__, Identity)
 
 
 class Identify(Generic[M]):
@@ -77,7 +77,7 @@ class Identify(Generic[M]):
     :param key: ``message -> key`` (a key strategy over an envelope, or the integration's own).
     :param fingerprint: ``message -> fingerprint``; ``None``: no conflict check.
     :param ttl_header: the header holding the message's ttl in seconds; ``None``: not read.
-    :param headers: ``message -> headers`` the ttl header is read from (default: its ``headers``).
+    :param headers: ``message -> headers`` the ttl header is read from; ``None``: its ``headers``.
     :param default_ttl: ``message -> ttl`` when the header is absent (a task's or actor's own
         option); ``None``: the client's ``result_ttl``.
     """
@@ -86,7 +86,7 @@ class Identify(Generic[M]):
 
     def __init__(self, integration: str | None, key: Callable[[M], str],
                  fingerprint: Callable[[M], Any] | None = None, *, ttl_header: str | None = TTL_HEADER,
-                 headers: Callable[[M], Mapping[str, Any] | None] = _headers,
+                 headers: Callable[[M], Mapping[str, Any] | None] | None = None,
                  default_ttl: Callable[[M], float | None] | None = None) -> None:
         self.integration = integration
         self.key = key
@@ -109,7 +109,8 @@ class Identify(Generic[M]):
         raise (what :meth:`__call__` refuses)."""
         key = self.key(message)
         fingerprint = None if self.fingerprint is None else self.fingerprint(message)
-        ttl = None if self.ttl_of is None else self.ttl_of(self.headers(message))
+        ttl_of, headers = self.ttl_of, self.headers
+        ttl = None if ttl_of is None else ttl_of(message.headers if headers is None else headers(message))  # type: ignore[attr-defined]
         if ttl is None and self.default_ttl is not None:
             ttl = self.default_ttl(message)
-        return Identity(key, fingerprint, ttl)
+        return _identity((key, fingerprint, ttl))
