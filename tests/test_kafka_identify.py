@@ -1,7 +1,7 @@
-"""The Kafka consumer's key, fingerprint and ttl of a record (the engine's ``Identify`` reading its
-envelope) give what the envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl
-header) gives, a batch what each of its records gives, and a batch's admission what the consumer's
-acceptance of each record gives."""
+"""The Kafka consumer's key, fingerprint and ttl of a record (the engine's ``Identify``, reading the
+record as its envelope, or under the defaults as its headers and body) give what the envelope path
+(``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, a batch what each of its
+records gives, and a batch's admission what the consumer's acceptance of each record gives."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
-from dedupe_worker._engine import TTL_HEADER, Identify, TtlHeader, header_ttl
+from dedupe_worker._engine import TTL_HEADER, ConsumerOptions, Decision, TtlHeader, header_ttl
 from dedupe_worker._messages.envelope import from_kafka
-from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
+from dedupe_worker.kafka._consumer import DedupeKafkaConsumer, identify_records
 from dedupe_worker.kafka._positions import PartitionState
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key
 
@@ -86,10 +86,20 @@ def consumer_of(strategy: Any, fingerprint: Any, ttl_header: str | None = TTL_HE
     """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound, and
     ``_identify(msg)``: one record's ``(key, fingerprint, ttl)`` as the consumer's ``Identify``
     reads it, raising what it refuses."""
-    identify = Identify("kafka", strategy, fingerprint, ttl_header=ttl_header)
-    consumer = SimpleNamespace(identify=identify, _identify=lambda msg: tuple(identify.identity(from_kafka(msg))))
+    identify, read = identify_records(ConsumerOptions(key_strategy=strategy, fingerprint=fingerprint,
+                                                      ttl_header=ttl_header))
+    consumer = SimpleNamespace(identify=identify, read=read, _identify=lambda msg: identity(identify, msg, read))
     consumer._identities = DedupeKafkaConsumer._identities.__get__(consumer)
     return consumer
+
+
+def identity(identify: Any, msg: Any, read: Any) -> tuple[Any, ...]:
+    """``identify``'s answer for ``msg`` as ``(key, fingerprint, ttl)``; raises what it refused."""
+    found = identify(msg, read)
+    if isinstance(found, Decision):
+        assert found.error is not None
+        raise found.error
+    return tuple(found)
 
 
 def assert_identified_as_each(consumer: Any, records: list[Any]) -> None:

@@ -98,19 +98,17 @@ class Identify(Generic[M]):
 
     def __call__(self, message: Any, read: Callable[[Any], M] | None = None) -> Identity | Decision:
         """The :class:`Identity` of ``message``, read first by ``read`` when given (``from_kafka``:
-        what reading raises is refused too), or its refusal. Never raises."""
+        what reading raises is refused too), or its refusal (its ``error`` is what was raised).
+        Never raises."""
         try:
-            return self.identity(message if read is None else read(message))
+            if read is not None:
+                message = read(message)
+            key = self.key(message)
+            fingerprint = None if self.fingerprint is None else self.fingerprint(message)
+            ttl_of, headers = self.ttl_of, self.headers
+            ttl = None if ttl_of is None else ttl_of(message.headers if headers is None else headers(message))
+            if ttl is None and self.default_ttl is not None:
+                ttl = self.default_ttl(message)
         except Exception as exc:  # MissingKey, UndecodableMessage (a bad ttl too), a broken strategy
             return poison(exc) if self.integration is None else refused(exc, self.integration)
-
-    def identity(self, message: M) -> Identity:
-        """The :class:`Identity` of ``message``; raises what the key, the fingerprint or the ttl
-        raise (what :meth:`__call__` refuses)."""
-        key = self.key(message)
-        fingerprint = None if self.fingerprint is None else self.fingerprint(message)
-        ttl_of, headers = self.ttl_of, self.headers
-        ttl = None if ttl_of is None else ttl_of(message.headers if headers is None else headers(message))  # type: ignore[attr-defined]
-        if ttl is None and self.default_ttl is not None:
-            ttl = self.default_ttl(message)
         return _identity((key, fingerprint, ttl))

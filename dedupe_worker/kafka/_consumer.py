@@ -19,6 +19,7 @@ were never claimed, so they run at once after the restart.
 from __future__ import annotations
 
 import logging
+import operator
 import signal
 import threading
 from collections import Counter, deque
@@ -51,13 +52,13 @@ from .._engine import (
 )
 from .._messages.envelope import from_kafka
 from .._operate.doctor import check_at_start
-from ..keys import KAFKA_DEFAULT
+from ..keys import KAFKA_DEFAULT, body_fingerprint, bytes_fingerprint, default_header_key
 from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
 from ._hooks import ConsumerHooks
 from ._positions import DONE, Hold, PartitionState, plan_partition
 
-__all__ = ["DedupeKafkaConsumer"]
+__all__ = ["DedupeKafkaConsumer", "identify_records"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,9 +126,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.handler = handler
         self.batch_handler = batch_handler
         self.dedupe = deduplicator
-        #: Each record's key, fingerprint and ttl, or its refusal (read from its envelope).
-        self.identify: Identify[Any] = Identify("kafka", options.key_strategy or KAFKA_DEFAULT, options.fingerprint,
-                                                ttl_header=options.ttl_header)
+        #: Each record's key, fingerprint and ttl, or its refusal, and how a record is read for it.
+        self.identify, self.read = identify_records(options)
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
         #: Handler timings carried from batch to batch, to size the claimed chunks.
@@ -335,9 +335,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         fingerprints: list[Any] = [None] * count
         ttls: list[float | None] = [None] * count
         failures: list[tuple[int, Decision]] = []
-        identify = self.identify
+        identify, read = self.identify, self.read
         for n, msg in enumerate(messages):
-            found = identify(msg, from_kafka)
+            found = identify(msg, read)
             if isinstance(found, Identity):
                 keys[n], fingerprints[n], ttls[n] = found
             else:
@@ -389,6 +389,41 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
 
 _APPLIED, _DUPLICATE, _PREVIOUSLY_FAILED = Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED
+
+
+def identify_records(options: ConsumerOptions) -> tuple[Identify[Any], Callable[[Message], Any]]:
+    """The engine's :class:`~dedupe_worker._engine.Identify` for the records of a consumer with
+    ``options``, and what it reads a record as. A record is read as its envelope
+    (:func:`~dedupe_worker._messages.envelope.from_kafka`), except under the default key strategy
+    and fingerprint, which read of an envelope only its headers and its body: then as
+    ``(record, headers)``, the envelope built only for a record without the ``idempotency-key``
+    header (the rest of the default chain). Every consumed record passes here, and the envelope
+    of each costs the duplicates' messages per second more than 10% (docs/performance.md,
+    bench.kafka_consumer); ``tests/test_kafka_identify.py`` holds both readings to the same answers."""
+    strategy, fingerprint = options.key_strategy or KAFKA_DEFAULT, options.fingerprint
+    if strategy is not KAFKA_DEFAULT or (fingerprint is not None and fingerprint is not body_fingerprint):
+        return Identify("kafka", strategy, fingerprint, ttl_header=options.ttl_header), from_kafka
+    return Identify("kafka", _default_key, None if fingerprint is None else _body_fingerprint,
+                    ttl_header=options.ttl_header, headers=_headers), _record
+
+
+def _record(msg: Message) -> tuple[Message, dict[str, Any]]:
+    return msg, dict(msg.headers() or ())  # as from_kafka() reads them
+
+
+def _default_key(record: tuple[Message, dict[str, Any]]) -> str:
+    """:data:`~dedupe_worker.keys.KAFKA_DEFAULT` of the record's envelope."""
+    key = default_header_key(record[1])
+    return KAFKA_DEFAULT(from_kafka(record[0])) if key is None else key
+
+
+def _body_fingerprint(record: tuple[Message, dict[str, Any]]) -> str:
+    """:func:`~dedupe_worker.keys.body_fingerprint` of the record's envelope."""
+    return bytes_fingerprint(record[0].value() or b"")
+
+
+#: The headers of a ``(record, headers)``.
+_headers = operator.itemgetter(1)
 
 
 _DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
