@@ -150,8 +150,10 @@ def test_an_unknown_option_names_the_choices(dedupe: Deduplicator) -> None:
 def test_a_renamed_option_still_works_with_a_warning() -> None:
     strategy = header_key("x-id")
     with pytest.warns(DeprecationWarning, match="'key' is now called 'key_strategy'"):
-        options = ConsumerOptions.of(key=strategy)
+        options = ConsumerOptions.of(renamed={"key": "key_strategy"}, key=strategy)
     assert options.key_strategy is strategy
+    with pytest.raises(TypeError, match="unknown option 'key'"):
+        ConsumerOptions.of(key=strategy)  # only FastStream ever took it
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ConsumerOptions.of(key_strategy=strategy).key_strategy is strategy

@@ -16,13 +16,14 @@ from .decision import HANDLER_RAN, Action, Decision, Reason, outcome, poison, ve
 from .dispatch import ACKED, Acted, Done, Tally, dispatch, dispatch_async, is_noop, report
 from .hooks import Hooks, call_hook
 from .identify import Identify, Identity, body_fingerprint, bytes_fingerprint
-from .options import RETRY_OPTIONS, ConsumerOptions
+from .options import FASTSTREAM_RENAMED, RETRY_OPTIONS, ConsumerOptions
 from .policy import RetryPolicy, backoff
 from .single import decide, execute, refused, run
 from .ttl import TTL_HEADER, TtlHeader, header_ttl, parse_ttl
 
 __all__ = [
     "ACKED",
+    "FASTSTREAM_RENAMED",
     "FLUSH_AFTER",
     "HANDLER_RAN",
     "RETRY_OPTIONS",

@@ -20,14 +20,14 @@ from .identify import body_fingerprint
 from .pacing import FLUSH_AFTER
 from .ttl import TTL_HEADER
 
-__all__ = ["RETRY_OPTIONS", "ConsumerOptions"]
+__all__ = ["FASTSTREAM_RENAMED", "RETRY_OPTIONS", "ConsumerOptions"]
 
 #: The options of :class:`~dedupe_worker._engine.RetryPolicy`: given ``None`` as a keyword, each
 #: keeps its default (the consumers' keywords always accepted ``None`` so).
 RETRY_OPTIONS = ("max_attempts", "retry_base", "retry_cap", "defer_base", "defer_cap", "defer_wait")
 
-#: Keyword names renamed, still accepted (with a ``DeprecationWarning``) for one release: old -> new.
-RENAMED = {"key": "key_strategy"}
+#: FastStream's keyword renamed, still accepted (with a ``DeprecationWarning``) for one release: old -> new.
+FASTSTREAM_RENAMED = {"key": "key_strategy"}
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,11 @@ class ConsumerOptions:
 
     @classmethod
     def of(cls, options: ConsumerOptions | None = None, names: Collection[str] | None = None,
-           others: Collection[str] = (), **keywords: Any) -> ConsumerOptions:
+           others: Collection[str] = (), renamed: Mapping[str, str] | None = None, **keywords: Any) -> ConsumerOptions:
         """``options`` (else the defaults) with ``keywords`` set on top: what every integration
         builds its options with. ``names``: the options the integration takes as keywords (default:
         all); another name raises ``TypeError`` naming the choices, ``others`` (the integration's
-        own keywords) among them. A renamed keyword (:data:`RENAMED`) still works, with a
+        own keywords) among them. A keyword of ``renamed`` (old name -> new) still works, with a
         ``DeprecationWarning``; ``None`` for a retry option keeps its value."""
         base = options if options is not None else cls()
         if not keywords:
@@ -83,10 +83,10 @@ class ConsumerOptions:
         allowed = FIELDS if names is None else tuple(names)
         changes: dict[str, Any] = {}
         for name, value in keywords.items():
-            if name in RENAMED and RENAMED[name] in allowed:
-                warnings.warn(f"the option {name!r} is now called {RENAMED[name]!r}; {name!r} goes in the next release",
+            if renamed and name in renamed:
+                warnings.warn(f"the option {name!r} is now called {renamed[name]!r}; {name!r} goes in the next release",
                               DeprecationWarning, stacklevel=3)
-                name = RENAMED[name]
+                name = renamed[name]
             if name not in allowed:
                 raise TypeError(f"unknown option {name!r}; the options are {', '.join((*others, *allowed))}")
             if value is None and name in RETRY_OPTIONS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._engine import ConsumerOptions, Decision, Hooks, Identify, Identity, RetryPolicy
+from .._engine import FASTSTREAM_RENAMED, ConsumerOptions, Decision, Hooks, Identify, Identity, RetryPolicy
 from .._messages.envelope import Envelope
 from ..asyncio import AsyncClaimClient
 from ..keys import KeyStrategy
@@ -29,7 +29,7 @@ class MiddlewareState(Hooks, RetryPolicy):
         self.dedupe = dedupe
         #: The options every integration shares (``options`` with the keywords on top; ``key``
         #: is the old name of ``key_strategy``).
-        self.options = options = ConsumerOptions.of(options, names=OPTION_NAMES, **keywords)
+        self.options = options = ConsumerOptions.of(options, names=OPTION_NAMES, renamed=FASTSTREAM_RENAMED, **keywords)
         self.use(options)
         self.dead_letter_producer = dead_letter_producer
         self._deferrals: dict[str, int] = {}
