@@ -27,22 +27,15 @@ import math
 import threading
 import zlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from .._errors import ResultNotSerializable
+from .._settings import Serializer  # the type of the serializer option, defined beside the options
 
 __all__ = ["CODECS", "DECODED_PER_STORED", "MIN_DECODED", "JsonSerializer", "Packer", "Serializer", "TooLarge",
            "decoded_limit", "inflate", "unpack"]
-
-
-class Serializer(Protocol):
-    """Turns handler results into bytes for Redis and back."""
-
-    def dumps(self, value: Any) -> bytes: ...
-
-    def loads(self, data: bytes | str) -> Any: ...
 
 
 def _default(value: Any) -> Any:
