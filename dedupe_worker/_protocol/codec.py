@@ -119,7 +119,7 @@ class ClaimCodec:
 
     @staticmethod
     def with_ttl(claims: list[Claim], ttl: float | None) -> list[Claim]:
-        """``claims`` carrying ``ttl`` (the retention their outcomes are stored with)."""
+        """``claims`` carrying ``ttl`` (the ttl their outcomes are stored with)."""
         if ttl is None:
             return claims
         return [dataclasses.replace(c, ttl=ttl) for c in claims]
