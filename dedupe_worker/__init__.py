@@ -40,7 +40,7 @@ from ._errors import (
 )
 from ._messages.envelope import Envelope
 from ._protocol import OMITTED, Claim, ClaimClient, KeyState, Omitted, Outcome, State, Stored
-from ._settings import DedupeSettings
+from ._settings import ClientOptions, DedupeSettings
 from ._sqlstore import SqlPool as _SqlPool  # noqa: F401 - registers the SQL store: from_url takes database URLs
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Claim",
     "ClaimClient",
     "ClaimError",
+    "ClientOptions",
     "Decision",
     "DedupeError",
     "DedupeSettings",

@@ -161,7 +161,7 @@ async def test_result_ttl_ends_protection(aredis: redis.asyncio.Redis, namespace
 async def test_released_records_expire_after_retention(
     aredis: redis.asyncio.Redis, redis_client: redis.Redis, namespace: str
 ) -> None:
-    d = AsyncDeduplicator(aredis, namespace=namespace, lease=0.1, result_ttl=30, retention=0.3)
+    d = AsyncDeduplicator(aredis, namespace=namespace, lease=0.1, result_ttl=30, token_retention=0.3)
     await d.release(await d.begin("k"))
     started, _ = keys_of(d, "k")
     assert 0 < redis_client.pttl(started) <= 300

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
 from dedupe_worker._messages.envelope import from_kafka
-from dedupe_worker._messages.retention import TTL_HEADER, TtlHeader, header_ttl
+from dedupe_worker._messages.ttl import TTL_HEADER, TtlHeader, header_ttl
 from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
 from dedupe_worker.kafka._positions import PartitionState
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key

@@ -142,7 +142,8 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
 
 def test_public_names() -> None:
     expected = {
-        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "DedupeError", "DedupeSettings",
+        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ClientOptions", "DedupeError",
+        "DedupeSettings",
         "Decision", "EvictionPolicyError", "Hooks", "State", "Stored",
         "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
         "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",

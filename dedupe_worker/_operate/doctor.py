@@ -25,7 +25,7 @@ from .._protocol import (
     library_name,
     load_script,
 )
-from .._settings import Defaults
+from .._settings import ClientOptions
 from .._sqlstore import SqlPool
 from .check import Check
 
@@ -54,7 +54,7 @@ def _config(client: Any, name: str) -> str | None:
 
 
 def diagnose(client: redis.Redis | RedisCluster | SqlPool, *, rate: float = DEFAULT_RATE,
-             result_ttl: float = Defaults.RESULT_TTL,
+             result_ttl: float = ClientOptions.result_ttl,
              bytes_per_key: int = 200, namespace: str | None = None) -> list[Check]:
     """Check ``client``'s Redis; ``rate`` (messages/s) and ``result_ttl`` give the memory projection.
     With ``namespace``, also whether format-2 outcomes are stored where a worker of an earlier

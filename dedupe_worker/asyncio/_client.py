@@ -20,7 +20,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from .._errors import ClaimError, ResultNotSerializable
 from .._protocol import (
@@ -31,14 +31,13 @@ from .._protocol import (
     Flow,
     KeyState,
     Request,
-    Serializer,
     Steps,
     StoreClient,
     Stored,
     check_store_async,
     connect,
 )
-from .._settings import Defaults
+from .._settings import ClientKeywords, ClientOptions, client_options
 from ._connection import async_redis_from_url
 from ._renewer import AsyncLeaseRenewer
 from ._scripts import AsyncRedis
@@ -75,31 +74,13 @@ class AsyncClaimClient(ClientCore):
         self,
         redis_client: AsyncRedis | StoreClient,
         *,
-        namespace: str = Defaults.NAMESPACE,
-        lease: float = Defaults.LEASE,
-        result_ttl: float = Defaults.RESULT_TTL,
-        retention: float | None = None,
-        max_key_length: int = Defaults.MAX_KEY_LENGTH,
-        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
-        permanent_errors: tuple[type[BaseException], ...] = (),
-        fail_open: bool = False,
-        renew_interval: float | None = None,
-        serializer: Serializer | None = None,
-        wait_replicas: int = 0,
-        wait_timeout: float = Defaults.WAIT_TIMEOUT,
-        allow_eviction: bool = False,
-        compress_above: int | None = Defaults.COMPRESS_ABOVE,
-        compression: str = Defaults.COMPRESSION,
+        options: ClientOptions | None = None,
+        **keywords: Unpack[ClientKeywords],
     ) -> None:
         # another store's client (from_url of a database URL): the same protocol on it
         super().__init__(functools.partial(redis_client.store, asynchronous=True)
                          if isinstance(redis_client, StoreClient) else functools.partial(AsyncRedisStore, redis_client),
-                         AsyncLeaseRenewer, namespace=namespace,
-                         lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
-                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
-                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
-                         wait_timeout=wait_timeout, allow_eviction=allow_eviction,
-                         compress_above=compress_above, compression=compression)
+                         AsyncLeaseRenewer, client_options(options, keywords))
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
         if isinstance(redis_client, StoreClient):

@@ -53,7 +53,7 @@ from .._deduplicator import Deduplicator
 from .._engine import Decision, Hooks, Reason, RetryPolicy, decide, outcome, refused
 from .._engine.dispatch import ACKED, Acted, Done, dispatch
 from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
-from .._messages.retention import TTL_HEADER, parse_ttl
+from .._messages.ttl import TTL_HEADER, parse_ttl
 from .._protocol import current_claim, ttl_ms
 from ._duplicates import log_duplicate
 from ._options import deduplicator_for, identify

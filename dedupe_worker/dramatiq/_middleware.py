@@ -69,7 +69,7 @@ from .._engine.dispatch import ACKED, Acted, Done, dispatch
 from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
-from .._messages.retention import TTL_HEADER, TtlHeader, parse_ttl
+from .._messages.ttl import TTL_HEADER, TtlHeader, parse_ttl
 from .._operate.doctor import check_at_start
 from ..keys import fingerprint_of, message_id_key
 
@@ -131,7 +131,7 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
                  defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
         self.dedupe = dedupe
         self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
-        #: The message option (Dramatiq's headers) holding a message's retention in seconds
+        #: The message option (Dramatiq's headers) holding a message's ttl in seconds
         #: (``None``: not read).
         self.ttl_header = ttl_header
 
@@ -215,8 +215,8 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         return ttl
 
     def _ttl_option(self, options: dict[str, Any]) -> float | None:
-        """The ``ttl_header`` option, as :func:`~dedupe_worker._messages.retention.header_ttl`
-        reads it, by one :class:`~dedupe_worker._messages.retention.TtlHeader` kept across
+        """The ``ttl_header`` option, as :func:`~dedupe_worker._messages.ttl.header_ttl`
+        reads it, by one :class:`~dedupe_worker._messages.ttl.TtlHeader` kept across
         messages (``None`` when ``ttl_header`` is unset or the option absent)."""
         reader = self._ttl_reader = TtlHeader.of(self.ttl_header, self._ttl_reader)
         return reader(options) if reader is not None else None

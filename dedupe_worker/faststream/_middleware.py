@@ -204,7 +204,7 @@ def dedupe_middleware(dedupe: AsyncClaimClient, *, key: KeyStrategy | None = Non
     dead letters: by default the ``KafkaBroker`` that consumed the message, else the one given here
     (another ``KafkaBroker``, or a started ``aiokafka.AIOKafkaProducer``). ``options``: ``defer_base``,
     ``defer_cap``, ``defer_wait`` (:class:`~dedupe_worker._engine.RetryPolicy`), and ``ttl_header``:
-    the header holding a message's retention in seconds (default ``x-dedupe-ttl``; its outcome is
+    the header holding a message's ttl in seconds (default ``x-dedupe-ttl``; its outcome is
     kept that long instead of ``result_ttl``; a value that is not a positive number dead-letters
     the message as ``undecodable``; ``None``: not read).
     """

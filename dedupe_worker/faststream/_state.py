@@ -9,7 +9,7 @@ from typing import Any
 
 from .._engine import Hooks, RetryPolicy
 from .._messages.envelope import Envelope
-from .._messages.retention import TTL_HEADER, TtlHeader
+from .._messages.ttl import TTL_HEADER, TtlHeader
 from ..asyncio import AsyncClaimClient
 from ..keys import KeyStrategy, body_fingerprint
 
@@ -33,16 +33,16 @@ class MiddlewareState(Hooks, RetryPolicy):
         self.dedupe = dedupe
         self.key = key
         self.fingerprint = fingerprint
-        #: The header holding a message's retention in seconds (``None``: not read).
+        #: The header holding a message's ttl in seconds (``None``: not read).
         self.ttl_header = ttl_header
         self.dead_letter_producer = dead_letter_producer
         self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
         self._deferrals: dict[str, int] = {}
 
     def ttl_of(self, headers: Any) -> float | None:
-        """The retention in ``headers`` under ``ttl_header`` (``None`` when unset or absent), as
-        :func:`~dedupe_worker._messages.retention.header_ttl` reads it, by one
-        :class:`~dedupe_worker._messages.retention.TtlHeader` kept across messages. Raises
+        """The ttl in ``headers`` under ``ttl_header`` (``None`` when unset or absent), as
+        :func:`~dedupe_worker._messages.ttl.header_ttl` reads it, by one
+        :class:`~dedupe_worker._messages.ttl.TtlHeader` kept across messages. Raises
         :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
         reader = self._ttl_reader = TtlHeader.of(self.ttl_header, self._ttl_reader)
         return reader(headers) if reader is not None else None

@@ -35,7 +35,7 @@ from .._engine.decision import HANDLER_RAN
 from .._engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
 from .._engine.hooks import Hooks
 from .._messages.envelope import Envelope, from_kafka
-from .._messages.retention import TTL_HEADER, TtlHeader
+from .._messages.ttl import TTL_HEADER, TtlHeader
 from .._operate.doctor import check_at_start
 from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint, bytes_fingerprint, default_header_key
 from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
@@ -88,7 +88,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
     :param summary_interval: seconds between the summary lines logged at INFO while consuming
         (applied, duplicates, deferred, retried, dead-lettered; one more at shutdown).
-    :param ttl_header: the header holding a message's retention in seconds (its outcome is kept
+    :param ttl_header: the header holding a message's ttl in seconds (its outcome is kept
         that long instead of ``result_ttl``); a value that is not a positive number dead-letters
         the message (``undecodable``, the reason naming the header). ``None``: not read.
     """
@@ -131,7 +131,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.dedupe = deduplicator
         self.key_strategy = key_strategy
         self.fingerprint = fingerprint
-        #: The header holding a message's retention in seconds (``None``: not read).
+        #: The header holding a message's ttl in seconds (``None``: not read).
         self.ttl_header = ttl_header
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
@@ -379,7 +379,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
                      ttl: Sequence[float | None] | None = None) -> Verdicts:
         """The dedupe verdicts for ``messages`` (their ``keys`` and ``fingerprints``): the batch
         engine (:func:`~dedupe_worker.decide_many`) calling the handler with each message that
-        must run, or the batch handler with all of them; ``ttl``: each message's retention (from
+        must run, or the batch handler with all of them; ``ttl``: each message's ttl (from
         its ``ttl_header``). A :class:`~dedupe_worker._engine.batch.Verdicts`: an ACK's Decision
         is built only if a hook asks for it."""
         batch = self.batch_handler

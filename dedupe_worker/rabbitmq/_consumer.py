@@ -47,7 +47,7 @@ from .._engine.dispatch import Tally
 from .._errors import UndecodableMessage
 from .._extras import require
 from .._messages.envelope import Envelope, from_kombu
-from .._messages.retention import TTL_HEADER, header_ttl
+from .._messages.ttl import TTL_HEADER, header_ttl
 from .._operate.doctor import check_at_start
 from ..keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
 from ._actions import BrokerActions, Item, Stopping
@@ -98,7 +98,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     flush_after: float = FLUSH_AFTER
     #: Seconds between the summary lines logged at INFO while consuming (and one at shutdown).
     summary_interval: float = 10.0
-    #: The header holding a message's retention in seconds (its outcome is kept that long instead
+    #: The header holding a message's ttl in seconds (its outcome is kept that long instead
     #: of ``result_ttl``); a value that is not a positive number dead-letters the message
     #: (``undecodable``, the reason naming the header). ``None``: not read.
     ttl_header: str | None = TTL_HEADER

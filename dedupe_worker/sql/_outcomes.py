@@ -4,7 +4,7 @@ One row per key (its Redis stem), written only inside the handler's transaction 
 :func:`~dedupe_worker.sql._atomic`. The engine reads a row (one query) only when a key is claimed
 again after an earlier claim, to answer a re-run from the committed outcome without running the
 handler, and when an ``atomic()`` block joined a transaction it did not open, to confirm that its
-row committed before storing the outcome in Redis. Each row expires after the retention of the
+row committed before storing the outcome in Redis. Each row expires after the ttl of the
 claim that wrote it (the message's own ``ttl``, else its client's ``result_ttl``); past it the row
 is absent, as the Redis record is, and :meth:`SqlOutcomes.purge` deletes expired rows in bounded
 batches (cron: ``dedupe-worker sql purge``).
@@ -221,7 +221,7 @@ class SqlOutcomes:
             _upgraded_already(exc)
 
     def purge(self, *, batch: int = 1000, now: float | None = None) -> int:
-        """Delete rows past their retention, ``batch`` rows per statement (each its own short
+        """Delete rows past their ttl, ``batch`` rows per statement (each its own short
         transaction) until none is left; return how many were deleted. Safe to run from cron
         while workers run: a key's row is only deleted once its ``result_ttl`` (or its message's
         ``ttl``) passed."""

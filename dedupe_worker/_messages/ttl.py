@@ -1,4 +1,4 @@
-"""Per-message retention read from a message header: how many seconds a message's outcome is
+"""A message's ttl read from a message header: how many seconds its outcome is
 kept (``ttl=`` of the engine) instead of the deduplicator's ``result_ttl``.
 
 One parser for every consumer (RabbitMQ, Kafka, FastStream, Dramatiq, Celery): the header
@@ -8,7 +8,7 @@ carries (an AMQP integer of any width, a float, or a ``Decimal``: kombu decodes 
 and ``Decimal("5")`` is five seconds). A missing or empty header means ``result_ttl``. Any
 other value is bad input: :func:`header_ttl` raises :class:`~dedupe_worker.UndecodableMessage`,
 which the consumers turn into a dead-lettered message whose reason names the header and the value.
-Dead-lettered rather than run with ``result_ttl``: the sender asked for a retention, and keeping
+Dead-lettered rather than run with ``result_ttl``: the sender asked for a ttl, and keeping
 the outcome for another length could drop it too early (a duplicate applied again) or keep it
 longer than the sender allows; a dead letter loses nothing and can be replayed once fixed.
 """
@@ -24,7 +24,7 @@ from .._protocol import ttl_ms
 
 __all__ = ["TTL_HEADER", "TtlHeader", "header_ttl", "parse_ttl"]
 
-#: The default name of the header that carries a message's retention in seconds.
+#: The default name of the header that carries a message's ttl in seconds.
 TTL_HEADER = "x-dedupe-ttl"
 
 #: At most this many characters of a bad value are shown in the error.
