@@ -33,7 +33,7 @@ from .claim import OMITTED, Claim, Omitted, Outcome, State, Stored
 from .codec import KEY_HARD_LIMIT, ClaimCodec, Request, ttl_ms
 from .context import Holding, Run, bind, bind_claim, bind_run, current_claim, current_run, unbind, unbind_run
 from .fingerprint import canonical_json, content_hash, fingerprint_of, request_fingerprint
-from .flows import ClientCore, Either, Flow, Handler, Renewed, Steps, Stream, leases_of
+from .flows import C, ClientCore, Either, Flow, Handler, Renewed, Steps, Stream, T, leases_of
 from .layout import NOTICE, SENT, STARTED, KeyLayout
 from .leases import Lease, LeaseBook, forget_after_fork
 from .sending import SendAnswer, SendState, send_answer, send_call
@@ -56,6 +56,7 @@ __all__ = [  # noqa: RUF022
     "canonical_json", "content_hash", "fingerprint_of", "request_fingerprint",
     # the multi-step operations, written once for sync and asyncio, and the leases they keep
     "ClientCore", "Either", "Flow", "Handler", "Renewed", "Steps", "Stream", "leases_of",
+    "C", "T",  # the flows' type variables, which the clients' drivers share
     "Lease", "LeaseBook", "forget_after_fork",
     # the send-side check's call and answer
     "SendAnswer", "SendState", "send_answer", "send_call",

@@ -20,10 +20,10 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from .._errors import ClaimError, ResultNotSerializable
-from .._protocol import Claim, ClaimItem, ClientCore, Either, Flow, KeyState, Request, Serializer, Steps, Stored
+from .._protocol import C, Claim, ClaimItem, ClientCore, Either, Flow, KeyState, Request, Serializer, Steps, Stored, T
 from .._settings import Defaults
 from .async_connection import async_redis_from_url
 from .async_renewer import AsyncLeaseRenewer
@@ -35,8 +35,6 @@ from .eviction import check_store_async
 
 __all__ = ["AsyncClaimClient"]
 
-T = TypeVar("T")
-C = TypeVar("C", bound=ClientCore)
 
 
 

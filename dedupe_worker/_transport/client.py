@@ -20,13 +20,14 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
 from .._protocol import (
+    C,
     Claim,
     ClaimItem,
     ClientCore,
@@ -38,6 +39,7 @@ from .._protocol import (
     Steps,
     Stored,
     StreamCut,
+    T,
     leases_of,
 )
 from .._settings import Defaults
@@ -51,8 +53,6 @@ from .watcher import KeyWatcher
 __all__ = ["ClaimClient"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-C = TypeVar("C", bound=ClientCore)
 
 
 class ClaimClient(ClientCore):
