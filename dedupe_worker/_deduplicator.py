@@ -8,8 +8,9 @@ from typing import Any, TypeVar, Unpack
 from ._engine import decision as _decision
 from ._engine import single as _engine
 from ._engine.recorded import Outcomes
-from ._protocol import KEY_HARD_LIMIT, Claim, ClaimClient, ClientCore, Holding
+from ._protocol import KEY_HARD_LIMIT, Claim, ClientCore, Holding
 from ._settings import ClientKeywords, ClientOptions, DedupeSettings
+from ._transport import ClaimClient
 
 __all__ = ["KEY_HARD_LIMIT", "Deduplicator", "DeduplicatorCore", "DeduplicatorKeywords", "sql_outcomes"]
 

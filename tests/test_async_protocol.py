@@ -346,7 +346,7 @@ async def test_a_missing_script_reloads_them_all(
     """As the synchronous runner: after a NOSCRIPT every protocol script is loaded, so a pipeline
     that gives a claim back and claims the key again never finds release.lua missing while
     claim.lua is loaded (the retried release would run after the claim: our own lease, IN_PROGRESS)."""
-    from dedupe_worker._protocol.scripts import SCRIPT_NAMES
+    from dedupe_worker._transport.script_flow import SCRIPT_NAMES
 
     monkeypatch.setenv("DEDUPE_SCRIPTS", "eval")  # SCRIPT LOAD + EVALSHA (Functions: test_functions)
     sync_client = redis.Redis.from_url(private_redis.url)

@@ -16,7 +16,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import StoreUnavailable
-from .._protocol import (
+from .._settings import ClientOptions
+from .._sqlstore import SqlPool
+from .._transport import (
     LIBRARY_PREFIX,
     SCRIPT_NAMES,
     SENDER_SCRIPTS,
@@ -25,8 +27,6 @@ from .._protocol import (
     library_name,
     load_script,
 )
-from .._settings import ClientOptions
-from .._sqlstore import SqlPool
 from .check import Check
 
 __all__ = ["DEFAULT_RATE", "check_at_start", "diagnose", "warn_once"]
@@ -249,7 +249,7 @@ def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int
 
 def check_at_start(dedupe: ClaimClient) -> None:
     """What a consumer runs as it starts: refuse a Redis that may evict our records
-    (:meth:`~dedupe_worker._protocol.ClaimClient.check_store`, raises
+    (:meth:`~dedupe_worker._transport.ClaimClient.check_store`, raises
     :class:`~dedupe_worker.EvictionPolicyError` unless ``allow_eviction``), then log the other
     checks that fail or warn (:func:`warn_once`). Redis unreachable at start is only logged: the
     first claim checks again."""

@@ -44,13 +44,12 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar, Unpack
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
 from .._settings import ClientKeywords, ClientOptions, DedupeSettings, options_in_query
-from .calls import ClaimItem, KeyState, StoreCalls, acquired_in, key_state
+from .calls import Call, CallFailed, ClaimItem, KeyState, NotDurable, StoreCalls, StreamCut, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
 from .leases import Lease, lost_in_round, round_failed, round_of
 from .retry import FinishRetry
-from .scripts import Call, CallFailed, NotDurable, StreamCut
 
 __all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
            "Sleep", "Steps", "Stream", "Wait"]

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .._protocol import KeyLayout, StoreClient
+from .._protocol import KeyLayout
+from .._transport import StoreClient
 from .notices import Notices
 
 __all__ = ["SqlPool"]

@@ -21,7 +21,7 @@ from .._engine import Action, Decision, Hooks, Reason, RetryPolicy
 from .._engine.dispatch import ACKED, Acted, Done, Tally, dispatch, report
 from .._engine.policy import backoff
 from .._messages.deadletter import ATTEMPTS, dead_letter_headers
-from ._republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
+from .._republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
 __all__ = ["BrokerActions", "Item", "Stopping", "settled"]
 

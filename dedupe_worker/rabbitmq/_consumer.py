@@ -49,9 +49,9 @@ from .._extras import require
 from .._messages.envelope import Envelope, from_kombu
 from .._messages.ttl import TTL_HEADER, header_ttl
 from .._operate.doctor import check_at_start
+from .._republish import Republisher
 from ..keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
 from ._actions import BrokerActions, Item, Stopping
-from ._republish import Republisher
 
 require("kombu", "rabbitmq")
 from kombu.connection import Connection  # noqa: E402

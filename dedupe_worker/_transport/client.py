@@ -1,6 +1,6 @@
 """The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
 
-Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
+Its logic is in :mod:`~dedupe_worker._protocol.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
 runs the same flows, and performs their effects from the same table (``ClientCore.performers``).
 The deliberate twins are the one line of the driver loop that performs an effect (a call here,
 an ``await`` there; the loop itself is ``flows.Steps``), the key watcher, the renewer thread,
@@ -26,20 +26,30 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
+from .._protocol import (
+    C,
+    Claim,
+    ClaimItem,
+    ClientCore,
+    Either,
+    Flow,
+    KeyState,
+    Request,
+    Steps,
+    Stored,
+    StreamCut,
+    T,
+    leases_of,
+)
 from .._settings import ClientKeywords, ClientOptions, client_options
 from .backends import StoreClient, connect
-from .calls import ClaimItem, KeyState
-from .claim import Claim, Stored
-from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import C, ClientCore, Either, Flow, Steps, T, leases_of
 from .renewer import LeaseRenewer
-from .scripts import StreamCut
 from .store import RedisStore
 from .watcher import KeyWatcher
 
-__all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
+__all__ = ["ClaimClient"]
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +238,8 @@ class ClaimClient(ClientCore):
 
         A transient store error (a reconnect, a slot migration, ``LOADING``, ``BUSY``, ``OOM``)
         does not cost the outcomes: they and the releases are settled anyway (sent again alone
-        while the leases last, see :mod:`.retry`), and then, when there were requests,
-        :class:`~dedupe_worker._protocol.scripts.StreamCut` is raised with ``stored``,
+        while the leases last, see :mod:`~dedupe_worker._protocol.retry`), and then, when there were requests,
+        :class:`~dedupe_worker._protocol.calls.StreamCut` is raised with ``stored``,
         ``released`` and ``claimed=0`` (the claims are not retried). Otherwise raises
         :class:`StoreUnavailable`; the outcomes may then have been stored or not.
         """
@@ -250,7 +260,7 @@ class ClaimClient(ClientCore):
         released, once every claim was handed on.
 
         Raises :class:`StoreUnavailable` as :meth:`settle_and_claim` when Redis failed before any
-        claim was handed on; after, :class:`~dedupe_worker._protocol.scripts.StreamCut` with
+        claim was handed on; after, :class:`~dedupe_worker._protocol.calls.StreamCut` with
         ``stored``, ``released`` and ``claimed`` (how many requests were answered): the requests
         after those may have been claimed or not. For ``step`` requests or fewer, with ``WAIT``
         (``wait_replicas``), on a cluster, or while another thread holds the connection, the round
@@ -309,7 +319,7 @@ class ClaimClient(ClientCore):
         ``ttl``: seconds this outcome is kept, instead of ``result_ttl``. Raises
         :class:`LeaseLost` (nothing written) when fenced off, and
         :class:`ResultNotSerializable` after storing "completed, body omitted" for a value JSON
-        cannot hold. A transient store error is retried while the lease lasts (:mod:`.retry`).
+        cannot hold. A transient store error is retried while the lease lasts (:mod:`~dedupe_worker._protocol.retry`).
         """
         self._drive(self.complete_flow(claim, value, ttl))
 

@@ -1,6 +1,6 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
-A deliberate twin of :mod:`dedupe_worker._protocol.client`, kept to what truly differs: the
+A deliberate twin of :mod:`dedupe_worker._transport.client`, kept to what truly differs: the
 driver's one line that performs an effect (it awaits where the sync one blocks; the loop is
 ``flows.Steps`` and how each effect is performed is one table, ``ClientCore.performers``, both
 shared), the waiter, the renewer task, ``close`` and the context manager's spelling. Its logic
@@ -20,34 +20,21 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, Unpack
+from typing import Any, Unpack
 
 from .._errors import ClaimError, ResultNotSerializable
-from .._protocol import (
-    Claim,
-    ClaimItem,
-    ClientCore,
-    Either,
-    Flow,
-    KeyState,
-    Request,
-    Steps,
-    StoreClient,
-    Stored,
-    check_store_async,
-    connect,
-)
+from .._protocol import C, Claim, ClaimItem, ClientCore, Either, Flow, KeyState, Request, Steps, Stored, T
 from .._settings import ClientKeywords, ClientOptions, client_options
-from ._connection import async_redis_from_url
-from ._renewer import AsyncLeaseRenewer
-from ._scripts import AsyncRedis
-from ._store import AsyncRedisStore
-from ._waiter import AsyncKeyWaiter
+from .async_connection import async_redis_from_url
+from .async_renewer import AsyncLeaseRenewer
+from .async_scripts import AsyncRedis
+from .async_store import AsyncRedisStore
+from .async_waiter import AsyncKeyWaiter
+from .backends import StoreClient, connect
+from .eviction import check_store_async
 
 __all__ = ["AsyncClaimClient"]
 
-T = TypeVar("T")
-C = TypeVar("C", bound=ClientCore)
 
 
 
@@ -144,7 +131,7 @@ class AsyncClaimClient(ClientCore):
         return self.waiter.wait(stem, timeout)
 
     async def check_store(self) -> None:
-        """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
+        """:meth:`ClaimClient.check_store <dedupe_worker._transport.ClaimClient.check_store>`, awaited."""
         if not self.allow_eviction and not isinstance(self.store.client, StoreClient):
             await check_store_async(self.store.client)
         self.store_checked = True
