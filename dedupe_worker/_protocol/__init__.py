@@ -29,7 +29,7 @@ from .record import queue_size_read, read_result, size_from_replies
 from .script_flow import LIBRARY_PREFIX, SCRIPT_NAMES, SENDER_SCRIPTS, Call, Library, ScriptFlows, library_name
 from .scripts import StreamCut, load_script
 from .sending import SendAnswer, SendState, check_send, unsend
-from .serialization import Serializer, inflate, unpack
+from .serialization import Serializer, TooLarge, inflate, unpack
 from .store import ClaimReply, KeyState, RedisStore, StoreBase
 from .watcher import Watched
 
@@ -45,7 +45,7 @@ __all__ = [  # noqa: RUF022
     # each transition's script call and its reply
     "STORED", "WITH_FINGERPRINT", "ClaimItem", "ClaimReply", "KeyState", "key_state", "key_state_and_fingerprint",
     # how results are stored, and payload fingerprints
-    "Serializer", "inflate", "unpack",
+    "Serializer", "TooLarge", "inflate", "unpack",
     "canonical_json", "content_hash", "fingerprint_of", "request_fingerprint",
     # the multi-step operations, written once for sync and asyncio, and the leases they keep
     "ClientCore", "Either", "Flow", "Handler", "Renewed", "Steps", "Stream",
