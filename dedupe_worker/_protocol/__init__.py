@@ -21,7 +21,7 @@ from .connection import by_scheme, redis_from_url, retry_policy, sentinel_option
 from .context import Holding, Run, bind, bind_claim, bind_run, current_claim, current_run, unbind, unbind_run
 from .eviction import check_store_async, is_evicting
 from .fingerprint import canonical_json, content_hash, fingerprint_of, request_fingerprint
-from .flows import ClientCore, Either, Flow, Handler, Renewed, Steps, Stream
+from .flows import ClientCore, Either, Flow, Handler, Renewed, Stream, drive, drive_async
 from .held import MIN_POOL_SIZE, direct_packer
 from .layout import NOTICE, SENT, STARTED, KeyLayout
 from .leases import Lease, LeaseBook, forget_after_fork
@@ -48,7 +48,7 @@ __all__ = [  # noqa: RUF022
     "Serializer", "TooLarge", "inflate", "unpack",
     "canonical_json", "content_hash", "fingerprint_of", "request_fingerprint",
     # the multi-step operations, written once for sync and asyncio, and the leases they keep
-    "ClientCore", "Either", "Flow", "Handler", "Renewed", "Steps", "Stream",
+    "ClientCore", "Either", "Flow", "Handler", "Renewed", "Stream", "drive", "drive_async",
     "Lease", "LeaseBook", "forget_after_fork",
     # the send-side check's answer
     "SendAnswer", "SendState",

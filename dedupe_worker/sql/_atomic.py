@@ -47,10 +47,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from .._protocol import Claim, ClaimCodec, Run, current_claim, current_run
-from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
+from .._protocol import Claim, ClaimCodec, Run, current_claim, current_run, drive, drive_async
+from ._drivers import AsyncDriver, Driver, async_driver, sync_driver
 from ._outcomes import SqlOutcomes, attached, namespace_of
-from ._statements import Dialect, dialect_named, enter, leave
+from ._statements import Dialect, Statement, dialect_named, enter, leave
 
 __all__ = ["Atomic", "AtomicOutcome", "atomic"]
 
@@ -120,7 +120,7 @@ class Atomic:
         self._transaction = transaction = driver.transaction()
         transaction.__enter__()
         try:
-            drive(enter(dialect, self.codec, self.claim), driver.execute)
+            drive(enter(dialect, self.codec, self.claim), {Statement: driver.execute})
         except BaseException as exc:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -153,7 +153,7 @@ class Atomic:
         self._transaction = transaction = driver.transaction()
         await transaction.__aenter__()
         try:
-            await drive_async(enter(dialect, self.codec, self.claim), driver.execute)
+            await drive_async(enter(dialect, self.codec, self.claim), {Statement: driver.execute})
         except BaseException as exc:
             await transaction.__aexit__(type(exc), exc, exc.__traceback__)
             raise
