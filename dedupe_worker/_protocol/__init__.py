@@ -33,11 +33,11 @@ from .claim import OMITTED, Claim, Omitted, Outcome, State, Stored
 from .codec import KEY_HARD_LIMIT, ClaimCodec, Request, ttl_ms
 from .context import Holding, Run, bind, bind_claim, bind_run, current_claim, current_run, unbind, unbind_run
 from .fingerprint import canonical_json, content_hash, fingerprint_of, request_fingerprint
-from .flows import C, ClientCore, Either, Flow, Handler, Renewed, Steps, Stream, T, leases_of
+from .flows import C, ClientCore, Either, Flow, Handler, Renewed, Stream, T, drive, drive_async, leases_of
 from .layout import NOTICE, SENT, STARTED, KeyLayout
 from .leases import Lease, LeaseBook, forget_after_fork
 from .sending import SendAnswer, SendState, send_answer, send_call
-from .serialization import Serializer, inflate, unpack
+from .serialization import Serializer, TooLarge, inflate, unpack
 
 # Grouped by what they are, not sorted.
 __all__ = [  # noqa: RUF022
@@ -52,10 +52,10 @@ __all__ = [  # noqa: RUF022
     "key_state", "key_state_and_fingerprint",
     "CallFailed", "NotDurable", "StreamCut",
     # how results are stored, and payload fingerprints
-    "Serializer", "inflate", "unpack",
+    "Serializer", "TooLarge", "inflate", "unpack",
     "canonical_json", "content_hash", "fingerprint_of", "request_fingerprint",
     # the multi-step operations, written once for sync and asyncio, and the leases they keep
-    "ClientCore", "Either", "Flow", "Handler", "Renewed", "Steps", "Stream", "leases_of",
+    "ClientCore", "Either", "Flow", "Handler", "Renewed", "Stream", "drive", "drive_async", "leases_of",
     "C", "T",  # the flows' type variables, which the clients' drivers share
     "Lease", "LeaseBook", "forget_after_fork",
     # the send-side check's call and answer

@@ -52,7 +52,7 @@ from .leases import Lease, lost_in_round, round_failed, round_of
 from .retry import FinishRetry
 
 __all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
-           "Sleep", "Steps", "Stream", "Wait"]
+           "Sleep", "Steps", "Stream", "Wait", "drive", "drive_async"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -140,7 +140,7 @@ class Steps(Generic[T]):
 
     __slots__ = ("error", "flow", "perform", "result", "value")
 
-    def __init__(self, flow: Flow[T], perform: dict[type[Any], Callable[[Any], Any]]) -> None:
+    def __init__(self, flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> None:
         self.flow = flow
         self.perform = perform
         self.value: Any = None
@@ -166,6 +166,28 @@ class Steps(Generic[T]):
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
         self.error = error
         return error is not None
+
+
+def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> T:
+    """Run ``flow`` to its end, performing each effect it yields with ``perform[type(effect)]``
+    called (blocking); an effect's exception is thrown into the flow (:class:`Steps`). The one
+    driver of every flow of the package: the protocol's, the HTTP layer's claim, ``atomic()``'s
+    statements."""
+    steps = Steps(flow, perform)
+    for call, effect in steps:
+        with steps:
+            steps.value = call(effect)
+    return steps.result
+
+
+async def drive_async(flow: Generator[Any, Any, T],
+                      perform: Mapping[type[Any], Callable[[Any], Awaitable[Any]]]) -> T:
+    """:func:`drive` with each effect's call awaited: only the ``await`` differs."""
+    steps = Steps(flow, perform)
+    for call, effect in steps:
+        with steps:
+            steps.value = await call(effect)
+    return steps.result
 
 
 _IN_PROGRESS = Outcome.IN_PROGRESS

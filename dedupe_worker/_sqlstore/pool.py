@@ -58,9 +58,9 @@ class SqlPool(StoreClient):
 
     def attach(self, client: Any) -> None:
         """``atomic(conn)`` in the client's handlers records outcomes on the claim's own row."""
-        from .atomic import register
+        from .atomic import OwnRows
 
-        register(client)
+        OwnRows(client)
 
     @contextmanager
     def connection(self) -> Iterator[Any]:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Unpack
 
 from .._errors import ClaimError, ResultNotSerializable
-from .._protocol import C, Claim, ClaimItem, ClientCore, Either, Flow, KeyState, Request, Steps, Stored, T
+from .._protocol import C, Claim, ClaimItem, ClientCore, Either, Flow, KeyState, Request, Stored, T, drive_async
 from .._settings import ClientKeywords, ClientOptions, client_options
 from .async_connection import async_redis_from_url
 from .async_renewer import AsyncLeaseRenewer
@@ -109,14 +109,9 @@ class AsyncClaimClient(ClientCore):
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, awaiting each effect it
         yields (:meth:`performers`): a round trip on the store, ``asyncio.sleep``, a wait on the
         loop's :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into
-        the flow (``CancelledError`` included, so a cancelled handler's claim is settled). The
-        loop is :class:`~dedupe_worker._protocol.flows.Steps`; only the ``await`` differs from
-        the sync driver."""
-        steps = Steps(flow, self.perform)
-        for perform, effect in steps:
-            with steps:
-                steps.value = await perform(effect)
-        return steps.result
+        the flow (``CancelledError`` included, so a cancelled handler's claim is settled):
+        :func:`~dedupe_worker._protocol.flows.drive_async`."""
+        return await drive_async(flow, self.perform)
 
     #: The name the flows written once for both clients call their driver by.
     _drive = _drive_async

@@ -35,10 +35,10 @@ from .._protocol import (
     Flow,
     KeyState,
     Request,
-    Steps,
     Stored,
     StreamCut,
     T,
+    drive,
     leases_of,
 )
 from .._settings import ClientKeywords, ClientOptions, client_options
@@ -144,13 +144,8 @@ class ClaimClient(ClientCore):
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
         it yields with blocking calls (:meth:`performers`): a round trip on the store,
         ``time.sleep``, a wait on the key watcher's notice, the handler called. An effect's
-        exception is thrown into the flow. The loop is :class:`~dedupe_worker._protocol.flows.Steps`;
-        only the call differs from the asyncio driver (it awaits)."""
-        steps = Steps(flow, self.perform)
-        for perform, effect in steps:
-            with steps:
-                steps.value = perform(effect)
-        return steps.result
+        exception is thrown into the flow (:func:`~dedupe_worker._protocol.flows.drive`)."""
+        return drive(flow, self.perform)
 
     _sleep = staticmethod(time.sleep)
 

@@ -35,10 +35,10 @@ from typing import Any
 
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied
-from .._protocol import Claim
+from .._protocol import Claim, drive
 from .._settings import ClientOptions
 from ..http._body import CHUNK, Body, declared_length
-from ..http._claiming import claim_flow, drive
+from ..http._claiming import claim_flow
 from ..http._recorder import Recorder, stored_size
 from ..http._request import RequestInfo
 from ..http._rules import IdempotencyRules

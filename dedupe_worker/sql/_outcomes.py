@@ -34,12 +34,14 @@ from ._statements import (
     stored_key,
 )
 
-__all__ = ["SqlOutcomes", "attached", "ddl", "namespace_of"]
+__all__ = ["SqlOutcomes", "attached", "ddl", "namespace_of", "register"]
 
 log = logging.getLogger(__name__)
 
-#: namespace -> (outcomes, the client's codec): how ``atomic()`` finds its table from a claim.
-_attached: dict[str, tuple[SqlOutcomes, ClaimCodec]] = {}
+#: namespace -> (where ``atomic()`` records, the client's codec): how ``atomic()`` finds its table
+#: from a claim. Where it records is a :class:`SqlOutcomes`, or the SQL store's recorder of the
+#: claim's own row (any object with ``block(connection, codec)``; it registers itself here).
+_attached: dict[str, tuple[Any, ClaimCodec]] = {}
 _lock = threading.Lock()
 
 
@@ -100,8 +102,7 @@ class SqlOutcomes:
     def attach(self, client: ClaimCodec) -> None:
         """Called by a client given these outcomes: ``atomic()`` in a handler of that client's
         namespace records into this table, encoding results as that client does."""
-        with _lock:
-            _attached[client.layout.namespace] = (self, client)
+        register(client.layout.namespace, self, client)
         self._codec = self._codec or client
 
     @property
@@ -252,7 +253,13 @@ def namespace_of(stem: str) -> str:
     return stem[:stem.index(":{")] if ":{" in stem else ""
 
 
-def attached(claim: Claim, outcomes: SqlOutcomes | None = None) -> tuple[SqlOutcomes, ClaimCodec]:
+def register(namespace: str, recorder: Any, codec: ClaimCodec) -> None:
+    """``atomic()`` in a handler of ``namespace`` records with ``recorder``, encoding as ``codec``."""
+    with _lock:
+        _attached[namespace] = (recorder, codec)
+
+
+def attached(claim: Claim, outcomes: SqlOutcomes | None = None) -> tuple[Any, ClaimCodec]:
     """The outcomes (``outcomes``, else those of the client of ``claim``'s namespace) and the codec
     that encodes ``claim``'s results. Raises ``RuntimeError`` when no client was given outcomes."""
     namespace = namespace_of(claim.stem)
