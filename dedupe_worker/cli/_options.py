@@ -131,7 +131,8 @@ def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
     """``--redis-url``, ``--namespace``, ``--lease``, ``--result-ttl``, ``--allow-eviction``,
     ``--sql-dsn`` (defaults: ``DEDUPE_*``)."""
     group = parser.add_argument_group("deduplication (defaults from DEDUPE_* environment variables)")
-    group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default redis://127.0.0.1:6379/0)")
+    group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default "
+                                           f"{DedupeSettings.model_fields['redis_url'].default})")
     group.add_argument("--store-url", help="claim store URL, Redis or a database (postgresql://, mysql://); "
                                            "wins over --redis-url (DEDUPE_STORE_URL)")
     group.add_argument("--namespace", help=f"key prefix (DEDUPE_NAMESPACE; default {ClientOptions.namespace!r})")

@@ -36,7 +36,7 @@ from typing import Any
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied
 from .._protocol import Claim, drive
-from .._settings import ClientOptions
+from .._settings import ClientOptions, DedupeSettings
 from ..http._body import CHUNK, Body, declared_length
 from ..http._claiming import claim_flow
 from ..http._recorder import Recorder, stored_size
@@ -145,7 +145,7 @@ class IdempotencyMiddleware:
         except TypeError as exc:
             raise ImproperlyConfigured(f"DEDUPE_HTTP: {exc}") from exc
         self.dedupe = dedupe if dedupe is not None else Deduplicator.from_url(
-            getattr(settings, "DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            getattr(settings, "DEDUPE_REDIS_URL", DedupeSettings.model_fields["redis_url"].default),
             namespace=getattr(settings, "DEDUPE_NAMESPACE", ClientOptions.namespace), **client_options)
         self._measure = stored_size(self.dedupe)
 

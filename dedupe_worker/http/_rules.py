@@ -32,6 +32,7 @@ import orjson
 
 from .._errors import AlreadyApplied
 from .._protocol import OMITTED, Claim, Outcome, TooLarge, content_hash
+from .._settings import ClientOptions
 from ..observe._base import current as observer
 from . import _problems as problems
 from ._recorder import REPLAYED, Recorder, Settle
@@ -126,7 +127,7 @@ class IdempotencyRules:
     max_key_length: int = 255
     max_request_bytes: int = 10 * 1024 * 1024
     max_body_bytes: int = 1_000_000
-    compress_above: int | None = 1024
+    compress_above: int | None = ClientOptions.compress_above
     compression: str = "deflate"
     replay_cookies: bool = False
     docs_url: str | None = None
