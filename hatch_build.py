@@ -8,7 +8,7 @@ interpreter and platform (``cp311-cp311-linux_x86_64``); an editable install (``
 import them (git-ignored, each replaced by a rename so a running process keeps the file it loaded).
 Where they do not compile (no compiler, no Python headers, no setuptools) or ``DEDUPE_NO_EXTENSIONS=1``
 is set, the build still succeeds, pure Python and tagged ``py3-none-any``, and says why; the library
-then packs with ``hiredis.pack_command`` (see ``dedupe_worker/_protocol/held.py``). An editable
+then packs with ``hiredis.pack_command`` (see ``dedupe_worker/_transport/held.py``). An editable
 install that skips the extensions removes those an earlier install left beside the sources (and
 the retired ``_kafka_records``).
 """

@@ -38,7 +38,7 @@ import redis
 from bench.core import rates
 from bench.held_connection import cases
 from dedupe_worker import Deduplicator
-from dedupe_worker._protocol.held import HeldConnection, hiredis_pack
+from dedupe_worker._transport.held import HeldConnection, hiredis_pack
 
 
 def packer(url: str, seconds: float) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from celery import Celery
 
-from dedupe_worker._protocol.scripts import ScriptRunner
+from dedupe_worker._transport.scripts import ScriptRunner
 from dedupe_worker.celery import IdempotentTask
 
 

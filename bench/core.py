@@ -26,8 +26,8 @@ import redis
 
 from bench.peers import celery_eager_cases, payload, powertools_cases, powertools_records
 from dedupe_worker import Deduplicator
-from dedupe_worker._protocol.script_flow import script_text, takes_flags
-from dedupe_worker._protocol.scripts import load_script
+from dedupe_worker._transport.script_flow import script_text, takes_flags
+from dedupe_worker._transport.scripts import load_script
 
 TRIVIAL = "return 1"
 

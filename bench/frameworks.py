@@ -385,7 +385,7 @@ def dramatiq_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timings 
 def sync_floor(redis_url: str) -> dict[str, float]:
     """Median µs of a ``PING`` and of an ``EVALSHA`` of ``return 1`` on a ``redis.Redis``'s held
     connection (the path the Dramatiq worker's claims take), timed as the cases' round trips."""
-    from dedupe_worker._protocol.held import HeldConnection
+    from dedupe_worker._transport.held import HeldConnection
 
     timings = Timings()
     client = redis.Redis.from_url(redis_url)

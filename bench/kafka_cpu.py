@@ -186,7 +186,7 @@ def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
 
 def direct_packer_name() -> str:
     """Which packer the script runner uses here: ``compiled`` (``dedupe_worker._resp``) or ``hiredis``."""
-    from dedupe_worker._protocol import held
+    from dedupe_worker._transport import held
 
     connection = redis.Connection()
     packer = held.direct_packer(connection)

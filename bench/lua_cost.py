@@ -33,8 +33,10 @@ from typing import Any
 import redis
 
 from dedupe_worker._protocol import Stored
+from dedupe_worker._protocol.calls import Call
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._protocol.scripts import SCRIPT_NAMES, Call, load_script
+from dedupe_worker._transport.script_flow import SCRIPT_NAMES
+from dedupe_worker._transport.scripts import load_script
 from tests.lua_releases import EarlierCalls, StandaloneCalls
 
 BATCHES = (1, 100, 500)

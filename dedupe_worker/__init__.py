@@ -39,9 +39,10 @@ from ._errors import (
     UnreadableRecord,
 )
 from ._messages.envelope import Envelope
-from ._protocol import OMITTED, Claim, ClaimClient, KeyState, Omitted, Outcome, State, Stored
-from ._settings import DedupeSettings
+from ._protocol import OMITTED, Claim, KeyState, Omitted, Outcome, State, Stored
+from ._settings import ClientOptions, DedupeSettings
 from ._sqlstore import SqlPool as _SqlPool  # noqa: F401 - registers the SQL store: from_url takes database URLs
+from ._transport import ClaimClient
 
 __all__ = [
     "OMITTED",
@@ -50,6 +51,7 @@ __all__ = [
     "Claim",
     "ClaimClient",
     "ClaimError",
+    "ClientOptions",
     "ConsumerOptions",
     "Decision",
     "DedupeError",

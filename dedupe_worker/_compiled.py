@@ -1,7 +1,7 @@
 """The package's compiled extension, ``None`` where it was not built.
 
 - ``compiled_pack``: ``dedupe_worker._resp.pack_command`` (``_resp.c``), RESP packing, byte for byte
-  as ``hiredis.pack_command`` (chosen by :func:`~dedupe_worker._protocol.held.direct_packer`, for
+  as ``hiredis.pack_command`` (chosen by :func:`~dedupe_worker._transport.held.direct_packer`, for
   the held connection and the asyncio direct sender only).
 
 It is built with the package where a C compiler is found (``hatch_build.py``), and not at all

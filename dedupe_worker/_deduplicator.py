@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from . import _engine as _decision
 from ._engine import single as _engine
 from ._engine.recorded import Outcomes
-from ._protocol import KEY_HARD_LIMIT, Claim, ClaimClient, ClientCore, Holding
-from ._settings import DedupeSettings
+from ._protocol import KEY_HARD_LIMIT, Claim, ClientCore, Holding
+from ._settings import ClientKeywords, ClientOptions, DedupeSettings
+from ._transport import ClaimClient
 
-__all__ = ["KEY_HARD_LIMIT", "Deduplicator", "DeduplicatorCore", "sql_outcomes"]
+__all__ = ["KEY_HARD_LIMIT", "Deduplicator", "DeduplicatorCore", "DeduplicatorKeywords", "sql_outcomes"]
 
 T = TypeVar("T")
 D = TypeVar("D", bound="DeduplicatorCore")
+
+
+class DeduplicatorKeywords(ClientKeywords, total=False):
+    """A deduplicator's keywords: a client's, and ``outcomes``."""
+
+    outcomes: Outcomes | None
 
 
 class DeduplicatorCore(ClientCore):
@@ -23,22 +30,30 @@ class DeduplicatorCore(ClientCore):
 
     outcomes: Outcomes | None
 
-    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, **options: Any) -> None:
+    def __init__(self, redis_client: Any, *, outcomes: Outcomes | None = None, options: ClientOptions | None = None,
+                 **keywords: Unpack[ClientKeywords]) -> None:
         client: Any = super()  # the sync or asyncio client, next in the deduplicator's MRO
-        client.__init__(redis_client, **options)
+        client.__init__(redis_client, options=options, **keywords)
         #: Where ``atomic()`` commits outcomes (``None``: nowhere); see :mod:`dedupe_worker.sql`.
         self.outcomes = outcomes
         if outcomes is not None:
             outcomes.attach(self)
 
     @classmethod
-    def from_settings(cls: type[D], settings: DedupeSettings | None = None, **options: Any) -> D:
+    def from_url(cls: type[D], url: str, *, options: ClientOptions | None = None,
+                 **keywords: Unpack[DeduplicatorKeywords]) -> D:
+        """:meth:`ClaimClient.from_url <dedupe_worker.ClaimClient.from_url>`, taking ``outcomes`` too."""
+        return cls._from_url(url, options, keywords)
+
+    @classmethod
+    def from_settings(cls: type[D], settings: DedupeSettings | None = None,
+                      **keywords: Unpack[DeduplicatorKeywords]) -> D:
         """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given), with
-        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set."""
+        ``outcomes`` from ``DEDUPE_SQL_DSN`` when it is set; keywords win over the settings."""
         s = settings or DedupeSettings()
-        if "outcomes" not in options and s.sql_dsn:
-            options["outcomes"] = sql_outcomes(s)
-        return super().from_settings(s, **options)
+        if "outcomes" not in keywords and s.sql_dsn:
+            keywords["outcomes"] = sql_outcomes(s)
+        return cls._from_url(s.claims_url, s.options(), keywords)
 
     def hold(self, claim: Claim) -> Holding:
         """While inside (``with``; in a coroutine on asyncio): the lease is renewed and

@@ -253,7 +253,7 @@ static PyModuleDef_Slot slots[] = {
 
 PyDoc_STRVAR(module_doc,
 "Redis commands packed as RESP bytes, exactly as hiredis.pack_command packs them, faster.\n\n"
-"Chosen by dedupe_worker._protocol.held.direct_packer where it packs as the connection does;\n"
+"Chosen by dedupe_worker._transport.held.direct_packer where it packs as the connection does;\n"
 "DEDUPE_PURE_PYTHON=1 makes the library ignore it.");
 
 static struct PyModuleDef module_def = {

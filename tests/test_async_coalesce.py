@@ -377,7 +377,7 @@ async def test_a_write_that_outlasts_socket_timeout_fails_as_redis_does(redis_ur
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    from dedupe_worker.asyncio._direct import DirectSender
+    from dedupe_worker._transport.async_direct import DirectSender
 
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     sender = DirectSender.for_client(client)

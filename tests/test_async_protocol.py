@@ -161,7 +161,7 @@ async def test_result_ttl_ends_protection(aredis: redis.asyncio.Redis, namespace
 async def test_released_records_expire_after_retention(
     aredis: redis.asyncio.Redis, redis_client: redis.Redis, namespace: str
 ) -> None:
-    d = AsyncDeduplicator(aredis, namespace=namespace, lease=0.1, result_ttl=30, retention=0.3)
+    d = AsyncDeduplicator(aredis, namespace=namespace, lease=0.1, result_ttl=30, token_retention=0.3)
     await d.release(await d.begin("k"))
     started, _ = keys_of(d, "k")
     assert 0 < redis_client.pttl(started) <= 300
@@ -346,7 +346,7 @@ async def test_a_missing_script_reloads_them_all(
     """As the synchronous runner: after a NOSCRIPT every protocol script is loaded, so a pipeline
     that gives a claim back and claims the key again never finds release.lua missing while
     claim.lua is loaded (the retried release would run after the claim: our own lease, IN_PROGRESS)."""
-    from dedupe_worker._protocol.scripts import SCRIPT_NAMES
+    from dedupe_worker._transport.script_flow import SCRIPT_NAMES
 
     monkeypatch.setenv("DEDUPE_SCRIPTS", "eval")  # SCRIPT LOAD + EVALSHA (Functions: test_functions)
     sync_client = redis.Redis.from_url(private_redis.url)

@@ -233,3 +233,14 @@ def test_the_default_url_is_named_as_the_default(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(CommandError, match=re.escape(f"cannot reach Redis at redis://127.0.0.1:{CLOSED}/0 (the "
                                                      "default; --redis-url or DEDUPE_REDIS_URL names another)")):
         _options.deduplicator_from(argparse.Namespace())
+
+
+@pytest.mark.parametrize("command", ["inspect", "forget", "stats"])
+@pytest.mark.parametrize("url", [f"postgresql://postgres@127.0.0.1:{CLOSED}/test", f"mysql://root@127.0.0.1:{CLOSED}/test"])
+def test_unreachable_sql_store_names_the_database(command: str, url: str, here: Path) -> None:
+    """A claim store on a database that cannot be reached is named as the database, never as Redis."""
+    if url.startswith("mysql"):
+        pytest.importorskip("pymysql")
+    done = cli(*REDIS_COMMANDS[command], "--store-url", url, cwd=here)
+    line = one_line(done, command, "database: ", "Connection refused")
+    assert "Redis" not in line, line

@@ -20,8 +20,9 @@ import redis
 
 from dedupe_worker import OMITTED, DedupeSettings, Deduplicator, Envelope, Reason, decide
 from dedupe_worker._operate import describe
-from dedupe_worker._protocol.sending import SendState, check_send
+from dedupe_worker._protocol.sending import SendState
 from dedupe_worker._protocol.serialization import CODECS, MARK, JsonSerializer, Packer, unpack
+from dedupe_worker._transport.sending import check_send
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.cli import main
 from dedupe_worker.http import IdempotencyMiddleware, current_claim

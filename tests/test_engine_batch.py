@@ -15,7 +15,7 @@ from dedupe_worker import Deduplicator, Reason, State, current_claim, decide, de
 from dedupe_worker._engine import Pacing
 from dedupe_worker._engine.batch import STREAM_STEP, verdicts_flow
 from dedupe_worker._engine.pacing import STREAM_WORK
-from dedupe_worker._protocol.scripts import ScriptRunner
+from dedupe_worker._transport.scripts import ScriptRunner
 
 
 class CountingConnection(redis.Connection):

@@ -395,7 +395,7 @@ def test_config_refused_logs_a_warning_and_works(private_redis: services.RedisSe
     admin.acl_setuser("app", enabled=True, passwords=["+secret"], keys=["*"],
                       commands=["+@all", "-config"])
     d = Deduplicator.from_url(f"redis://app:secret@127.0.0.1:{private_redis.port}/0", namespace="acl")
-    with caplog.at_level(logging.WARNING, logger="dedupe_worker._protocol.eviction"):
+    with caplog.at_level(logging.WARNING, logger="dedupe_worker._transport.eviction"):
         assert d.run("k", lambda: 5) == 5
     assert any("could not read maxmemory-policy" in r.getMessage() and "noeviction" in r.getMessage()
                for r in caplog.records)

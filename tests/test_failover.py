@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from dedupe_worker import Deduplicator, StoreUnavailable
-from dedupe_worker._protocol.connection import redis_from_url
+from dedupe_worker._transport.connection import redis_from_url
 
 from . import services
 from .rabbitmq_fixtures import amqp, queue_name

@@ -28,8 +28,10 @@ from redis.exceptions import (
 )
 
 from dedupe_worker import Deduplicator, LeaseLost, Reason, StoreUnavailable, decide
+from dedupe_worker._protocol.calls import NotDurable
 from dedupe_worker._protocol.retry import FinishRetry, transient
-from dedupe_worker._protocol.scripts import NotDurable, ScriptRunner, load_script, script_text, takes_flags
+from dedupe_worker._transport.script_flow import script_text, takes_flags
+from dedupe_worker._transport.scripts import ScriptRunner, load_script
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide as async_decide
 from dedupe_worker.testing import in_memory
@@ -228,7 +230,7 @@ def test_a_connection_torn_down_inside_redis_py_is_a_connection_error() -> None:
     """redis-py 8.1's asyncio client can raise AttributeError/TypeError from a connection that a
     concurrent disconnect tore down (seen during the slot migration test): counted as a
     connection error, so the write is retried or the message deferred, never an escaped crash."""
-    from dedupe_worker.asyncio._scripts import torn_connection
+    from dedupe_worker._transport.async_scripts import torn_connection
 
     try:
         redis.connection.Connection.pack_command(object(), "PING")  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from dedupe_worker import Deduplicator, decide_many
 from dedupe_worker._operate import diagnose
 from dedupe_worker._operate.doctor import loaded_libraries
-from dedupe_worker._protocol.script_flow import SCRIPTS_ENV
+from dedupe_worker._transport.script_flow import SCRIPTS_ENV
 from dedupe_worker.asyncio import AsyncDeduplicator
 
 from . import services

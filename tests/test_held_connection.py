@@ -1,5 +1,5 @@
-"""The held connection of the per-message path (``_protocol/held.py``, chosen in
-``_protocol/paths.py``), against a real Redis: replies never cross between threads, a killed
+"""The held connection of the per-message path (``_transport/held.py``, chosen in
+``_transport/paths.py``), against a real Redis: replies never cross between threads, a killed
 connection reconnects, a forked child takes its own, an error reply leaves the connection in
 step, and only redis-py's public names are used."""
 
@@ -176,7 +176,7 @@ def test_a_missing_script_reloads_them_all(private_redis: RedisServer, monkeypat
     """After a NOSCRIPT every protocol script is loaded, so a pipeline (complete, release, then
     claim) never finds a later script loaded and an earlier one missing: a retried call would
     run after the later calls of its pipeline."""
-    from dedupe_worker._protocol.scripts import SCRIPT_NAMES
+    from dedupe_worker._transport.script_flow import SCRIPT_NAMES
 
     monkeypatch.setenv("DEDUPE_SCRIPTS", "eval")  # SCRIPT LOAD + EVALSHA (Functions: test_functions)
     client = redis.Redis.from_url(private_redis.url)
@@ -218,7 +218,7 @@ def test_a_child_forked_while_a_call_was_running_is_not_locked_out(held: Dedupli
     assert held_id(held) == parent
 
 
-@pytest.mark.parametrize("module", ["dedupe_worker._protocol.held", "dedupe_worker.asyncio._direct"])
+@pytest.mark.parametrize("module", ["dedupe_worker._transport.held", "dedupe_worker._transport.async_direct"])
 def test_the_held_path_uses_only_public_redis_py_names(module: str) -> None:
     """A minor redis-py release may change anything with a leading underscore: the held path
     and the asyncio direct sender read none of it (the attributes they read off other objects are
@@ -242,7 +242,7 @@ def test_the_direct_packer_is_used_only_where_it_packs_as_the_connection(redis_u
     gives; a connection whose packer differs keeps its own."""
     import hiredis
 
-    from dedupe_worker._protocol.held import direct_packer
+    from dedupe_worker._transport.held import direct_packer
 
     class Lower:  # a custom command_packer (redis-py's public Connection option): lower-case names
         def pack(self, *args: Any) -> list[bytes]:
@@ -264,7 +264,7 @@ def test_the_direct_packer_is_used_only_where_it_packs_as_the_connection(redis_u
 
 
 def test_the_path_is_chosen_in_one_place(redis_url: str) -> None:
-    from dedupe_worker._protocol.paths import HeldPath, PoolPath, path_for
+    from dedupe_worker._transport.paths import HeldPath, PoolPath, path_for
 
     big, small = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url, max_connections=4)
     assert isinstance(path_for(big), HeldPath) and path_for(big).held is not None
@@ -283,8 +283,8 @@ async def test_with_the_accelerators_off_every_client_takes_redis_pys_path(
     """``DEDUPE_PURE_PYTHON=1``: no held connection, no asyncio direct sender (read when a client is built)."""
     import redis.asyncio
 
-    from dedupe_worker._protocol.paths import PoolPath, path_for
-    from dedupe_worker.asyncio._direct import DirectSender
+    from dedupe_worker._transport.async_direct import DirectSender
+    from dedupe_worker._transport.paths import PoolPath, path_for
 
     monkeypatch.setenv("DEDUPE_PURE_PYTHON", "1")
     client, aclient = redis.Redis.from_url(redis_url), redis.asyncio.Redis.from_url(redis_url)

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from flask import Flask
 
 from dedupe_worker import AlreadyApplied, Deduplicator
+from dedupe_worker._protocol import TooLarge
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.http import IdempotencyMiddleware, IdempotencyRules, Response, WSGIIdempotencyMiddleware
 from dedupe_worker.http._body import IN_MEMORY, Body
@@ -155,10 +156,39 @@ def test_replay_inflates_within_its_bound() -> None:
     import base64
 
     bomb["b"] = base64.b64encode(zlib.compress(b"\0" * 50_000_000)).decode()
-    assert decode(bomb, 1_000_000) is None  # stops at the bound: never 50 MB in memory
+    with pytest.raises(TooLarge):  # stops at the bound: never 50 MB in memory
+        decode(bomb, 1_000_000)
     fine = encode(Response(200, (), b"a" * 5000), compress_above=100, compression="gzip")
-    assert decode(fine, 5000) is not None and decode(fine, 4999) is None
+    assert decode(fine, 5000) is not None
+    with pytest.raises(TooLarge):
+        decode(fine, 4999)
     assert decode({"v": 1, "s": 201, "h": [], "b": "%%%"}, 100) is None  # bad base64 is not an empty 201
+
+
+def test_a_response_only_this_process_cannot_read_is_kept_and_not_run_again(redis_url: str, namespace: str) -> None:
+    """A worker whose ``max_body_bytes`` is smaller than the one that stored a response answers
+    its retry with a 503 and keeps the record, never runs the request a second time; a worker
+    configured like the first still replays it."""
+    body = b"\0" * (2 * 1024 * 1024)
+    runs: list[int] = []
+
+    def app(env: dict[str, Any], start_response: Any) -> list[bytes]:
+        runs.append(1)
+        start_response("201 Created", [("Content-Type", "application/octet-stream")])
+        return [body]
+
+    dedupe = Deduplicator.from_url(redis_url, namespace=namespace)
+    stored_with = WSGIIdempotencyMiddleware(app, dedupe, scope=lambda r: "tenant", max_body_bytes=4 * 1024 * 1024)
+    read_with = WSGIIdempotencyMiddleware(app, dedupe, scope=lambda r: "tenant", max_body_bytes=1024 * 1024)
+    first = wsgi_call(stored_with, environ())
+    retry = wsgi_call(read_with, environ())
+    assert first[0] == "201 Created" and first[2] == body
+    assert retry[0].startswith("503") and b"Stored response unavailable" in retry[2]
+    assert ("idempotent-replayed", "true") not in retry[1]
+    again = wsgi_call(stored_with, environ())  # the record was kept: replayed where it can be read
+    assert again[0] == "201 Created" and again[2] == body and ("idempotent-replayed", "true") in again[1]
+    assert len(runs) == 1
+    dedupe.close()
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._protocol.record import read_result
 from dedupe_worker._protocol.serialization import unpack
+from dedupe_worker._transport.record import read_result
 
 from .http_servers import SERVERS, serve
 

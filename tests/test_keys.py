@@ -12,7 +12,7 @@ from dedupe_worker import Deduplicator, Envelope, InvalidKey, MissingKey, Outcom
 from dedupe_worker import keys as k
 from dedupe_worker._deduplicator import KEY_HARD_LIMIT
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._protocol.record import read_result
+from dedupe_worker._transport.record import read_result
 
 
 def test_layout_shares_one_hash_slot() -> None:

@@ -33,8 +33,9 @@ import redis
 
 from dedupe_worker import Stored
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._protocol.record import StoredResult, parse_result, read_result
-from dedupe_worker._protocol.scripts import SCRIPT_NAMES, load_script
+from dedupe_worker._transport.record import StoredResult, parse_result, read_result
+from dedupe_worker._transport.script_flow import SCRIPT_NAMES
+from dedupe_worker._transport.scripts import load_script
 
 from .lua_releases import EarlierCalls, StandaloneCalls
 

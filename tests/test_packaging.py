@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import dedupe_worker
-from dedupe_worker._protocol.scripts import SCRIPT_NAMES, SENDER_SCRIPTS
+from dedupe_worker._transport.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The compiled packer's file name for this interpreter, as the wheel and an editable install hold it.
@@ -121,12 +121,12 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "test-deps.pth").write_text(deps + "\n")
     code = (
-        "import dedupe_worker, pathlib; from dedupe_worker._protocol.scripts import load_script, SCRIPT_NAMES;"
+        "import dedupe_worker, pathlib; from dedupe_worker._transport.scripts import load_script, SCRIPT_NAMES;"
         "from importlib import resources;"
         "print(dedupe_worker.__file__);"
         "print(all(resources.files('dedupe_worker').joinpath('lua', n + '.lua').is_file() for n in SCRIPT_NAMES));"
         "print(load_script('claim').splitlines()[0]);"
-        "import hiredis, sys; from dedupe_worker._protocol import held; command = ('GET', 'k\u00e9', 1, 0.5);"
+        "import hiredis, sys; from dedupe_worker._transport import held; command = ('GET', 'k\u00e9', 1, 0.5);"
         "print(held.compiled_pack is not None and held.compiled_pack(command) == hiredis.pack_command(command));"
         "print(getattr(sys.modules.get('dedupe_worker._resp'), '__file__', None))"
     )
@@ -142,8 +142,9 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
 
 def test_public_names() -> None:
     expected = {
-        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "DedupeError", "DedupeSettings",
-        "ConsumerOptions", "Decision", "EvictionPolicyError", "Hooks", "State", "Stored",
+        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ClientOptions", "DedupeError",
+        "DedupeSettings", "ConsumerOptions",
+        "Decision", "EvictionPolicyError", "Hooks", "State", "Stored",
         "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
         "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",
         "StoreUnavailable", "UndecodableMessage", "UnreadableRecord", "current_claim", "decide", "decide_many",
@@ -202,14 +203,14 @@ def test_an_integration_without_its_extra_names_the_extra_to_install(module: str
 
 
 def test_the_layers_import_only_downwards() -> None:
-    """_protocol < _messages < _engine, each importing only its own layer, the ones below, and the
-    leaves (_errors, _settings, _extras, observe, the compiled extension and _compiled, which imports
+    """_protocol < _transport, _messages < _engine, each importing only its own layer, the ones below,
+    and the leaves (_errors, _settings, _extras, observe, the compiled extension and _compiled, which imports
     only it): so no import cycle runs through them."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
-    rank = {"_protocol": 1, "_messages": 2, "_engine": 3}
+    rank = {"_protocol": 1, "_transport": 2, "_messages": 2, "_engine": 3}
     # _resp: compiled, importing nothing; _compiled: importing only it
     leaves = {"_errors", "_settings", "_extras", "observe", "_resp", "_compiled"}
     for layer, own in rank.items():
@@ -224,35 +225,61 @@ def test_the_layers_import_only_downwards() -> None:
                     f"{layer}/{path.name} imports {'.' * node.level}{node.module}, above its layer"
 
 
-def test_nothing_outside_the_protocol_imports_past_its_door() -> None:
-    """Every module outside ``_protocol/`` imports the protocol from its ``__init__`` (its door),
-    never from a submodule, and only names the door's ``__all__`` hands on (no module, no private
-    name): so the protocol's submodules can move, merge or split without touching the rest."""
+#: The packages with a door: every module outside one imports it from its ``__init__``.
+DOORS = ("_protocol", "_transport")
+
+
+@pytest.mark.parametrize("package", DOORS)
+def test_nothing_outside_a_package_imports_past_its_door(package: str) -> None:
+    """Every module outside ``<package>/`` imports it from its ``__init__`` (its door), never from
+    a submodule, and only names the door's ``__all__`` hands on (no module, no private name): so
+    the package's submodules can move, merge or split without touching the rest. The state
+    machine (``_protocol``) and the transport (``_transport``) each have one."""
     import ast
+    import importlib
     from pathlib import Path
 
-    import dedupe_worker._protocol as door
-
+    door = importlib.import_module(f"dedupe_worker.{package}")
+    name = f"dedupe_worker.{package}"
     root = Path(dedupe_worker.__file__).parent
     past, unlisted = [], []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
-        if parts[1] == "_protocol":
+        if parts[1] == package:
             continue
-        package = parts[:-1]  # a module's and an __init__'s relative imports both start from its folder
+        folder = parts[:-1]  # a module's and an __init__'s relative imports both start from its folder
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                base = package[: len(package) - node.level + 1] if node.level else ()
+                base = folder[: len(folder) - node.level + 1] if node.level else ()
                 modules = [".".join([*base, *([node.module] if node.module else [])])]
                 if modules[0] == "dedupe_worker":  # from .. import _protocol: the package itself
                     modules = [f"dedupe_worker.{a.name}" for a in node.names]
-                elif modules[0] == "dedupe_worker._protocol":
+                elif modules[0] == name:
                     unlisted += [f"{path.name}: {a.name}" for a in node.names if a.name not in door.__all__]
             else:
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            past += [f"{'/'.join(parts)}.py imports {m}" for m in modules if m.startswith("dedupe_worker._protocol.")]
+            past += [f"{'/'.join(parts)}.py imports {m}" for m in modules if m.startswith(f"{name}.")]
     assert not past, past
     assert not unlisted, unlisted
+
+
+def test_the_state_machine_imports_no_transport() -> None:
+    """``_protocol`` does no I/O and knows nothing of what carries its calls: no module of it
+    imports ``_transport`` (nor redis-py's clients; its exception classes are read, never raised
+    from a socket here), so the transport and every accelerator in it can go without touching it."""
+    import ast
+    from pathlib import Path
+
+    for path in (Path(dedupe_worker.__file__).parent / "_protocol").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = ("." * node.level) + (node.module or "")
+                assert "_transport" not in module and "_compiled" not in module, f"{path.name} imports {module}"
+                assert module in {"redis.exceptions"} or not module.startswith("redis"), \
+                    f"{path.name} imports {module}"
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] in {"redis", "hiredis", "socket"} for a in node.names), \
+                    f"{path.name} imports {[a.name for a in node.names]}"
 
 
 def test_the_compiled_extensions_module_imports_only_them() -> None:
@@ -280,20 +307,20 @@ def test_the_leaves_import_nothing_of_the_package() -> None:
 
 
 def test_the_asyncio_package_sits_beside_the_deduplicator() -> None:
-    """``dedupe_worker.asyncio`` imports the layers below (protocol, messages, engine), the leaves
+    """``dedupe_worker.asyncio`` imports the layers below (protocol, transport, messages, engine), the leaves
     and its sibling ``_deduplicator``/``_decorators`` only; and no layer below imports it."""
     import ast
     from pathlib import Path
 
     root = Path(dedupe_worker.__file__).parent
-    allowed = {"_protocol", "_messages", "_engine", "_errors", "_settings", "_extras", "observe",
+    allowed = {"_protocol", "_transport", "_messages", "_engine", "_errors", "_settings", "_extras", "observe",
                "_deduplicator", "_decorators", "asyncio"}
     for path in (root / "asyncio").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:
                 first = (node.module or "").split(".")[0] if node.level == 2 else "asyncio"
                 assert first in allowed, f"asyncio/{path.name} imports {'.' * node.level}{node.module}"
-    for layer in ("_protocol", "_messages", "_engine"):
+    for layer in ("_protocol", "_transport", "_messages", "_engine"):
         for path in (root / layer).glob("*.py"):
             assert "asyncio" not in {
                 part for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)

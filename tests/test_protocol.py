@@ -147,7 +147,7 @@ def test_result_ttl_ends_protection(redis_client: redis.Redis, namespace: str) -
 
 
 def test_released_records_expire_after_retention(redis_client: redis.Redis, namespace: str) -> None:
-    d = Deduplicator(redis_client, namespace=namespace, lease=0.1, result_ttl=30, retention=0.3)
+    d = Deduplicator(redis_client, namespace=namespace, lease=0.1, result_ttl=30, token_retention=0.3)
     d.release(d.begin("k"))
     started, _ = keys_of(d, "k")
     assert 0 < redis_client.pttl(started) <= 300

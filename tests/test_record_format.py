@@ -13,8 +13,8 @@ import redis.asyncio
 from bench.core import completed_key_memory
 from dedupe_worker import Deduplicator, Envelope, Outcome, Stored, decide_many
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._protocol.record import parse_result
 from dedupe_worker._protocol.serialization import MARK
+from dedupe_worker._transport.record import parse_result
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.keys import header_key
 from dedupe_worker.replay import Planner, Step

@@ -22,9 +22,9 @@ import hiredis
 import pytest
 import redis
 
-from dedupe_worker._protocol import held
-from dedupe_worker._protocol.held import direct_packer
 from dedupe_worker._settings import ACCELERATORS_OFF_ENV as PURE_PYTHON_ENV
+from dedupe_worker._transport import held
+from dedupe_worker._transport.held import direct_packer
 
 _resp: Any
 try:

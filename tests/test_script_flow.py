@@ -1,4 +1,4 @@
-"""The script runners' shared core (``_protocol/script_flow.py``), driven without Redis: what it
+"""The script runners' shared core (``_transport/script_flow.py``), driven without Redis: what it
 asks for, in which order, after a ``NOSCRIPT``; the sync and asyncio runners only carry these
 requests (their Redis behaviour is tested in test_held_connection, test_async_protocol, test_failover)."""
 
@@ -11,12 +11,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from dedupe_worker import StoreUnavailable
-from dedupe_worker._protocol.script_flow import (
+from dedupe_worker._protocol.calls import NotDurable
+from dedupe_worker._transport.script_flow import (
     INFO,
     LOAD_ORDER,
     SCRIPTS_ENV,
     Library,
-    NotDurable,
     ScriptFlows,
     drive,
     function_missing,

@@ -12,7 +12,8 @@ import redis
 
 from dedupe_worker import Deduplicator, PreviouslyFailed
 from dedupe_worker._protocol import KeyLayout, Stored
-from dedupe_worker._protocol.sending import SendState, check_send, unsend
+from dedupe_worker._protocol.sending import SendState
+from dedupe_worker._transport.sending import check_send, unsend
 
 PREVIOUS = Path(__file__).parent / "data" / "lua_previous"
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from dedupe_worker._protocol.record import read_result
+from dedupe_worker._transport.record import read_result
 
 from .kafka_fixtures import wait_until
 from .rabbitmq_fixtures import amqp, consumers_of, dead_letters, drained, publish, queue_name

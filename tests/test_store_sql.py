@@ -236,7 +236,8 @@ def test_the_asyncio_client_on_the_same_store(store_url: str, namespace: str) ->
 
 
 def test_the_producers_send_check(dedupe: Deduplicator) -> None:
-    from dedupe_worker._protocol.sending import SendState, check_send
+    from dedupe_worker._protocol.sending import SendState
+    from dedupe_worker._transport.sending import check_send
 
     first = check_send(dedupe, "s1", "id-1", ttl=0.3, fingerprint="fp")
     assert first.state is SendState.PUBLISH and first.task_id == "id-1"
@@ -306,7 +307,8 @@ def test_the_batch_engine_runs_each_key_once_and_compresses_large_results(store_
 
 
 def test_a_publish_that_raised_takes_its_mark_back_and_a_release_frees_it(dedupe: Deduplicator) -> None:
-    from dedupe_worker._protocol.sending import SendState, check_send, unsend
+    from dedupe_worker._protocol.sending import SendState
+    from dedupe_worker._transport.sending import check_send, unsend
 
     assert check_send(dedupe, "u1", "id-1", ttl=5, fingerprint="fp").state is SendState.PUBLISH
     assert not unsend(dedupe, "u1", "id-0")  # another send's publish raised late: the mark stays

@@ -17,11 +17,12 @@ import dedupe_worker
 
 SURFACE: dict[str, list[str]] = {
     "dedupe_worker": [
-        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ConsumerOptions", "Decision",
-        "DedupeError", "DedupeSettings", "Deduplicator", "Envelope", "EvictionPolicyError", "Hooks", "InProgress",
-        "InvalidKey", "KeyConflict", "KeyState", "LeaseLost", "MissingKey", "Omitted", "Outcome", "PreviouslyFailed",
-        "Reason", "ResultNotSerializable", "State", "StoreUnavailable", "Stored", "UndecodableMessage",
-        "UnreadableRecord", "current_claim", "decide", "decide_many", "idempotent",
+        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ClientOptions", "ConsumerOptions",
+        "Decision", "DedupeError",
+        "DedupeSettings", "Deduplicator", "Envelope", "EvictionPolicyError", "Hooks", "InProgress", "InvalidKey",
+        "KeyConflict", "KeyState", "LeaseLost", "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason",
+        "ResultNotSerializable", "State", "StoreUnavailable", "Stored", "UndecodableMessage", "UnreadableRecord",
+        "current_claim", "decide", "decide_many", "idempotent",
     ],
     "dedupe_worker.asyncio": [
         "AsyncClaimClient", "AsyncDeduplicator", "AsyncHandler", "AsyncItem", "AsyncKeyWaiter", "AsyncLeaseRenewer",

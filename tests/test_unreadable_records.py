@@ -17,8 +17,9 @@ from kombu import Connection
 from dedupe_worker import Deduplicator, Outcome, Reason, StoreUnavailable, UnreadableRecord
 from dedupe_worker._messages.deadletter import ERROR, REASON
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._protocol.script_flow import SCRIPTS_ENV
-from dedupe_worker._protocol.sending import SendState, check_send
+from dedupe_worker._protocol.sending import SendState
+from dedupe_worker._transport.script_flow import SCRIPTS_ENV
+from dedupe_worker._transport.sending import check_send
 from dedupe_worker.asyncio import AsyncDeduplicator
 from dedupe_worker.asyncio import decide_many as decide_many_async
 from dedupe_worker.kafka import DedupeKafkaConsumer

@@ -60,7 +60,6 @@ from .._protocol import (
     OMITTED,
     STORED,
     Claim,
-    ClaimClient,
     ClaimItem,
     ClientCore,
     Flow,
@@ -75,6 +74,7 @@ from .._protocol import (
     ttl_ms,
     unbind,
 )
+from .._transport import ClaimClient
 from ..observe._base import current as observer
 from . import recorded
 from .decision import Decision, Reason, in_progress, poison, verdict_of

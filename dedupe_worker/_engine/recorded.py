@@ -38,7 +38,8 @@ from .._protocol import Claim, ClientCore, Either, Flow, Handler, Outcome, Run, 
 from .decision import Decision, Reason
 
 if TYPE_CHECKING:
-    from .._protocol import ClaimClient, ClaimCodec
+    from .._protocol import ClaimCodec
+    from .._transport import ClaimClient
 
 __all__ = ["Outcomes", "applied_before_flow", "closed", "found_before_flow", "lookup", "lookup_flow", "opened",
            "outcomes_of", "unbound_claim", "unclaimed_flow", "uncommitted_flow"]

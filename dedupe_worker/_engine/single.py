@@ -34,7 +34,8 @@ from .._errors import (
     ResultNotSerializable,
     StoreUnavailable,
 )
-from .._protocol import Claim, ClaimClient, ClientCore, Flow, Handler, bind, unbind
+from .._protocol import Claim, ClientCore, Flow, Handler, bind, unbind
+from .._transport import ClaimClient
 from ..observe._base import current as observer
 from . import recorded
 from .decision import Decision, Reason, outcome, poison, verdict_of
@@ -266,7 +267,7 @@ def decide(dedupe: ClaimClient, key: str | bytes, handler: Callable[[], Any], *,
     Never raises for bad input, Redis or the handler's own exceptions.
 
     ``wait``: when another worker holds the key, wait up to this many seconds for it (see
-    :meth:`~dedupe_worker._protocol.ClaimClient.begin`) before answering IN_PROGRESS.
+    :meth:`~dedupe_worker._transport.ClaimClient.begin`) before answering IN_PROGRESS.
     ``integration`` names the caller in metrics and traces. ``ttl``: seconds the outcome is kept,
     instead of the client's ``result_ttl`` (the lease is unchanged); ``ValueError`` unless positive."""
     return dedupe._drive(decide_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))

@@ -6,9 +6,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .._errors import UnreadableRecord
-from .._protocol import ClaimClient, KeyLayout, State, Stored, read_result, unpack
+from .._protocol import KeyLayout, State, Stored, unpack
 from .._sqlstore import SqlPool
 from .._sqlstore.operate import row_times
+from .._transport import ClaimClient, read_result
 
 __all__ = ["KeyReport", "describe"]
 

@@ -16,7 +16,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import StoreUnavailable
-from .._protocol import (
+from .._settings import ClientOptions
+from .._sqlstore import SqlPool
+from .._transport import (
     LIBRARY_PREFIX,
     SCRIPT_NAMES,
     SENDER_SCRIPTS,
@@ -25,8 +27,6 @@ from .._protocol import (
     library_name,
     load_script,
 )
-from .._settings import Defaults
-from .._sqlstore import SqlPool
 from .check import Check
 
 __all__ = ["DEFAULT_RATE", "check_at_start", "diagnose", "warn_once"]
@@ -54,7 +54,7 @@ def _config(client: Any, name: str) -> str | None:
 
 
 def diagnose(client: redis.Redis | RedisCluster | SqlPool, *, rate: float = DEFAULT_RATE,
-             result_ttl: float = Defaults.RESULT_TTL,
+             result_ttl: float = ClientOptions.result_ttl,
              bytes_per_key: int = 200, namespace: str | None = None) -> list[Check]:
     """Check ``client``'s Redis; ``rate`` (messages/s) and ``result_ttl`` give the memory projection.
     With ``namespace``, also whether format-2 outcomes are stored where a worker of an earlier
@@ -249,7 +249,7 @@ def _node_checks(client: Any, rate: float, result_ttl: float, bytes_per_key: int
 
 def check_at_start(dedupe: ClaimClient) -> None:
     """What a consumer runs as it starts: refuse a Redis that may evict our records
-    (:meth:`~dedupe_worker._protocol.ClaimClient.check_store`, raises
+    (:meth:`~dedupe_worker._transport.ClaimClient.check_store`, raises
     :class:`~dedupe_worker.EvictionPolicyError` unless ``allow_eviction``), then log the other
     checks that fail or warn (:func:`warn_once`). Redis unreachable at start is only logged: the
     first claim checks again."""

@@ -10,7 +10,8 @@ from typing import Any, TextIO
 
 from redis.exceptions import ResponseError
 
-from .._protocol import KeyLayout, queue_size_read, size_from_replies
+from .._protocol import KeyLayout
+from .._transport import queue_size_read, size_from_replies
 
 __all__ = ["UNREADABLE", "Survey", "survey"]
 

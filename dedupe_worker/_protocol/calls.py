@@ -1,8 +1,11 @@
-"""The I/O-free half of the Redis store: the script calls of each transition, and their replies.
+"""The I/O-free half of the Redis store: the script calls of each transition, their replies, and
+how a round trip of them can fail.
 
-Shared by :class:`~dedupe_worker._protocol.RedisStore` and the asyncio store
-(:mod:`dedupe_worker.asyncio`), so both send the same calls and read the same replies; only how a
-round trip is made differs.
+Shared by the transport's stores (:class:`~dedupe_worker._transport.RedisStore`, the asyncio one
+and the SQL store's runner), so all send the same calls and read the same replies; only how a
+round trip is made differs. The failures (:class:`CallFailed`, :class:`NotDurable`,
+:class:`StreamCut`) are raised by the transport and read by the flows: they live here, on the
+state machine's side of the seam.
 """
 
 from __future__ import annotations
@@ -11,18 +14,56 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .._errors import UnreadableRecord
+from .._errors import StoreUnavailable, UnreadableRecord
 from .._settings import RECORD_FORMATS, record_format_from_env
 from .claim import Outcome, State, Stored
 from .layout import KeyLayout
-from .scripts import Call
 
-__all__ = ["RECORD_FORMATS", "STORED", "WITH_FINGERPRINT", "ClaimItem", "ClaimReply", "KeyState", "StoreCalls",
-           "acquired_in", "block_limit", "key_state", "key_state_and_fingerprint", "record_format_from_env"]
+__all__ = ["RECORD_FORMATS", "STORED", "WITH_FINGERPRINT", "Call", "CallFailed", "ClaimItem", "ClaimReply", "KeyState",
+           "NotDurable", "StoreCalls", "StreamCut", "acquired_in", "block_limit", "key_state",
+           "key_state_and_fingerprint", "record_format_from_env"]
 
 #: One claim as ``claim.lua`` takes it: ``(stem, fingerprint, original)`` (the original key when
 #: the stem holds its hash, else ``""``).
 ClaimItem = tuple[str, str, str]
+
+
+#: One script call: ``(script name, KEYS, ARGV)``.
+Call = tuple[str, Sequence[str], Sequence[Any]]
+
+
+class CallFailed(StoreUnavailable):
+    """A call of a pipelined round trip failed (the error is chained); ``replies`` holds every
+    call's reply, the failed ones as exception objects: the calls that answered did run."""
+
+    def __init__(self, message: str, replies: list[Any]) -> None:
+        super().__init__(message)
+        self.replies = replies
+
+
+class NotDurable(StoreUnavailable):
+    """The writes ran on the primary, but fewer replicas than asked acknowledged them in time
+    (``WAIT``): a failover now could lose them. ``replies`` are the scripts' replies."""
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, replies: list[Any]) -> None:
+        super().__init__(f"not durable: {acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms")
+        self.replies = replies
+
+
+class StreamCut(StoreUnavailable):
+    """Redis failed after ``delivered`` replies of a streamed round trip were handed on (the
+    transport's ``ScriptRunner.call_streamed``): ``head`` holds the replies read before them; the
+    calls after them may have run or not."""
+
+    def __init__(self, message: str, head: list[Any], delivered: int) -> None:
+        super().__init__(message)
+        self.head = head
+        self.delivered = delivered
+        #: Filled in by the client: whether each outcome was stored and each claim released, and
+        #: how many of the requests were answered (and handed on).
+        self.stored: list[bool] = []
+        self.released: list[bool] = []
+        self.claimed = 0
 
 
 _OUTCOMES = {int(o.value): o for o in Outcome}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import InvalidKey, ResultNotSerializable, UnreadableRecord
-from .._settings import Defaults
+from .._settings import ClientOptions
 from .calls import ClaimReply, _claim_reply
 from .claim import OMITTED, Claim, Outcome, Stored
 from .fingerprint import request_fingerprint
@@ -74,38 +74,28 @@ class ClaimCodec:
     """Key checking, claim replies and outcome encoding for one namespace and set of options.
 
     Nothing here talks to Redis; the clients hold a codec's fields (they subclass it) and add the
-    round trips. ``lease`` and ``result_ttl`` are kept in seconds, and with ``retention`` also in
-    milliseconds as the scripts take them (``_lease_ms``, ``_result_ttl_ms``, ``_retention_ms``).
+    round trips. ``lease`` and ``result_ttl`` are kept in seconds, and with ``token_retention``
+    also in milliseconds as the scripts take them (``_lease_ms``, ``_result_ttl_ms``,
+    ``_retention_ms``).
     """
 
-    def __init__(
-        self,
-        *,
-        namespace: str = Defaults.NAMESPACE,
-        lease: float = Defaults.LEASE,
-        result_ttl: float = Defaults.RESULT_TTL,
-        retention: float | None = None,
-        max_key_length: int = Defaults.MAX_KEY_LENGTH,
-        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
-        serializer: Serializer | None = None,
-        compress_above: int | None = Defaults.COMPRESS_ABOVE,
-        compression: str = Defaults.COMPRESSION,
-    ) -> None:
-        if lease <= 0 or result_ttl <= 0:
-            raise ValueError("lease and result_ttl must be positive")
+    def __init__(self, options: ClientOptions) -> None:
+        #: The client's options, whole; the attributes below are the ones its paths read.
+        self.options = options
+        namespace, max_key_length = options.namespace, options.max_key_length
         self.layout = KeyLayout(namespace, max_key_length)
-        self.lease = lease
-        self.result_ttl = result_ttl
-        self.max_result_bytes = max_result_bytes
+        self.lease = lease = options.lease
+        self.result_ttl = result_ttl = options.result_ttl
+        self.max_result_bytes = max_result_bytes = options.max_result_bytes
         #: The most bytes a stored value is decompressed to (:func:`decoded_limit`): past it a
         #: duplicate's value is :data:`OMITTED`, and a result serialised larger is stored omitted.
         self.decode_limit = decoded_limit(max_result_bytes)
-        self.serializer: Serializer = serializer or JsonSerializer()
+        self.serializer: Serializer = options.serializer or JsonSerializer()
         #: Compresses stored values over ``compress_above`` bytes (:class:`Packer`).
-        self.packer = Packer(compress_above, compression)
+        self.packer = Packer(options.compress_above, options.compression)
         self._lease_ms = max(1, int(lease * 1000))
         self._result_ttl_ms = max(1, int(result_ttl * 1000))
-        self._retention_ms = max(self._lease_ms, int((retention or result_ttl) * 1000))
+        self._retention_ms = max(self._lease_ms, int((options.token_retention or result_ttl) * 1000))
         #: What :meth:`request` builds a stem from without the general checks: an ASCII ``str``
         #: key this long at most, free of what :class:`KeyLayout` hashes (unsafe characters, the
         #: ``sha256:`` prefix), is stored as it is.
@@ -121,7 +111,7 @@ class ClaimCodec:
 
     def retention_ms(self, ttl: float | None = None) -> int:
         """How long a started key (and with it the token counter) is kept once released, in
-        milliseconds: ``retention``, or longer for a message kept ``ttl`` seconds, so the counter
+        milliseconds: ``token_retention``, or longer for a message kept ``ttl`` seconds, so the counter
         outlives every outcome and a key's tokens stay monotonic."""
         if ttl is None:
             return self._retention_ms
@@ -129,7 +119,7 @@ class ClaimCodec:
 
     @staticmethod
     def with_ttl(claims: list[Claim], ttl: float | None) -> list[Claim]:
-        """``claims`` carrying ``ttl`` (the retention their outcomes are stored with)."""
+        """``claims`` carrying ``ttl`` (the ttl their outcomes are stored with)."""
         if ttl is None:
             return claims
         return [dataclasses.replace(c, ttl=ttl) for c in claims]

@@ -93,7 +93,7 @@ def bind_claim(claim: Claim) -> Iterator[Claim]:
 
 
 class Tracker(Protocol):
-    """What keeps leases alive: the sync :class:`~dedupe_worker._protocol.renewer.LeaseRenewer`, or
+    """What keeps leases alive: the sync :class:`~dedupe_worker._transport.renewer.LeaseRenewer`, or
     the asyncio one (:mod:`dedupe_worker.asyncio`)."""
 
     def track(self, stem: str, token: int) -> None: ...

@@ -39,22 +39,20 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, Unpack
 
 from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavailable
-from .._settings import DedupeSettings, Defaults
-from .calls import ClaimItem, KeyState, StoreCalls, acquired_in, key_state
+from .._settings import ClientKeywords, ClientOptions, DedupeSettings, options_in_query
+from .calls import Call, CallFailed, ClaimItem, KeyState, NotDurable, StoreCalls, StreamCut, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
 from .leases import Lease, lost_in_round, round_failed, round_of
 from .retry import FinishRetry
-from .scripts import Call, CallFailed, NotDurable, StreamCut
-from .serialization import Serializer
 
 __all__ = ["CHECK_STORE", "CheckStore", "ClientCore", "Effect", "Either", "Flow", "Handler", "KeptLeases", "Send",
-           "Sleep", "Steps", "Stream", "Wait"]
+           "Sleep", "Steps", "Stream", "Wait", "drive", "drive_async"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,7 +140,7 @@ class Steps(Generic[T]):
 
     __slots__ = ("error", "flow", "perform", "result", "value")
 
-    def __init__(self, flow: Flow[T], perform: dict[type[Any], Callable[[Any], Any]]) -> None:
+    def __init__(self, flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> None:
         self.flow = flow
         self.perform = perform
         self.value: Any = None
@@ -170,6 +168,28 @@ class Steps(Generic[T]):
         return error is not None
 
 
+def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> T:
+    """Run ``flow`` to its end, performing each effect it yields with ``perform[type(effect)]``
+    called (blocking); an effect's exception is thrown into the flow (:class:`Steps`). The one
+    driver of every flow of the package: the protocol's, the HTTP layer's claim, ``atomic()``'s
+    statements."""
+    steps = Steps(flow, perform)
+    for call, effect in steps:
+        with steps:
+            steps.value = call(effect)
+    return steps.result
+
+
+async def drive_async(flow: Generator[Any, Any, T],
+                      perform: Mapping[type[Any], Callable[[Any], Awaitable[Any]]]) -> T:
+    """:func:`drive` with each effect's call awaited: only the ``await`` differs."""
+    steps = Steps(flow, perform)
+    for call, effect in steps:
+        with steps:
+            steps.value = await call(effect)
+    return steps.result
+
+
 _IN_PROGRESS = Outcome.IN_PROGRESS
 #: A renewal round's answer: when it began, and the leases found lost.
 Renewed = tuple[float, list[Lease]]
@@ -195,7 +215,7 @@ class Leases(Protocol):
 class ClientCore(ClaimCodec):
     """The flows of the claim protocol's client, over a codec's options. The sync and asyncio
     clients subclass it and add a driver, the store, the renewer and the waiting; their options
-    are the same and set here (see :class:`~dedupe_worker.ClaimClient` for each)."""
+    are one :class:`~dedupe_worker.ClientOptions`, taken whole here."""
 
     store: StoreCalls
     renewer: Leases
@@ -208,57 +228,52 @@ class ClientCore(ClaimCodec):
         self,
         store_for: Callable[[KeyLayout], Any],
         renewer_for: Callable[[Callable[[list[Lease], Callable[[Lease], bool]], Any], float], Any],
-        *,
-        namespace: str = Defaults.NAMESPACE,
-        lease: float = Defaults.LEASE,
-        result_ttl: float = Defaults.RESULT_TTL,
-        retention: float | None = None,
-        max_key_length: int = Defaults.MAX_KEY_LENGTH,
-        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
-        permanent_errors: tuple[type[BaseException], ...] = (),
-        fail_open: bool = False,
-        renew_interval: float | None = None,
-        serializer: Serializer | None = None,
-        wait_replicas: int = 0,
-        wait_timeout: float = Defaults.WAIT_TIMEOUT,
-        allow_eviction: bool = False,
-        compress_above: int | None = Defaults.COMPRESS_ABOVE,
-        compression: str = Defaults.COMPRESSION,
+        options: ClientOptions,
     ) -> None:
-        super().__init__(namespace=namespace, lease=lease, result_ttl=result_ttl, retention=retention,
-                         max_key_length=max_key_length, max_result_bytes=max_result_bytes, serializer=serializer,
-                         compress_above=compress_above, compression=compression)
+        super().__init__(options)
+        allow_eviction = options.allow_eviction
         self.allow_eviction = allow_eviction
         #: True once Redis' eviction policy was checked (or ``allow_eviction``): claims skip the check.
         self.store_checked = allow_eviction
         self.store = store_for(self.layout)
-        self.store.require_replicas(wait_replicas, wait_timeout)
-        self.permanent_errors = permanent_errors
-        self.fail_open = fail_open
+        self.store.require_replicas(options.wait_replicas, options.wait_timeout)
+        self.permanent_errors = options.permanent_errors
+        self.fail_open = options.fail_open
         drive: Any = self._drive  # the subclass's driver: each round is one flow it runs
         self.renewer = renewer_for(lambda items, refused: drive(self.renewal_flow(items, refused)),
-                                   renew_interval or lease / 3)
+                                   options.renew_interval or options.lease / 3)
         #: How completions and releases are retried on transient store errors (:mod:`.retry`).
-        self.finish_retry = FinishRetry(lease, self.renewer.interval)
+        self.finish_retry = FinishRetry(options.lease, self.renewer.interval)
         #: Whether :meth:`from_url` built the Redis client (then ``close`` closes it too).
         self.owns_redis = False
         #: How the driver performs each effect, by the effect's type (:meth:`performers`).
         self.perform = self.performers()
 
     @classmethod
-    def from_url(cls: type[C], url: str, **options: Any) -> C:
+    def from_url(cls: type[C], url: str, *, options: ClientOptions | None = None,
+                 **keywords: Unpack[ClientKeywords]) -> C:
         """Build from a Redis URL; ``redis+cluster://`` or ``?cluster=1`` selects Redis Cluster.
-        The client's ``close()`` (``aclose()`` on asyncio) closes the Redis client built here; a
-        client passed to the constructor is the caller's to close."""
-        client = cls(cls._connect(url), **options)
+        Client options may ride in the query (``?namespace=billing&lease=10``): they are taken
+        out of the URL before it is connected to, and keywords win over them. The client's
+        ``close()`` (``aclose()`` on asyncio) closes the Redis client built here; a client passed
+        to the constructor is the caller's to close."""
+        return cls._from_url(url, options, keywords)
+
+    @classmethod
+    def _from_url(cls: type[C], url: str, options: ClientOptions | None, keywords: Mapping[str, Any]) -> C:
+        """:meth:`from_url` for any constructor's keywords (a deduplicator's take ``outcomes`` too)."""
+        url, in_query = options_in_query(url)
+        build: Any = cls  # a client's constructor (ClientCore's own takes the store and renewer)
+        client: C = build(cls._connect(url), options=options, **{**in_query, **keywords})
         client.owns_redis = True
         return client
 
     @classmethod
-    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **options: Any) -> C:
-        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given)."""
+    def from_settings(cls: type[C], settings: DedupeSettings | None = None, **keywords: Unpack[ClientKeywords]) -> C:
+        """Build from :class:`DedupeSettings` (read from ``DEDUPE_*`` when not given); keywords
+        win over the settings."""
         s = settings or DedupeSettings()
-        return cls.from_url(s.claims_url, **{**s.client_options(), **options})
+        return cls.from_url(s.claims_url, options=s.options(), **keywords)
 
     @staticmethod
     def _connect(url: str) -> Any:

@@ -32,7 +32,7 @@ import hashlib
 import re
 
 from .._errors import InvalidKey
-from .._settings import Defaults
+from .._settings import ClientOptions
 
 __all__ = ["NOTICE", "RESULT", "SENT", "STARTED", "KeyLayout"]
 
@@ -54,7 +54,8 @@ HASHED_PREFIX = "sha256:"
 class KeyLayout:
     """Maps idempotency keys to Redis key names under one namespace."""
 
-    def __init__(self, namespace: str = Defaults.NAMESPACE, max_key_length: int = Defaults.MAX_KEY_LENGTH) -> None:
+    def __init__(self, namespace: str = ClientOptions.namespace,
+                 max_key_length: int = ClientOptions.max_key_length) -> None:
         if not namespace or _UNSAFE.search(namespace):
             raise ValueError(f"namespace must be non-empty without braces or whitespace: {namespace!r}")
         self.namespace = namespace

@@ -1,7 +1,7 @@
 """The leases a renewer keeps alive, and when a refused renewal means "lost": one rule for both.
 
 Sans-I/O: :class:`LeaseBook` holds the table; the thread renewer
-(:class:`~dedupe_worker._protocol.renewer.LeaseRenewer`, under its lock) and the asyncio renewer
+(:class:`~dedupe_worker._transport.renewer.LeaseRenewer`, under its lock) and the asyncio renewer
 (:class:`~dedupe_worker.asyncio.AsyncLeaseRenewer`, one book per event loop) drive it.
 
 A renewal that Redis refuses means the token no longer owns the claim. That is a loss only when

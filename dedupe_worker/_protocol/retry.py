@@ -1,7 +1,7 @@
 """When to try a finishing write again: the retry policy of ``complete``, ``fail`` and ``release``.
 
 Sans-I/O: :class:`FinishRetry` says which store errors are worth another attempt and how long to
-wait before it; the sync client (:mod:`.client`) sleeps with ``time.sleep`` and the asyncio
+wait before it; the sync client (:mod:`~dedupe_worker._transport.client`) sleeps with ``time.sleep`` and the asyncio
 client with ``asyncio.sleep``, both driven by the same :class:`FinishAttempts`.
 
 Why retry a finishing write at all? Deferring a message whose handler already ran means running

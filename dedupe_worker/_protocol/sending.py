@@ -3,8 +3,8 @@
 ``send.lua`` reads the key's claim and outcome, and the *send mark* a producer leaves when it
 publishes (``<namespace>:{<key>}:sent``: the task id it sent, until when that counts as queued,
 the payload fingerprint). :func:`send_call` builds the call and :func:`send_answer` reads the
-reply without I/O; :func:`check_send` is the synchronous round trip. :func:`unsend` takes back
-the mark of a send whose publish raised (``unsend.lua``, fenced by the task id).
+reply, without I/O; the round trips (``check_send``, and ``unsend``, which takes back the mark of a
+send whose publish raised) are the transport's (:mod:`dedupe_worker._transport.sending`).
 
 The answer is a hint. A mark lives ``ttl`` seconds as "queued", then only names the task; the
 worker's claim, not this check, is what makes the work run once. When the message is lost or the
@@ -19,14 +19,12 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from .calls import _claim_reply
+from .calls import Call, _claim_reply
 from .claim import Claim
-from .client import ClaimClient
 from .codec import ClaimCodec, Request
 from .layout import KeyLayout
-from .scripts import Call
 
-__all__ = ["SendAnswer", "SendState", "check_send", "send_answer", "send_call", "unsend"]
+__all__ = ["SendAnswer", "SendState", "send_answer", "send_call"]
 
 
 class SendState(enum.Enum):
@@ -90,23 +88,3 @@ def send_answer(codec: ClaimCodec, request: Request, reply: Any) -> SendAnswer:
         return SendAnswer(state, request.key)
     return SendAnswer(state, request.key, _text(task_id), remaining=int(a or 0) / 1000)
 
-
-def check_send(client: ClaimClient, key: str | bytes, task_id: str, *, ttl: float,
-               fingerprint: Any = None) -> SendAnswer:
-    """One round trip: may a send of ``task_id`` for ``key`` publish? See :class:`SendState`.
-
-    ``ttl`` is how long, in seconds, the mark answers QUEUED (include any countdown); after it
-    the mark keeps naming the task for the client's ``result_ttl``. Raises :class:`InvalidKey`
-    and :class:`StoreUnavailable` (nothing decided: the caller publishes).
-    """
-    request = client.request(key, fingerprint)
-    reply = client.store.scripts.call(*send_call(request, task_id, int(ttl * 1000), client._result_ttl_ms))
-    return send_answer(client, request, reply)
-
-
-def unsend(client: ClaimClient, key: str | bytes, task_id: str) -> bool:
-    """One round trip: remove ``key``'s send mark if it still names ``task_id`` (whose publish
-    raised), so the next send publishes. ``False``: the mark names another send, or is gone.
-    Raises :class:`StoreUnavailable` (the mark then lapses after its ``ttl``)."""
-    request = client.request(key)
-    return bool(client.store.scripts.call("unsend", (KeyLayout.sent(request.stem),), (task_id,)))

@@ -27,22 +27,15 @@ import math
 import threading
 import zlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from .._errors import ResultNotSerializable
+from .._settings import ClientOptions, Serializer
 
 __all__ = ["CODECS", "DECODED_PER_STORED", "MIN_DECODED", "JsonSerializer", "Packer", "Serializer", "TooLarge",
            "decoded_limit", "inflate", "unpack"]
-
-
-class Serializer(Protocol):
-    """Turns handler results into bytes for Redis and back."""
-
-    def dumps(self, value: Any) -> bytes: ...
-
-    def loads(self, data: bytes | str) -> Any: ...
 
 
 def _default(value: Any) -> Any:
@@ -229,7 +222,8 @@ class Packer:
     as omitted (logged), so install ``dedupe-worker[zstd]`` on all of them or pin ``"zlib"``.
     """
 
-    def __init__(self, above: int | None = 1024, codec: str = "auto") -> None:
+    def __init__(self, above: int | None = ClientOptions.compress_above,
+                 codec: str = ClientOptions.compression) -> None:
         if above is not None and above < 0:
             raise ValueError(f"compress_above must not be negative, not {above!r}")
         if codec == "auto":

@@ -7,7 +7,7 @@ asyncio deduplicator on :func:`connect_async`'s.
 
 from __future__ import annotations
 
-from .._protocol import CONNECTORS
+from .._transport import CONNECTORS
 from .pool import SqlPool
 from .schema import SCHEMA_VERSION, ddl, install, installed_version, purge
 from .urls import MYSQL, POSTGRESQL, dialect_of, is_sql_url, mysql_arguments, postgresql_conninfo

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .._protocol import KeyLayout, StoreClient
+from .._protocol import KeyLayout
+from .._transport import StoreClient
 from .notices import Notices
 
 __all__ = ["SqlPool"]
@@ -57,9 +58,9 @@ class SqlPool(StoreClient):
 
     def attach(self, client: Any) -> None:
         """``atomic(conn)`` in the client's handlers records outcomes on the claim's own row."""
-        from .atomic import register
+        from .atomic import OwnRows
 
-        register(client)
+        OwnRows(client)
 
     @contextmanager
     def connection(self) -> Iterator[Any]:

@@ -1,6 +1,6 @@
 """The claim protocol on a SQL database: the Redis store's calls, run by a SQL runner.
 
-:class:`SqlStore` is a :class:`~dedupe_worker._protocol.store.RedisStore` whose script runner is
+:class:`SqlStore` is a :class:`~dedupe_worker._transport.store.RedisStore` whose script runner is
 a SQL one (:mod:`.postgres`, :mod:`.mysql`): the flows build the same ``lua/*.lua`` calls, the
 runner performs each as the same transition on the message's row and answers with the script's
 reply (:mod:`.calls`). Everything above it (the codec, the flows, the engine, the integrations)
@@ -24,8 +24,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .._protocol import Claim, KeyLayout, RedisStore, State, StoreBase, key_state
-from ..asyncio._store import AsyncRedisStore
+from .._protocol import Claim, KeyLayout, State, key_state
+from .._transport import AsyncRedisStore, RedisStore, StoreBase
 from .notices import Notices, Wake
 
 __all__ = ["AsyncSqlStore", "SqlStore"]

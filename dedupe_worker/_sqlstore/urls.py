@@ -3,7 +3,7 @@
 ``postgresql://``, ``postgres://`` and the SQLAlchemy forms with a driver
 (``postgresql+psycopg://``, ``postgresql+psycopg2://``) name the PostgreSQL store; ``mysql://``,
 ``mariadb://`` and ``mysql+pymysql://``, ``mariadb+pymysql://`` the MySQL/MariaDB store. Every
-other URL is Redis's (:mod:`dedupe_worker._protocol.connection`).
+other URL is Redis's (:mod:`dedupe_worker._transport.connection`).
 """
 
 from __future__ import annotations

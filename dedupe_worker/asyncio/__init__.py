@@ -17,21 +17,18 @@ batch engine with ``async def`` handlers. Both run the very flows the synchronou
 lease in one round trip per interval. ``current_claim()`` is
 :func:`dedupe_worker.current_claim`, set inside the handler's coroutine.
 
-This package sits beside ``deduplicator.py``: it uses the protocol, the messages and the engine,
-and nothing below it imports it.
+This package sits beside ``deduplicator.py``: it uses the protocol, its transport (where the
+asyncio client, store, renewer and waiter live, beside their sync twins), the messages and the
+engine, and nothing below it imports it.
 """
 
 from __future__ import annotations
 
 from .._decorators import idempotent
 from .._protocol import current_claim
-from ._client import AsyncClaimClient
-from ._connection import async_redis_from_url
+from .._transport import AsyncClaimClient, AsyncKeyWaiter, AsyncLeaseRenewer, AsyncRedisStore, async_redis_from_url
 from ._deduplicator import AsyncDeduplicator
 from ._engine import AsyncHandler, AsyncItem, decide, decide_many, execute, run
-from ._renewer import AsyncLeaseRenewer
-from ._store import AsyncRedisStore
-from ._waiter import AsyncKeyWaiter
 
 __all__ = [
     "AsyncClaimClient",

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 from .._deduplicator import DeduplicatorCore
 from .._engine.decision import outcome
 from .._protocol import Claim
+from .._transport import AsyncClaimClient
 from . import _engine as engine
-from ._client import AsyncClaimClient
 
 __all__ = ["AsyncDeduplicator"]
 

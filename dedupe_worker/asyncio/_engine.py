@@ -23,7 +23,7 @@ from .._engine.decision import Decision, outcome
 from .._engine.pacing import Pacing
 from .._engine.single import decide_flow, execute_flow, handler_of, settle_failure_flow
 from .._protocol import Claim
-from ._client import AsyncClaimClient
+from .._transport import AsyncClaimClient
 
 __all__ = ["AsyncHandler", "AsyncItem", "decide", "decide_many", "execute", "run", "settle_failure"]
 

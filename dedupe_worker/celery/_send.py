@@ -63,7 +63,8 @@ from redis.exceptions import RedisError
 
 from .._deduplicator import Deduplicator
 from .._errors import DedupeError, InvalidKey, KeyConflict, StoreUnavailable
-from .._protocol import SendAnswer, SendState, check_send, unsend
+from .._protocol import SendAnswer, SendState
+from .._transport import check_send, unsend
 from ..observe._base import current as observer
 from ._options import key_and_fingerprint
 

@@ -25,7 +25,7 @@ import redis
 
 from .._deduplicator import Deduplicator
 from .._demo import DemoReport, run_demo
-from .._protocol import redis_from_url
+from .._transport import redis_from_url
 from ._fail import CommandError, redacted
 
 __all__ = ["register"]

@@ -40,12 +40,13 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _database_error(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from a database driver: psycopg's or SQLAlchemy's hierarchy (looked up
-    only when loaded, so the CLI imports neither)."""
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(exc, psycopg.Error):
-        return True
+def _database_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` comes from a database driver: psycopg's, PyMySQL's or SQLAlchemy's hierarchy
+    (looked up only when loaded, so the CLI imports none of them)."""
+    for driver in ("psycopg", "pymysql"):
+        module = sys.modules.get(driver)
+        if module is not None and isinstance(exc, module.Error):
+            return True
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
     return sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.SQLAlchemyError)
 
@@ -65,6 +66,9 @@ def explain(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, EvictionPolicyError):
         return f"refusing to start: {exc} (--allow-eviction)"
+    if isinstance(exc, StoreUnavailable) and _database_error(exc.__cause__):
+        # the SQL store's transitions name the database and the step ("PostgreSQL failed running ...")
+        return f"database: {_first_line(exc)}"
     if isinstance(exc, (StoreUnavailable, redis.ConnectionError, redis.TimeoutError)):
         return f"cannot reach Redis: {_first_line(exc)}"
     if isinstance(exc, ImportError):  # a missing extra: its message says what to install

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from .._deduplicator import Deduplicator
-from .._settings import DedupeSettings
+from .._settings import ClientOptions, DedupeSettings
 from ..keys import KeyStrategy, field_key, first_of, header_key
 from ._fail import CommandError, redacted
 
@@ -131,11 +131,12 @@ def add_dedupe_options(parser: argparse.ArgumentParser) -> None:
     """``--redis-url``, ``--namespace``, ``--lease``, ``--result-ttl``, ``--allow-eviction``,
     ``--sql-dsn`` (defaults: ``DEDUPE_*``)."""
     group = parser.add_argument_group("deduplication (defaults from DEDUPE_* environment variables)")
-    group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default redis://127.0.0.1:6379/0)")
+    group.add_argument("--redis-url", help="Redis URL (DEDUPE_REDIS_URL; default "
+                                           f"{DedupeSettings.model_fields['redis_url'].default})")
     group.add_argument("--store-url", help="claim store URL, Redis or a database (postgresql://, mysql://); "
                                            "wins over --redis-url (DEDUPE_STORE_URL)")
-    group.add_argument("--namespace", help="key prefix (DEDUPE_NAMESPACE; default 'dedupe')")
-    group.add_argument("--lease", type=float, help="lease in seconds (DEDUPE_LEASE; default 30)")
+    group.add_argument("--namespace", help=f"key prefix (DEDUPE_NAMESPACE; default {ClientOptions.namespace!r})")
+    group.add_argument("--lease", type=float, help=f"lease in seconds (DEDUPE_LEASE; default {ClientOptions.lease:g})")
     group.add_argument("--result-ttl", type=float, help="seconds outcomes are kept (DEDUPE_RESULT_TTL)")
     group.add_argument("--allow-eviction", action="store_true", default=None,
                        help="run on a Redis whose maxmemory-policy evicts keys; evicted keys run again "

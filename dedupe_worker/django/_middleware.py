@@ -35,10 +35,10 @@ from typing import Any
 
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied
-from .._protocol import Claim
-from .._settings import Defaults
+from .._protocol import Claim, drive
+from .._settings import ClientOptions, DedupeSettings
 from ..http._body import CHUNK, Body, declared_length
-from ..http._claiming import claim_flow, drive
+from ..http._claiming import claim_flow
 from ..http._recorder import Recorder, stored_size
 from ..http._request import RequestInfo
 from ..http._rules import IdempotencyRules
@@ -145,8 +145,8 @@ class IdempotencyMiddleware:
         except TypeError as exc:
             raise ImproperlyConfigured(f"DEDUPE_HTTP: {exc}") from exc
         self.dedupe = dedupe if dedupe is not None else Deduplicator.from_url(
-            getattr(settings, "DEDUPE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-            namespace=getattr(settings, "DEDUPE_NAMESPACE", Defaults.NAMESPACE), **client_options)
+            getattr(settings, "DEDUPE_REDIS_URL", DedupeSettings.model_fields["redis_url"].default),
+            namespace=getattr(settings, "DEDUPE_NAMESPACE", ClientOptions.namespace), **client_options)
         self._measure = stored_size(self.dedupe)
 
     def __call__(self, request: Any) -> Any:

@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
 from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
-from .._protocol import Claim
+from .._protocol import Claim, drive_async
 from ..asyncio._deduplicator import AsyncDeduplicator
 from ._body import Body, declared_length
-from ._claiming import BEGIN, FORGET, claim_flow, drive_async
+from ._claiming import Begin, Forget, claim_flow
 from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
 from ._rules import Attempt, IdempotencyRules
@@ -130,13 +130,11 @@ class IdempotencyMiddleware:
                        send: Send) -> None:
         ttl = self.rules.request_ttl(request)
 
-        async def perform(step: str, argument: Any) -> Any:
-            if step == BEGIN:
-                return await self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
-                                               ttl=ttl)
-            assert step == FORGET
-            return await self.dedupe.forget(attempt.key, token=argument, force=True)
-
+        perform: dict[type[Any], Callable[[Any], Awaitable[Any]]] = {
+            Begin: lambda _: self.dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait,
+                                               ttl=ttl),
+            Forget: lambda forget: self.dedupe.forget(attempt.key, token=forget.token, force=True),
+        }
         claim, answer = await drive_async(claim_flow(self.rules, attempt, self.dedupe.fail_open), perform)
         if answer is not None:
             await send_response(send, answer)

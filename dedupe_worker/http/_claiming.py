@@ -1,8 +1,8 @@
 """Claiming a request's key, with records the layer cannot read treated as absent.
 
-Written once as a flow (a generator of the steps to perform, :data:`BEGIN` and :data:`FORGET`),
-driven by the sync middleware (:func:`drive`) and by the ASGI one (:func:`drive_async`), as the
-claim protocol's own flows are.
+Written once as a flow (a generator of the effects to perform, :class:`Begin` and
+:class:`Forget`), driven by the sync middleware and by the ASGI one with the claim protocol's own
+drivers (``drive``, ``drive_async``), as the protocol's flows are.
 
 A key's records can be unreadable two ways, and both end in the protocol's own removal,
 ``forget(key, token=claim.token, force=True)`` (``forget.lua``, ownership-checked):
@@ -21,22 +21,28 @@ again is answered as the store being unavailable (503), or run without a claim (
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from collections.abc import Generator
+from typing import Any, NamedTuple
 
 from .._errors import StoreUnavailable
 from .._protocol import Claim
 from ._rules import UNREADABLE, Attempt, IdempotencyRules
 from ._stored import Response
 
-__all__ = ["BEGIN", "FORGET", "claim_flow", "drive", "drive_async"]
+__all__ = ["Begin", "Forget", "claim_flow"]
 
-#: The steps of :func:`claim_flow`: ``(BEGIN, None)`` claim the attempt's key;
-#: ``(FORGET, token)`` remove its unreadable records, ``forget(key, token=token, force=True)``.
-BEGIN, FORGET = "begin", "forget"
 
-Step = tuple[str, Any]
-Flow = Generator[Step, Any, "tuple[Claim | None, Response | None]"]
+class Begin(NamedTuple):
+    """Claim the attempt's key; answered with the :class:`Claim`."""
+
+
+class Forget(NamedTuple):
+    """Remove the key's unreadable records: ``forget(key, token=token, force=True)``."""
+
+    token: int
+
+
+Flow = Generator[Begin | Forget, Any, "tuple[Claim | None, Response | None]"]
 
 
 def claim_flow(rules: IdempotencyRules, attempt: Attempt, fail_open: bool) -> Flow:
@@ -45,7 +51,7 @@ def claim_flow(rules: IdempotencyRules, attempt: Attempt, fail_open: bool) -> Fl
     ``(None, None)`` run without a claim (``fail_open``)."""
     for first in (True, False):
         try:
-            claim = yield BEGIN, None
+            claim = yield Begin()
         except StoreUnavailable as exc:
             return None, rules.store_down(attempt, exc, fail_open)
         answer = rules.answer(claim)
@@ -54,38 +60,7 @@ def claim_flow(rules: IdempotencyRules, attempt: Attempt, fail_open: bool) -> Fl
         if not first:
             return None, rules.store_down(attempt, StoreUnavailable("the replaced record is unreadable"), fail_open)
         try:
-            yield FORGET, claim.token
+            yield Forget(claim.token)
         except StoreUnavailable as exc:
             return None, rules.store_down(attempt, exc, fail_open)
     raise AssertionError("unreachable")
-
-
-def drive(flow: Flow, perform: Callable[[str, Any], Any]) -> tuple[Claim | None, Response | None]:
-    """Run ``flow`` with ``perform(step, argument)`` doing each step (sync)."""
-    reply: Any = None
-    error: StoreUnavailable | None = None
-    while True:
-        try:
-            step = flow.send(reply) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            reply, error = perform(*step), None
-        except StoreUnavailable as exc:
-            reply, error = None, exc
-
-
-async def drive_async(flow: Flow, perform: Callable[[str, Any], Awaitable[Any]]) -> tuple[Claim | None,
-                                                                                          Response | None]:
-    """Run ``flow`` with ``await perform(step, argument)`` doing each step (asyncio)."""
-    reply: Any = None
-    error: StoreUnavailable | None = None
-    while True:
-        try:
-            step = flow.send(reply) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            reply, error = await perform(*step), None
-        except StoreUnavailable as exc:
-            reply, error = None, exc

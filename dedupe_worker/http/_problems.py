@@ -13,7 +13,8 @@ import orjson
 from ._request import KeyProblem
 from ._stored import Response
 
-__all__ = ["conflict", "in_progress", "invalid_key", "no_scope", "problem", "too_large", "unavailable"]
+__all__ = ["conflict", "in_progress", "invalid_key", "no_scope", "problem", "replay_unavailable", "too_large",
+           "unavailable"]
 
 _DETAIL = "This operation is idempotent and it requires correct usage of Idempotency Key."
 _KEY_DETAILS = {
@@ -79,3 +80,11 @@ def unavailable(docs_url: str | None) -> Response:
     return problem(503, "store-unavailable", "Idempotency store unavailable",
                    "The request was not processed; retry it with the same Idempotency-Key.", docs_url,
                    (("retry-after", "1"),))
+
+
+def replay_unavailable(docs_url: str | None) -> Response:
+    """503: the request was processed before, and its stored response cannot be read by this server
+    (compressed with a codec it lacks, or larger than it decodes); it is not processed again."""
+    return problem(503, "replay-unavailable", "Stored response unavailable",
+                   "A request with this Idempotency-Key was processed, and its stored response cannot be"
+                   " read by this server; the request was not processed again.", docs_url)

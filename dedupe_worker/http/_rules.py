@@ -31,7 +31,8 @@ from typing import NamedTuple
 import orjson
 
 from .._errors import AlreadyApplied
-from .._protocol import OMITTED, Claim, Outcome, content_hash
+from .._protocol import OMITTED, Claim, Outcome, TooLarge, content_hash
+from .._settings import ClientOptions
 from ..observe._base import current as observer
 from . import _problems as problems
 from ._recorder import REPLAYED, Recorder, Settle
@@ -126,7 +127,7 @@ class IdempotencyRules:
     max_key_length: int = 255
     max_request_bytes: int = 10 * 1024 * 1024
     max_body_bytes: int = 1_000_000
-    compress_above: int | None = 1024
+    compress_above: int | None = ClientOptions.compress_above
     compression: str = "deflate"
     replay_cookies: bool = False
     docs_url: str | None = None
@@ -195,8 +196,9 @@ class IdempotencyRules:
         """``None`` when ``claim`` was acquired (run the app); :data:`UNREADABLE` when a record
         under the key is not the protocol's (the claim answered UNREADABLE) or the stored
         response does not decode (forget it, claim again; logged here, once); else what the
-        client gets: the stored response replayed, a 409 (still in flight after ``wait``) or a
-        422 (another request used this key)."""
+        client gets: the stored response replayed, a 409 (still in flight after ``wait``), a
+        422 (another request used this key) or a 503 (a stored response whose body is past this
+        process's ``max_body_bytes``, kept for a process that can read it)."""
         if claim.outcome is Outcome.ACQUIRED:
             observer.http_answered("ran")
             return None
@@ -210,13 +212,26 @@ class IdempotencyRules:
         if claim.outcome is Outcome.IN_PROGRESS:
             observer.http_answered("conflict")
             return problems.in_progress(min(self.retry_after, claim.retry_after), self.docs_url)
-        stored = None if claim.failed or claim.result is OMITTED else decode(claim.result, self.max_body_bytes)
+        try:
+            stored = None if claim.failed or claim.result is OMITTED else decode(claim.result, self.max_body_bytes)
+        except TooLarge:
+            return self._unreadable_here(claim)
         if stored is None:
             log.warning("stored response of key=%s token=%s does not decode: treated as absent, replaced",
                         claim.key, claim.token)
             return UNREADABLE
         observer.http_answered("replayed")
         return replay(stored)
+
+    def _unreadable_here(self, claim: Claim) -> Response:
+        """A 503 for a response stored by a request that ran, whose body inflates past this
+        process's ``max_body_bytes`` (a peer configured with a larger one stored it). Running the request again
+        would apply it twice, and forgetting the record would erase the proof that it ran: the
+        record is kept for a process that can read it."""
+        log.warning("stored response of key=%s token=%s cannot be read by this process: answering 503, "
+                    "the record kept", claim.key, claim.token)
+        observer.http_answered("error")
+        return problems.replay_unavailable(self.docs_url)
 
     def store_down(self, attempt: Attempt, exc: Exception, fail_open: bool) -> Response | None:
         """When the claim could not be made (Redis unreachable): a 503 problem (the request was not

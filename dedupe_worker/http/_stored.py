@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .._protocol import inflate
+from .._protocol import TooLarge, inflate
 
 __all__ = ["HOP_BY_HOP", "Response", "decode", "encode", "kept_headers"]
 
@@ -78,7 +78,11 @@ def decode(value: Any, max_body_bytes: int) -> Response | None:
     """The response stored as ``value`` by :func:`encode`; ``None`` when it is not one (a value
     written by something else or by a later format, truncated, invalid base64, or a compressed
     body that inflates past ``max_body_bytes``: decompression stops there, so a stored blob
-    never costs more memory than the largest body the layer stores)."""
+    never costs more memory than the largest body the layer stores).
+
+    A body that inflates past ``max_body_bytes`` raises :class:`~dedupe_worker._protocol.TooLarge`
+    instead: it is a response this process could not have stored, not a record that is not ours,
+    so it is kept for a process configured to read it."""
     if not isinstance(value, dict) or value.get("v") != _VERSION:
         return None
     try:
@@ -87,9 +91,11 @@ def decode(value: Any, max_body_bytes: int) -> Response | None:
         if packing is not None:
             if packing not in _WBITS:
                 return None
-            body = inflate(body, max_body_bytes, _WBITS[packing])  # TooLarge (a ValueError) past the bound
+            body = inflate(body, max_body_bytes, _WBITS[packing])
         headers = tuple((str(name), str(text)) for name, text in value["h"])
         return Response(int(value["s"]), headers, body, bool(value.get("o", False)))
+    except TooLarge:
+        raise
     except (KeyError, TypeError, ValueError, zlib.error, OSError):
         return None
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from .._deduplicator import Deduplicator
 from .._errors import AlreadyApplied, LeaseLost, StoreUnavailable
-from .._protocol import Claim, Holding
+from .._protocol import Claim, Holding, drive
 from ._applied import RAISED, notice_exceptions
 from ._body import CHUNK, Body, declared_length
-from ._claiming import BEGIN, FORGET, claim_flow, drive
+from ._claiming import Begin, Forget, claim_flow
 from ._recorder import Recorder, Settle, stored_size
 from ._request import RequestInfo
 from ._rules import Attempt, IdempotencyRules
@@ -222,16 +222,12 @@ def store_settled(dedupe: Deduplicator, claim: Claim, settle: Settle) -> None:
         log.error("response not settled key=%s token=%s: %s", claim.key, claim.token, exc)
 
 
-def claim_steps(dedupe: Deduplicator, attempt: Attempt, ttl: float | None) -> Callable[[str, Any], Any]:
-    """How the sync middleware (WSGI, Django) performs each step of :func:`claim_flow`."""
-
-    def perform(step: str, argument: Any) -> Any:
-        if step == BEGIN:
-            return dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait, ttl=ttl)
-        assert step == FORGET
-        return dedupe.forget(attempt.key, token=argument, force=True)
-
-    return perform
+def claim_steps(dedupe: Deduplicator, attempt: Attempt, ttl: float | None) -> dict[type[Any], Callable[[Any], Any]]:
+    """How the sync middleware (WSGI, Django) performs each effect of :func:`claim_flow`."""
+    return {
+        Begin: lambda _: dedupe.begin(attempt.key, fingerprint=attempt.fingerprint, wait=attempt.wait, ttl=ttl),
+        Forget: lambda forget: dedupe.forget(attempt.key, token=forget.token, force=True),
+    }
 
 
 class RecordedBody:

@@ -21,8 +21,7 @@ from .._extras import require
 require("kombu", "rabbitmq")
 require("amqp", "rabbitmq")
 
-from ._consumer import DedupeConsumer, Handler  # noqa: E402
-from ._republish import (  # noqa: E402
+from .._republish import (  # noqa: E402
     DEFERRALS,
     DELAY_SUFFIX,
     DLQ_SUFFIX,
@@ -32,6 +31,7 @@ from ._republish import (  # noqa: E402
     delay_queue,
     dlq,
 )
+from ._consumer import DedupeConsumer, Handler  # noqa: E402
 
 __all__ = [
     "DEFERRALS",

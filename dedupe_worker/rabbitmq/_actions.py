@@ -19,7 +19,7 @@ from typing import Any
 
 from .._engine import ACKED, Acted, Action, Decision, Done, Hooks, Reason, RetryPolicy, Tally, backoff, dispatch, report
 from .._messages.deadletter import ATTEMPTS, dead_letter_headers
-from ._republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
+from .._republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
 __all__ = ["BrokerActions", "Item", "Stopping", "answered"]
 

@@ -49,9 +49,9 @@ from .._errors import UndecodableMessage
 from .._extras import require
 from .._messages.envelope import from_kombu
 from .._operate.doctor import check_at_start
+from .._republish import Republisher
 from ..keys import RABBITMQ_DEFAULT
 from ._actions import BrokerActions, Item, Stopping
-from ._republish import Republisher
 
 require("kombu", "rabbitmq")
 from kombu.connection import Connection  # noqa: E402

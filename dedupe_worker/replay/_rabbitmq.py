@@ -35,7 +35,7 @@ from ._plan import Pacer, Planner, Step, replay_headers
 from ._summary import ReplayOptions, Summary
 
 if TYPE_CHECKING:
-    from ..rabbitmq._republish import Republisher
+    from .._republish import Republisher
 
 __all__ = ["Destination", "original_destination", "replay_rabbitmq"]
 
@@ -97,7 +97,7 @@ def replay_rabbitmq(connection: Any, queue: str, planner: Planner, *,
     Connection and channel errors propagate; whatever was not acked by then stays in the queue.
     """
     require("kombu", "rabbitmq")
-    from ..rabbitmq._republish import Republisher
+    from .._republish import Republisher
 
     options = options or ReplayOptions()
     summary = Summary.start(options)
@@ -136,7 +136,7 @@ def _replay_batch(channel: Any, queue: str, planner: Planner, batch: list[tuple[
                   summary: Summary, held: list[int]) -> None:
     """Judge ``batch``, publish its REPLAY copies and wait for their confirms, then finish every
     message in order: ack what was dropped or confirmed, hold the rest for the end of the run."""
-    from ..rabbitmq._republish import Copy
+    from .._republish import Copy
 
     origins = [original_destination(message.headers or {}) for _, message in batch]
     entries = planner.judge_many([

@@ -43,16 +43,16 @@ are not in the transaction; a crash after them and before the commit runs them a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
-from .._protocol import Claim, ClaimCodec, Run, current_claim, current_run
-from ._drivers import AsyncDriver, Driver, async_driver, drive, drive_async, sync_driver
+from .._protocol import Claim, ClaimCodec, Run, current_claim, current_run, drive, drive_async
+from ._drivers import AsyncDriver, Driver, async_driver, sync_driver
 from ._outcomes import SqlOutcomes, attached, namespace_of
-from ._statements import Dialect, dialect_named, enter, leave
+from ._statements import Dialect, Statement, dialect_named, enter, leave
 
-__all__ = ["Atomic", "AtomicOutcome", "atomic"]
+__all__ = ["Atomic", "AtomicOutcome", "Block", "atomic"]
 
 
 class AtomicOutcome:
@@ -87,40 +87,51 @@ def _recording(claim: Claim, outcomes: SqlOutcomes | None) -> tuple[SqlOutcomes,
     return (*attached(claim, outcomes), None)
 
 
-class Atomic:
-    """The context manager :func:`atomic` returns: ``with`` for sync connections, ``async with``
-    for asyncio ones."""
+class Block:
+    """A block run in a transaction on a connection, with statements at its entry and at its exit,
+    written once for sync connections (``with``) and asyncio ones (``async with``).
 
-    def __init__(self, connection: Any, outcomes: SqlOutcomes | None = None, driver: Driver | None = None) -> None:
+    Subclasses give the statements as flows (:meth:`entry`, :meth:`exit`: generators yielding
+    :class:`Statement` and sent each one's answer), driven by the protocol's drivers. The block is
+    its own transaction, or a savepoint in the caller's; a block that joined a transaction it did
+    not open commits out of its sight, so it is registered with the engine's run (``confirms``
+    answers whether the row committed) and the claim is completed only once the row is confirmed
+    (engine/recorded.py)."""
+
+    def __init__(self, connection: Any, claim: Claim, run: Run | None, confirms: Any,
+                 driver: Driver | None = None) -> None:
         self.connection = connection
-        self.claim = _current()
-        self.outcomes, self.codec, self.run = _recording(self.claim, outcomes)
-        self.outcome = AtomicOutcome(self.claim)
-        self._driver = driver
+        self.claim = claim
+        self.run = run
+        self.confirms = confirms
+        self.outcome = AtomicOutcome(claim)
+        self._driver: Any = driver
         self._transaction: Any = None
 
-    def _dialect(self, name: str) -> Dialect:
-        return dialect_named(name, self.outcomes.table)
+    def entry(self, dialect: str) -> Generator[Statement, Any, None]:
+        """The statements at entry; raises what the row says (``AlreadyApplied``, ``LeaseLost``, ...)."""
+        raise NotImplementedError
+
+    def exit(self, dialect: str) -> Generator[Statement, Any, None]:
+        """The statements that record ``outcome.result`` at a clean exit."""
+        raise NotImplementedError
 
     def _entered(self, joined: bool) -> None:
-        """This run's row is in the transaction; one the block joined commits out of its sight, so
-        the engine confirms it before storing the outcome (engine/recorded.py)."""
         if joined and self.run is not None:
-            self.run.joined[(self.claim.stem, self.claim.token)] = self.outcomes
+            self.run.joined[(self.claim.stem, self.claim.token)] = self.confirms
 
     # -- sync -------------------------------------------------------------------------------------
 
     def __enter__(self) -> AtomicOutcome:
-        driver = self._driver or sync_driver(self.connection)
+        driver = self._driver = self._driver or sync_driver(self.connection)
         if driver is None:
             raise TypeError(f"atomic() takes a psycopg Connection or a SQLAlchemy Connection or Session "
                             f"(use 'async with' for asyncio ones), not {type(self.connection).__name__}")
-        self._driver = driver
-        dialect, joined = self._dialect(driver.dialect), driver.joined()
+        joined = driver.joined()
         self._transaction = transaction = driver.transaction()
         transaction.__enter__()
         try:
-            drive(enter(dialect, self.codec, self.claim), driver.execute)
+            drive(self.entry(driver.dialect), {Statement: driver.execute})
         except BaseException as exc:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -131,11 +142,9 @@ class Atomic:
                  tb: TracebackType | None) -> bool | None:
         driver, transaction = self._driver, self._transaction
         assert driver is not None and transaction is not None
-        record = None if kind is not None else leave(self._dialect(driver.dialect), self.codec, self.claim,
-                                                          self.outcome.result)
-        if record is not None:
+        if kind is None:
             try:
-                driver.execute(record)
+                drive(self.exit(driver.dialect), {Statement: driver.execute})
             except BaseException as failed:
                 transaction.__exit__(type(failed), failed, failed.__traceback__)
                 raise
@@ -144,16 +153,16 @@ class Atomic:
     # -- asyncio ----------------------------------------------------------------------------------
 
     async def __aenter__(self) -> AtomicOutcome:
-        driver = async_driver(self.connection)
+        driver: AsyncDriver | None = async_driver(self.connection)
         if driver is None:
             raise TypeError(f"'async with atomic()' takes a psycopg AsyncConnection or a SQLAlchemy "
                             f"AsyncConnection or AsyncSession, not {type(self.connection).__name__}")
-        self._async_driver = driver
-        dialect, joined = self._dialect(driver.dialect), driver.joined()
+        self._driver = driver
+        joined = driver.joined()
         self._transaction = transaction = driver.transaction()
         await transaction.__aenter__()
         try:
-            await drive_async(enter(dialect, self.codec, self.claim), driver.execute)
+            await drive_async(self.entry(driver.dialect), {Statement: driver.execute})
         except BaseException as exc:
             await transaction.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -162,27 +171,38 @@ class Atomic:
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
-        driver: AsyncDriver = self._async_driver
-        transaction = self._transaction
-        record = None if kind is not None else leave(self._dialect(driver.dialect), self.codec, self.claim,
-                                                          self.outcome.result)
-        if record is not None:
+        driver, transaction = self._driver, self._transaction
+        if kind is None:
             try:
-                await driver.execute(record)
+                await drive_async(self.exit(driver.dialect), {Statement: driver.execute})
             except BaseException as failed:
                 await transaction.__aexit__(type(failed), failed, failed.__traceback__)
                 raise
         return await transaction.__aexit__(kind, exc, tb)  # type: ignore[no-any-return]
 
 
-#: Asked in turn by :func:`atomic` given no ``outcomes``: each takes the connection and answers
-#: the block that records the current claim's outcome on the claim's own row, or ``None``. The
-#: SQL store adds its own (:mod:`dedupe_worker._sqlstore.atomic`) when a client on it starts, so
-#: this package imports nothing above it.
-OWN_ROW: list[Callable[[Any], Any]] = []
+class Atomic(Block):
+    """The block :func:`atomic` returns for a :class:`SqlOutcomes` table: ``with`` for sync
+    connections, ``async with`` for asyncio ones."""
+
+    def __init__(self, connection: Any, outcomes: SqlOutcomes | None = None, driver: Driver | None = None) -> None:
+        claim = _current()
+        self.outcomes, self.codec, run = _recording(claim, outcomes)
+        super().__init__(connection, claim, run, self.outcomes, driver)
+
+    def _dialect(self, name: str) -> Dialect:
+        return dialect_named(name, self.outcomes.table)
+
+    def entry(self, dialect: str) -> Generator[Statement, Any, None]:
+        return enter(self._dialect(dialect), self.codec, self.claim)
+
+    def exit(self, dialect: str) -> Generator[Statement, Any, None]:
+        record = leave(self._dialect(dialect), self.codec, self.claim, self.outcome.result)
+        if record is not None:
+            yield record
 
 
-def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
+def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Block:
     """Run a block in a transaction on ``connection`` that also records the current claim's key
     and, at exit, the block's ``outcome.result``; raise :class:`~dedupe_worker.AlreadyApplied` at
     entry when an earlier run of the key committed (see the module's docstring).
@@ -193,11 +213,12 @@ def atomic(connection: Any, *, outcomes: SqlOutcomes | None = None) -> Atomic:
     outside a handler run by the engine (no current claim) or when no ``SqlOutcomes`` is known.
 
     A deduplicator on the SQL store (``from_url("postgresql://...")``) given no ``SqlOutcomes``
-    records the outcome on the claim's own row instead (:mod:`dedupe_worker._sqlstore.atomic`)."""
+    records the outcome on the claim's own row instead: its store registered a recorder for its
+    namespace (:func:`~dedupe_worker.sql._outcomes.register`) whose ``block`` gives that block
+    (:mod:`dedupe_worker._sqlstore.atomic`)."""
     if outcomes is None:
-        for own_row in OWN_ROW:
-            on_store = own_row(connection)
-            if on_store is not None:
-                return on_store  # type: ignore[no-any-return]
+        claim = _current()
+        recorder, _ = attached(claim)
+        if not isinstance(recorder, SqlOutcomes):
+            return recorder.block(connection, claim)  # type: ignore[no-any-return]
     return Atomic(connection, outcomes)
-

@@ -10,13 +10,13 @@ alias. Asyncio: a psycopg ``AsyncConnection``, a SQLAlchemy ``AsyncConnection`` 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from ._statements import Statement
 
-__all__ = ["AsyncDriver", "Driver", "async_driver", "drive", "drive_async", "sync_driver"]
+__all__ = ["AsyncDriver", "Driver", "async_driver", "sync_driver"]
 
 _PYFORMAT = re.compile(r"%\((\w+)\)s")
 
@@ -219,26 +219,3 @@ def async_driver(conn: Any) -> AsyncDriver | None:
         if isinstance(conn, AsyncSession):
             return AsyncSqlAlchemyDriver(conn, conn.sync_session.get_bind().dialect.name)
     return None
-
-
-def drive(steps: Generator[Statement, Any, None], execute: Callable[[Statement], Any]) -> None:
-    """Run ``steps`` to the end, answering each statement with ``execute(statement)``."""
-    answer = None
-    while True:
-        try:
-            statement = steps.send(answer)
-        except StopIteration:
-            return
-        answer = execute(statement)
-
-
-async def drive_async(steps: Generator[Statement, Any, None],
-                      execute: Callable[[Statement], Awaitable[Any]]) -> None:
-    """:func:`drive` with an awaited ``execute``."""
-    answer = None
-    while True:
-        try:
-            statement = steps.send(answer)
-        except StopIteration:
-            return
-        answer = await execute(statement)

@@ -4,7 +4,7 @@ One row per key (its Redis stem), written only inside the handler's transaction 
 :func:`~dedupe_worker.sql._atomic`. The engine reads a row (one query) only when a key is claimed
 again after an earlier claim, to answer a re-run from the committed outcome without running the
 handler, and when an ``atomic()`` block joined a transaction it did not open, to confirm that its
-row committed before storing the outcome in Redis. Each row expires after the retention of the
+row committed before storing the outcome in Redis. Each row expires after the ttl of the
 claim that wrote it (the message's own ``ttl``, else its client's ``result_ttl``); past it the row
 is absent, as the Redis record is, and :meth:`SqlOutcomes.purge` deletes expired rows in bounded
 batches (cron: ``dedupe-worker sql purge``).
@@ -34,12 +34,14 @@ from ._statements import (
     stored_key,
 )
 
-__all__ = ["SqlOutcomes", "attached", "ddl", "namespace_of"]
+__all__ = ["SqlOutcomes", "attached", "ddl", "namespace_of", "register"]
 
 log = logging.getLogger(__name__)
 
-#: namespace -> (outcomes, the client's codec): how ``atomic()`` finds its table from a claim.
-_attached: dict[str, tuple[SqlOutcomes, ClaimCodec]] = {}
+#: namespace -> (where ``atomic()`` records, the client's codec): how ``atomic()`` finds its table
+#: from a claim. Where it records is a :class:`SqlOutcomes`, or the SQL store's recorder of the
+#: claim's own row (any object with ``block(connection, codec)``; it registers itself here).
+_attached: dict[str, tuple[Any, ClaimCodec]] = {}
 _lock = threading.Lock()
 
 
@@ -100,8 +102,7 @@ class SqlOutcomes:
     def attach(self, client: ClaimCodec) -> None:
         """Called by a client given these outcomes: ``atomic()`` in a handler of that client's
         namespace records into this table, encoding results as that client does."""
-        with _lock:
-            _attached[client.layout.namespace] = (self, client)
+        register(client.layout.namespace, self, client)
         self._codec = self._codec or client
 
     @property
@@ -221,7 +222,7 @@ class SqlOutcomes:
             _upgraded_already(exc)
 
     def purge(self, *, batch: int = 1000, now: float | None = None) -> int:
-        """Delete rows past their retention, ``batch`` rows per statement (each its own short
+        """Delete rows past their ttl, ``batch`` rows per statement (each its own short
         transaction) until none is left; return how many were deleted. Safe to run from cron
         while workers run: a key's row is only deleted once its ``result_ttl`` (or its message's
         ``ttl``) passed."""
@@ -252,7 +253,13 @@ def namespace_of(stem: str) -> str:
     return stem[:stem.index(":{")] if ":{" in stem else ""
 
 
-def attached(claim: Claim, outcomes: SqlOutcomes | None = None) -> tuple[SqlOutcomes, ClaimCodec]:
+def register(namespace: str, recorder: Any, codec: ClaimCodec) -> None:
+    """``atomic()`` in a handler of ``namespace`` records with ``recorder``, encoding as ``codec``."""
+    with _lock:
+        _attached[namespace] = (recorder, codec)
+
+
+def attached(claim: Claim, outcomes: SqlOutcomes | None = None) -> tuple[Any, ClaimCodec]:
     """The outcomes (``outcomes``, else those of the client of ``claim``'s namespace) and the codec
     that encodes ``claim``'s results. Raises ``RuntimeError`` when no client was given outcomes."""
     namespace = namespace_of(claim.stem)

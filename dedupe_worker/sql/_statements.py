@@ -161,7 +161,7 @@ class Row:
 
 def row_of(codec: ClaimCodec, claim: Claim, now: int) -> Row:
     """``claim``'s row written at ``now``: it expires after the claim's ``ttl`` (the message's own
-    retention), else after ``codec``'s ``result_ttl`` (the client that claimed it): as long as its
+    ttl), else after ``codec``'s ``result_ttl`` (the client that claimed it): as long as its
     Redis outcome."""
     return Row(claim.token, claim.fingerprint or "", now + codec.result_ttl_ms(claim.ttl))
 

@@ -1,7 +1,7 @@
 """One background thread that keeps every live claim's lease from running out.
 
-A deliberate twin of :mod:`dedupe_worker.asyncio._renewer` (a thread here, a task per event loop
-there): what a round does and when a refusal is a loss is shared (:mod:`.leases`).
+A deliberate twin of :mod:`dedupe_worker._transport.async_renewer` (a thread here, a task per event loop
+there): what a round does and when a refusal is a loss is shared (:mod:`~dedupe_worker._protocol.leases`).
 
 The renewer wakes every ``interval`` seconds (a third of the lease by default) and extends all
 tracked leases in one batched ``renew.lua`` round trip, so a thousand in-flight messages cost one
@@ -24,8 +24,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .flows import Renewed
-from .leases import Lease, LeaseBook, forget_after_fork
+from .._protocol import Lease, LeaseBook, Renewed, forget_after_fork
 
 __all__ = ["LeaseRenewer"]
 
@@ -110,7 +109,7 @@ class LeaseRenewer:
 
     def settle(self, leases: Iterable[Lease]) -> None:
         """The completion or release of ``leases`` is being sent: until they are untracked, a
-        refused renewal of one of them is not a loss (see :mod:`.leases`)."""
+        refused renewal of one of them is not a loss (see :mod:`~dedupe_worker._protocol.leases`)."""
         with self._lock:
             self._book.settle(leases)
 

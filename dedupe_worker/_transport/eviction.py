@@ -8,7 +8,7 @@ and the engine defers those messages).
 
 Each client checks once, before its first claim (clients sharing one Redis client object, as
 clients made per request do, share the check: a Redis that passed is not asked again) (:meth:`ClaimClient.check_store
-<dedupe_worker._protocol.ClaimClient.check_store>`), and the consumers call it as they start, so
+<dedupe_worker._transport.ClaimClient.check_store>`), and the consumers call it as they start, so
 they refuse to start. On a Redis Cluster every primary is asked. What happens:
 
 - an evicting policy on any primary raises :class:`~dedupe_worker.EvictionPolicyError` (naming the

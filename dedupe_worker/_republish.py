@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from amqp import spec
 from amqp.exceptions import MessageNacked
 
-from .._errors import DedupeError
+from ._errors import DedupeError
 
 __all__ = ["DEFERRALS", "DELAY_SUFFIX", "DLQ_SUFFIX", "ORIGINAL_USER_ID", "Copy", "PublishFailed", "Republisher",
            "delay_queue", "dlq"]

@@ -1,7 +1,7 @@
 """Script calls sent straight on a connection of the client's pool, without redis-py's
 ``Pipeline`` or ``execute_command``.
 
-A coalesced round trip (see :mod:`dedupe_worker.asyncio._scripts`) carries the script calls of
+A coalesced round trip (see :mod:`dedupe_worker._transport.async_scripts`) carries the script calls of
 concurrent coroutines. Sent as a redis-py asyncio ``Pipeline``, each call was packed by redis-py's
 pure-Python ``pack_command`` and each reply read through the pipeline's parse layers and a timer
 of its own: with 50 coroutines a quarter of the client's CPU went to packing and a sixth to
@@ -9,7 +9,7 @@ reading. :class:`DirectSender` does the same round trip with redis-py's public `
 methods: a connection from the client's own pool (``get_connection``/``release``), the whole
 batch packed by the compiled ``dedupe_worker._resp.pack_command``, else ``hiredis.pack_command``
 (only where that gives the connection's own bytes, as the sync held connection checks:
-:func:`~dedupe_worker._protocol.held.direct_packer`; ``DEDUPE_PURE_PYTHON=1`` skips the compiled one), one
+:func:`~dedupe_worker._transport.held.direct_packer`; ``DEDUPE_PURE_PYTHON=1`` skips the compiled one), one
 ``send_packed_command``, and each reply read with ``read_response``, all of them under one
 deadline of the connection's ``socket_timeout`` rather than one timer per reply. A lone script
 call (a claim or completion with nothing in flight) is sent the same way, a batch of one.
@@ -19,7 +19,7 @@ than redis-py's ``Pipeline``/``execute_command`` path, well past the 10% the pro
 second path (``python -m bench.asyncio_paths``, with and without ``DEDUPE_PURE_PYTHON=1``, which
 keeps redis-py's path: :meth:`DirectSender.for_client`; the figures are in docs/performance.md).
 
-**The held connection.** As the sync client does (:mod:`dedupe_worker._protocol.held`), the
+**The held connection.** As the sync client does (:mod:`dedupe_worker._transport.held`), the
 senders on a pool take one connection of it with their first round trip and keep it (one per pool,
 however many clients use the pool), instead of getting one from the pool and giving it back each
 time: redis-py 8.1's asyncio pool takes an ``asyncio.Lock`` twice, records four connection counts
@@ -29,7 +29,7 @@ before. Before each use it is checked as the pool checks a connection given back
 (``should_reconnect``) and one it hands out (``ensure_connection``: reconnected when idle data or
 a closed socket says it is out of step); a round trip that fails or is cancelled disconnects it,
 and the next reconnects. ``AsyncClaimClient.close`` gives it back once no other client on the
-pool uses it. Not kept on a pool of fewer than :data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`
+pool uses it. Not kept on a pool of fewer than :data:`~dedupe_worker._transport.held.MIN_POOL_SIZE`
 connections. Why: the pool's bookkeeping is paid per round trip, so a lone call (FastStream's
 path, one message at a time) pays it whole (``python -m bench.frameworks``; the figures are in
 docs/performance.md).
@@ -62,8 +62,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._protocol import MIN_POOL_SIZE, direct_packer
 from .._settings import accelerators_off
+from .held import MIN_POOL_SIZE, direct_packer
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
@@ -263,7 +263,7 @@ class _Held:
     @staticmethod
     def join(pool: Any) -> _Held | None:
         """The held connection of ``pool``, counting one more user; ``None`` on a pool too small
-        to spare one (:data:`~dedupe_worker._protocol.held.MIN_POOL_SIZE`) or without a public
+        to spare one (:data:`~dedupe_worker._transport.held.MIN_POOL_SIZE`) or without a public
         check for a connection it hands out (``ensure_connection``, redis-py before 5.1)."""
         size = getattr(pool, "max_connections", None)
         if (size is not None and size < MIN_POOL_SIZE) or not hasattr(pool, "ensure_connection"):

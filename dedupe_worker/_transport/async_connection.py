@@ -3,8 +3,8 @@
 ``redis://``, ``rediss://`` and ``unix://`` as redis-py reads them; ``redis+cluster://`` (or
 ``?cluster=1``) for a Redis Cluster; ``redis+sentinel://`` and ``rediss+sentinel://`` for a
 primary found through Sentinel, written as for the sync client. The scheme dispatch and the retry
-policy are the sync module's (:func:`~dedupe_worker._protocol.connection.by_scheme`,
-:func:`~dedupe_worker._protocol.connection.retry_policy`); only the clients built differ.
+policy are the sync module's (:func:`~dedupe_worker._transport.connection.by_scheme`,
+:func:`~dedupe_worker._transport.connection.retry_policy`); only the clients built differ.
 
 A standalone client gets a :class:`~redis.asyncio.BlockingConnectionPool` of ``max_connections``
 (default 64): with hundreds of coroutines in flight, a call waits for a free connection instead
@@ -22,8 +22,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 
-from .._protocol import by_scheme, retry_policy, sentinel_options
-from ._scripts import AsyncRedis
+from .async_scripts import AsyncRedis
+from .connection import by_scheme, retry_policy, sentinel_options
 
 __all__ = ["async_redis_from_url"]
 

@@ -30,16 +30,14 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
+from .._protocol import Call, StreamCut
 from .held import BUSY
 from .paths import path_for
 from .script_flow import (
     LOAD_ORDER,
     SCRIPT_NAMES,
     SENDER_SCRIPTS,
-    Call,
-    CallFailed,
     Library,
-    NotDurable,
     ScriptFlows,
     checked,
     drive,
@@ -48,24 +46,8 @@ from .script_flow import (
     takes_flags,
 )
 
-__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call", "CallFailed", "NotDurable", "ScriptRunner",
-           "StreamCut", "checked", "load_script", "script_text", "takes_flags"]
-
-
-class StreamCut(StoreUnavailable):
-    """Redis failed after ``delivered`` replies of a streamed round trip were handed on
-    (:meth:`ScriptRunner.call_streamed`): ``head`` holds the replies read before them; the calls
-    after them may have run or not."""
-
-    def __init__(self, message: str, head: list[Any], delivered: int) -> None:
-        super().__init__(message)
-        self.head = head
-        self.delivered = delivered
-        #: Filled in by the client: whether each outcome was stored and each claim released, and
-        #: how many of the requests were answered (and handed on).
-        self.stored: list[bool] = []
-        self.released: list[bool] = []
-        self.claimed = 0
+__all__ = ["LOAD_ORDER", "SCRIPT_NAMES", "SENDER_SCRIPTS", "ScriptRunner", "checked", "load_script", "script_text",
+           "takes_flags"]
 
 
 def load_script(name: str) -> str:
@@ -154,7 +136,7 @@ class ScriptRunner:
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several FCALLs or EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
-        <dedupe_worker._protocol.script_flow.ScriptFlows.call_all>`)."""
+        <dedupe_worker._transport.script_flow.ScriptFlows.call_all>`)."""
         return drive(self.flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
 
     def call_streamed(self, calls: Sequence[Call], first: int, deliver: Callable[[Any], None]) -> list[Any]:

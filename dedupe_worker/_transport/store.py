@@ -1,7 +1,7 @@
 """The claim protocol on Redis: each transition is one Lua script, called by SHA.
 
-A deliberate twin of :mod:`dedupe_worker.asyncio._store` for the few calls made outside a flow;
-every multi-step operation is a flow (:mod:`.flows`), written once for both clients.
+A deliberate twin of :mod:`dedupe_worker._transport.async_store` for the few calls made outside a flow;
+every multi-step operation is a flow (:mod:`~dedupe_worker._protocol.flows`), written once for both clients.
 
 Why fencing tokens? A lease alone cannot stop a paused worker::
 
@@ -14,7 +14,7 @@ the token to its own storage (``UPDATE ... WHERE fence < :token``) to fence its 
 
 Methods take batches; on a standalone Redis a batch is one EVALSHA over all its keys, on a Redis
 Cluster it is one pipelined EVALSHA per key (each key's two records share a slot).
-The client's ``round_trip`` flow (:mod:`.flows`) sends the calls of several transitions in one
+The client's ``round_trip`` flow (:mod:`~dedupe_worker._protocol.flows`) sends the calls of several transitions in one
 pipelined round trip (store one group's outcomes and claim the next chunk together); Redis still
 runs each script atomically, one after the other, in the order given.
 """
@@ -31,11 +31,10 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .._errors import StoreUnavailable
-from .calls import ClaimReply, KeyState, StoreCalls, block_limit, key_state
-from .layout import KeyLayout
+from .._protocol import KeyLayout, KeyState, StoreCalls, block_limit, key_state
 from .scripts import ScriptRunner
 
-__all__ = ["ClaimReply", "KeyState", "RedisStore"]
+__all__ = ["RedisStore", "StoreBase"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ class RedisStore(StoreBase):
     """Runs the protocol transitions for keys laid out by a :class:`KeyLayout`.
 
     The ``*_calls`` methods build the script calls of one transition over a batch; the client's
-    flows send them (:mod:`.flows`). Beside them, the few calls made outside a flow: the key
+    flows send them (:mod:`~dedupe_worker._protocol.flows`). Beside them, the few calls made outside a flow: the key
     watcher's ``watch``/``wait_notice``, the command line's ``forget``/``inspect``.
     """
 

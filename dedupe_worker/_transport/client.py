@@ -1,6 +1,6 @@
 """The protocol client: claim a key, store its outcome, release or renew it. No verdicts here.
 
-Its logic is in :mod:`.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
+Its logic is in :mod:`~dedupe_worker._protocol.flows`, run by :meth:`ClaimClient.drive` (blocking); the asyncio client
 runs the same flows, and performs their effects from the same table (``ClientCore.performers``).
 The deliberate twins are the one line of the driver loop that performs an effect (a call here,
 an ``await`` there; the loop itself is ``flows.Steps``), the key watcher, the renewer thread,
@@ -20,27 +20,36 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import redis
 from redis.cluster import RedisCluster
 
 from .._errors import ClaimError, ResultNotSerializable, StoreUnavailable
-from .._settings import Defaults
+from .._protocol import (
+    C,
+    Claim,
+    ClaimItem,
+    ClientCore,
+    Either,
+    Flow,
+    KeyState,
+    Request,
+    Stored,
+    StreamCut,
+    T,
+    drive,
+    leases_of,
+)
+from .._settings import ClientKeywords, ClientOptions, client_options
 from .backends import StoreClient, connect
-from .calls import ClaimItem, KeyState
-from .claim import Claim, Stored
-from .codec import KEY_HARD_LIMIT, Request
 from .connection import redis_from_url
 from .eviction import check_store
-from .flows import C, ClientCore, Either, Flow, Steps, T, leases_of
 from .renewer import LeaseRenewer
-from .scripts import StreamCut
-from .serialization import Serializer
 from .store import RedisStore
 from .watcher import KeyWatcher
 
-__all__ = ["KEY_HARD_LIMIT", "ClaimClient", "Request"]
+__all__ = ["ClaimClient"]
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +66,11 @@ class ClaimClient(ClientCore):
     result can be lost. After ``result_ttl`` a redelivery is treated as new.
 
     :param redis_client: a ``redis.Redis`` or ``redis.cluster.RedisCluster``.
-    :param namespace: prefix of every key written.
-    :param lease: seconds a claim is held before others may take it; renewed while work runs.
-    :param result_ttl: seconds an outcome is kept.
-    :param retention: seconds the token counter outlives a lease (default ``result_ttl``).
-    :param max_key_length: longer keys are stored as their sha256.
-    :param max_result_bytes: results whose stored (compressed) form is larger are stored as
-        "completed, body omitted".
-    :param permanent_errors: exception types stored as a failed outcome instead of released.
-    :param fail_open: when Redis is down, run the work anyway (logged as an error).
-    :param renew_interval: seconds between lease renewals (default a third of ``lease``).
-    :param serializer: how results are stored (default JSON; never pickle).
-    :param wait_replicas: send ``WAIT wait_replicas`` in the same round trip as every claim and
-        completion; fewer acknowledgements within ``wait_timeout`` seconds raise
-        :class:`StoreUnavailable` (the claims it took are given back). Not consensus: see docs/guarantees.md.
-    :param allow_eviction: accept a Redis whose ``maxmemory-policy`` evicts keys (evicted keys run
-        again). Off: the first claim raises :class:`EvictionPolicyError` there (:meth:`check_store`).
-    :param compress_above: results (and stored failures) over this many bytes are stored
-        compressed, when that makes them smaller; ``None``: never. Readers decompress whatever
-        they find, and read values stored uncompressed as before.
-    :param compression: ``"auto"`` (zstd where installed, ``pip install 'dedupe-worker[zstd]'``,
-        else zlib), ``"zstd"`` or ``"zlib"``. Every worker of a namespace must read what the
-        others write: where some lack zstd, pin ``"zlib"``.
+    :param options: a :class:`~dedupe_worker.ClientOptions` (default: every option at its default).
+    :param keywords: options by name (``lease=10``), each a field of
+        :class:`~dedupe_worker.ClientOptions` (what each means and its default are written
+        there); they win over ``options``. Another name raises ``TypeError``; ``retention``, the
+        old name of ``token_retention``, is taken with a ``DeprecationWarning`` for one release.
     """
 
     store: RedisStore
@@ -89,31 +81,13 @@ class ClaimClient(ClientCore):
         self,
         redis_client: redis.Redis | RedisCluster | StoreClient,
         *,
-        namespace: str = Defaults.NAMESPACE,
-        lease: float = Defaults.LEASE,
-        result_ttl: float = Defaults.RESULT_TTL,
-        retention: float | None = None,
-        max_key_length: int = Defaults.MAX_KEY_LENGTH,
-        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
-        permanent_errors: tuple[type[BaseException], ...] = (),
-        fail_open: bool = False,
-        renew_interval: float | None = None,
-        serializer: Serializer | None = None,
-        wait_replicas: int = 0,
-        wait_timeout: float = Defaults.WAIT_TIMEOUT,
-        allow_eviction: bool = False,
-        compress_above: int | None = Defaults.COMPRESS_ABOVE,
-        compression: str = Defaults.COMPRESSION,
+        options: ClientOptions | None = None,
+        **keywords: Unpack[ClientKeywords],
     ) -> None:
         # another store's client (from_url of a database URL): the same protocol on it
         super().__init__(functools.partial(redis_client.store, asynchronous=False)
                          if isinstance(redis_client, StoreClient) else functools.partial(RedisStore, redis_client),
-                         LeaseRenewer, namespace=namespace, lease=lease,
-                         result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
-                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
-                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
-                         wait_timeout=wait_timeout, allow_eviction=allow_eviction,
-                         compress_above=compress_above, compression=compression)
+                         LeaseRenewer, client_options(options, keywords))
         self._watcher: KeyWatcher | None = None
         if isinstance(redis_client, StoreClient):
             self.store_checked = True  # the eviction check is Redis's
@@ -170,13 +144,8 @@ class ClaimClient(ClientCore):
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, performing each effect
         it yields with blocking calls (:meth:`performers`): a round trip on the store,
         ``time.sleep``, a wait on the key watcher's notice, the handler called. An effect's
-        exception is thrown into the flow. The loop is :class:`~dedupe_worker._protocol.flows.Steps`;
-        only the call differs from the asyncio driver (it awaits)."""
-        steps = Steps(flow, self.perform)
-        for perform, effect in steps:
-            with steps:
-                steps.value = perform(effect)
-        return steps.result
+        exception is thrown into the flow (:func:`~dedupe_worker._protocol.flows.drive`)."""
+        return drive(flow, self.perform)
 
     _sleep = staticmethod(time.sleep)
 
@@ -211,7 +180,7 @@ class ClaimClient(ClientCore):
         ``ttl``: seconds this message's outcome is kept, instead of ``result_ttl``. The claim
         carries it (:attr:`Claim.ttl`), so :meth:`complete` and :meth:`fail` store the outcome for
         that long; the lease is unchanged, and a released key's token counter is kept at least as
-        long (``retention`` is raised to ``ttl`` for this key). Raises ``ValueError`` unless it is
+        long (``token_retention`` is raised to ``ttl`` for this key). Raises ``ValueError`` unless it is
         a positive number.
         """
         return self._drive(self.begin_flow(key, fingerprint, wait, ttl))
@@ -264,8 +233,8 @@ class ClaimClient(ClientCore):
 
         A transient store error (a reconnect, a slot migration, ``LOADING``, ``BUSY``, ``OOM``)
         does not cost the outcomes: they and the releases are settled anyway (sent again alone
-        while the leases last, see :mod:`.retry`), and then, when there were requests,
-        :class:`~dedupe_worker._protocol.scripts.StreamCut` is raised with ``stored``,
+        while the leases last, see :mod:`~dedupe_worker._protocol.retry`), and then, when there were requests,
+        :class:`~dedupe_worker._protocol.calls.StreamCut` is raised with ``stored``,
         ``released`` and ``claimed=0`` (the claims are not retried). Otherwise raises
         :class:`StoreUnavailable`; the outcomes may then have been stored or not.
         """
@@ -286,7 +255,7 @@ class ClaimClient(ClientCore):
         released, once every claim was handed on.
 
         Raises :class:`StoreUnavailable` as :meth:`settle_and_claim` when Redis failed before any
-        claim was handed on; after, :class:`~dedupe_worker._protocol.scripts.StreamCut` with
+        claim was handed on; after, :class:`~dedupe_worker._protocol.calls.StreamCut` with
         ``stored``, ``released`` and ``claimed`` (how many requests were answered): the requests
         after those may have been claimed or not. For ``step`` requests or fewer, with ``WAIT``
         (``wait_replicas``), on a cluster, or while another thread holds the connection, the round
@@ -345,7 +314,7 @@ class ClaimClient(ClientCore):
         ``ttl``: seconds this outcome is kept, instead of ``result_ttl``. Raises
         :class:`LeaseLost` (nothing written) when fenced off, and
         :class:`ResultNotSerializable` after storing "completed, body omitted" for a value JSON
-        cannot hold. A transient store error is retried while the lease lasts (:mod:`.retry`).
+        cannot hold. A transient store error is retried while the lease lasts (:mod:`~dedupe_worker._protocol.retry`).
         """
         self._drive(self.complete_flow(claim, value, ttl))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .layout import KeyLayout
+from .._protocol import KeyLayout
 
 __all__ = ["CONNECTORS", "StoreClient", "connect"]
 

@@ -1,10 +1,10 @@
 """One task per event loop that keeps every live claim's lease from running out.
 
-A deliberate twin of :mod:`dedupe_worker._protocol.renewer` (a thread there, a task per loop
+A deliberate twin of :mod:`dedupe_worker._transport.renewer` (a thread there, a task per loop
 here): a round is one flow both drive (``ClientCore.renewal_flow``), and when a refusal is a loss
 is shared (:mod:`~dedupe_worker._protocol.leases`), as is the fork hook.
 
-The asyncio form of :class:`~dedupe_worker._protocol.renewer.LeaseRenewer`: claims are tracked per
+The asyncio form of :class:`~dedupe_worker._transport.renewer.LeaseRenewer`: claims are tracked per
 running loop, and each loop gets one renewer task that wakes every ``interval`` seconds and
 extends all of that loop's tracked leases in one batched ``renew.lua`` round trip. A thousand
 coroutines in flight cost one task and one round trip per interval, never a task per message.

@@ -1,6 +1,6 @@
 """The protocol client on asyncio: claim a key, store its outcome, release or renew it, awaited.
 
-A deliberate twin of :mod:`dedupe_worker._protocol.client`, kept to what truly differs: the
+A deliberate twin of :mod:`dedupe_worker._transport.client`, kept to what truly differs: the
 driver's one line that performs an effect (it awaits where the sync one blocks; the loop is
 ``flows.Steps`` and how each effect is performed is one table, ``ClientCore.performers``, both
 shared), the waiter, the renewer task, ``close`` and the context manager's spelling. Its logic
@@ -20,35 +20,21 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Unpack
 
 from .._errors import ClaimError, ResultNotSerializable
-from .._protocol import (
-    Claim,
-    ClaimItem,
-    ClientCore,
-    Either,
-    Flow,
-    KeyState,
-    Request,
-    Serializer,
-    Steps,
-    StoreClient,
-    Stored,
-    check_store_async,
-    connect,
-)
-from .._settings import Defaults
-from ._connection import async_redis_from_url
-from ._renewer import AsyncLeaseRenewer
-from ._scripts import AsyncRedis
-from ._store import AsyncRedisStore
-from ._waiter import AsyncKeyWaiter
+from .._protocol import C, Claim, ClaimItem, ClientCore, Either, Flow, KeyState, Request, Stored, T, drive_async
+from .._settings import ClientKeywords, ClientOptions, client_options
+from .async_connection import async_redis_from_url
+from .async_renewer import AsyncLeaseRenewer
+from .async_scripts import AsyncRedis
+from .async_store import AsyncRedisStore
+from .async_waiter import AsyncKeyWaiter
+from .backends import StoreClient, connect
+from .eviction import check_store_async
 
 __all__ = ["AsyncClaimClient"]
 
-T = TypeVar("T")
-C = TypeVar("C", bound=ClientCore)
 
 
 
@@ -75,31 +61,13 @@ class AsyncClaimClient(ClientCore):
         self,
         redis_client: AsyncRedis | StoreClient,
         *,
-        namespace: str = Defaults.NAMESPACE,
-        lease: float = Defaults.LEASE,
-        result_ttl: float = Defaults.RESULT_TTL,
-        retention: float | None = None,
-        max_key_length: int = Defaults.MAX_KEY_LENGTH,
-        max_result_bytes: int = Defaults.MAX_RESULT_BYTES,
-        permanent_errors: tuple[type[BaseException], ...] = (),
-        fail_open: bool = False,
-        renew_interval: float | None = None,
-        serializer: Serializer | None = None,
-        wait_replicas: int = 0,
-        wait_timeout: float = Defaults.WAIT_TIMEOUT,
-        allow_eviction: bool = False,
-        compress_above: int | None = Defaults.COMPRESS_ABOVE,
-        compression: str = Defaults.COMPRESSION,
+        options: ClientOptions | None = None,
+        **keywords: Unpack[ClientKeywords],
     ) -> None:
         # another store's client (from_url of a database URL): the same protocol on it
         super().__init__(functools.partial(redis_client.store, asynchronous=True)
                          if isinstance(redis_client, StoreClient) else functools.partial(AsyncRedisStore, redis_client),
-                         AsyncLeaseRenewer, namespace=namespace,
-                         lease=lease, result_ttl=result_ttl, retention=retention, max_key_length=max_key_length,
-                         max_result_bytes=max_result_bytes, permanent_errors=permanent_errors, fail_open=fail_open,
-                         renew_interval=renew_interval, serializer=serializer, wait_replicas=wait_replicas,
-                         wait_timeout=wait_timeout, allow_eviction=allow_eviction,
-                         compress_above=compress_above, compression=compression)
+                         AsyncLeaseRenewer, client_options(options, keywords))
         #: Wakes the coroutines waiting on held keys (one task per loop); also :attr:`watcher`.
         self.waiter = AsyncKeyWaiter(self.store)
         if isinstance(redis_client, StoreClient):
@@ -141,14 +109,9 @@ class AsyncClaimClient(ClientCore):
         """Run ``flow`` (:mod:`dedupe_worker._protocol.flows`) to its end, awaiting each effect it
         yields (:meth:`performers`): a round trip on the store, ``asyncio.sleep``, a wait on the
         loop's :class:`AsyncKeyWaiter`, the handler awaited. An effect's exception is thrown into
-        the flow (``CancelledError`` included, so a cancelled handler's claim is settled). The
-        loop is :class:`~dedupe_worker._protocol.flows.Steps`; only the ``await`` differs from
-        the sync driver."""
-        steps = Steps(flow, self.perform)
-        for perform, effect in steps:
-            with steps:
-                steps.value = await perform(effect)
-        return steps.result
+        the flow (``CancelledError`` included, so a cancelled handler's claim is settled):
+        :func:`~dedupe_worker._protocol.flows.drive_async`."""
+        return await drive_async(flow, self.perform)
 
     #: The name the flows written once for both clients call their driver by.
     _drive = _drive_async
@@ -163,7 +126,7 @@ class AsyncClaimClient(ClientCore):
         return self.waiter.wait(stem, timeout)
 
     async def check_store(self) -> None:
-        """:meth:`ClaimClient.check_store <dedupe_worker._protocol.ClaimClient.check_store>`, awaited."""
+        """:meth:`ClaimClient.check_store <dedupe_worker._transport.ClaimClient.check_store>`, awaited."""
         if not self.allow_eviction and not isinstance(self.store.client, StoreClient):
             await check_store_async(self.store.client)
         self.store_checked = True

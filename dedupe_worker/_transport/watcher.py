@@ -1,6 +1,6 @@
 """One thread that waits on many held keys at once and calls back when each is decided.
 
-A deliberate twin of :mod:`dedupe_worker.asyncio._waiter` (a thread here, a task per loop there).
+A deliberate twin of :mod:`dedupe_worker._transport.async_waiter` (a thread here, a task per loop there).
 
 A consumer that meets a key in progress elsewhere can hand the key to a :class:`KeyWatcher`
 instead of sleeping on it: ``watch.lua`` counts a waiter on the key, and the thread blocks (one
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .._errors import StoreUnavailable
-from .layout import KeyLayout
+from .._protocol import KeyLayout
 from .store import RedisStore
 
 __all__ = ["KeyWatcher", "Watched"]

@@ -2,8 +2,8 @@
 
 What a call sends, the ``NOSCRIPT`` handling (every script loaded, then only the calls that ran
 nothing sent again), ``WAIT`` in the same round trip, the reply checks and the choice of script
-texts for the server are written once in :mod:`dedupe_worker._protocol.script_flow` and shared
-with the sync :class:`~dedupe_worker._protocol.scripts.ScriptRunner`; this module only carries
+texts for the server are written once in :mod:`dedupe_worker._transport.script_flow` and shared
+with the sync :class:`~dedupe_worker._transport.scripts.ScriptRunner`; this module only carries
 each request to Redis with ``redis.asyncio``. Every Redis failure is raised as
 :class:`~dedupe_worker.StoreUnavailable`.
 
@@ -21,7 +21,7 @@ nothing is coalesced on a cluster (the calls of one turn go to different nodes).
 
 On a plain ``redis.asyncio.Redis``, script calls alone and coalesced batches are sent straight on a
 connection of the client's pool, the one the runner holds when it is free, packed by hiredis
-(:mod:`dedupe_worker.asyncio._direct`, where the figures are); any other client gets redis-py's
+(:mod:`dedupe_worker._transport.async_direct`, where the figures are); any other client gets redis-py's
 ``execute_command`` and pipeline.
 """
 
@@ -37,8 +37,10 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .._protocol import SCRIPT_NAMES, SENDER_SCRIPTS, Call, Library, ScriptFlows, load_script
-from ._direct import DirectSender
+from .._protocol import Call
+from .async_direct import DirectSender
+from .script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Library, ScriptFlows
+from .scripts import load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
 
@@ -91,7 +93,7 @@ class AsyncScriptRunner:
 
     async def release_held(self) -> None:
         """Give the held connection of lone calls back to the client's pool (see
-        :mod:`dedupe_worker.asyncio._direct`); a later call takes one again."""
+        :mod:`dedupe_worker._transport.async_direct`); a later call takes one again."""
         if self._direct is not None:
             await self._direct.release_held()
 
@@ -107,7 +109,7 @@ class AsyncScriptRunner:
 
     async def _drive(self, flow: Generator[Any, Any, Any]) -> Any:
         """Run ``flow``: each request carried by :meth:`_send`, its reply sent back into the flow,
-        an exception thrown into it (:func:`~dedupe_worker._protocol.script_flow.drive` with await)."""
+        an exception thrown into it (:func:`~dedupe_worker._transport.script_flow.drive` with await)."""
         reply: Any = None
         error: Exception | None = None
         try:

@@ -2,8 +2,8 @@
 
 Each operation of :class:`ScriptFlows` is a generator that yields what to send and receives the
 reply (an error reply or a Redis failure is thrown into it), as httpx writes its auth flows. The
-drivers (:class:`~dedupe_worker._protocol.scripts.ScriptRunner` with redis-py,
-:class:`~dedupe_worker.asyncio._scripts.AsyncScriptRunner` with ``redis.asyncio``) only carry
+drivers (:class:`~dedupe_worker._transport.scripts.ScriptRunner` with redis-py,
+:class:`~dedupe_worker._transport.async_scripts.AsyncScriptRunner` with ``redis.asyncio``) only carry
 each request to Redis. A request is one of:
 
 * a ``tuple``: one command (``EVALSHA ...``, ``WAIT ...``); the reply is sent back;
@@ -43,11 +43,12 @@ from typing import Any
 from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 
 from .._errors import StoreUnavailable
+from .._protocol import Call, CallFailed, NotDurable
 from .._settings import SCRIPTS_ENV, eval_forced
 
-__all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "SCRIPTS_ENV", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Call",
-           "CallFailed", "Flow", "Library", "NotDurable", "ScriptFlows", "checked", "function_missing",
-           "library_name", "library_text", "refused", "script_text", "takes_flags"]
+__all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "SCRIPTS_ENV", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Flow", "Library",
+           "ScriptFlows", "checked", "function_missing", "library_name", "library_text", "refused", "script_text",
+           "takes_flags"]
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +69,6 @@ SENDER_SCRIPTS = ("send", "unsend")
 #: complete, release, then claim) are loaded last, so whenever one is loaded so are the earlier.
 LOAD_ORDER = ("forget", "inspect", "watch", "renew", "complete", "release", "claim")
 
-#: One script call: ``(script name, KEYS, ARGV)``.
-Call = tuple[str, Sequence[str], Sequence[Any]]
-
-
 class _Info:
     def __repr__(self) -> str:
         return "INFO"
@@ -82,24 +79,6 @@ INFO: Any = _Info()
 
 #: An operation: yields requests, receives replies, returns its result.
 Flow = Generator[Any, Any, Any]
-
-
-class CallFailed(StoreUnavailable):
-    """A call of a pipelined round trip failed (the error is chained); ``replies`` holds every
-    call's reply, the failed ones as exception objects: the calls that answered did run."""
-
-    def __init__(self, message: str, replies: list[Any]) -> None:
-        super().__init__(message)
-        self.replies = replies
-
-
-class NotDurable(StoreUnavailable):
-    """The writes ran on the primary, but fewer replicas than asked acknowledged them in time
-    (``WAIT``): a failover now could lose them. ``replies`` are the scripts' replies."""
-
-    def __init__(self, acked: int, wanted: int, timeout_ms: int, replies: list[Any]) -> None:
-        super().__init__(f"not durable: {acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms")
-        self.replies = replies
 
 
 def checked(calls: Sequence[Call], replies: list[Any], wait: tuple[int, int] | None, acked: Any) -> list[Any]:

@@ -1,6 +1,6 @@
 """One task per event loop that waits on every held key its coroutines wait for.
 
-A deliberate twin of :mod:`dedupe_worker._protocol.watcher` (the waiting itself differs: one
+A deliberate twin of :mod:`dedupe_worker._transport.watcher` (the waiting itself differs: one
 blocked connection per loop here, BLPOP per wait or one watcher thread there).
 
 ``begin(key, wait=...)`` on a key held elsewhere waits for the holder's completion or release.
@@ -26,8 +26,9 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 
-from .._protocol import KeyLayout, Watched
-from ._store import AsyncRedisStore
+from .._protocol import KeyLayout
+from .async_store import AsyncRedisStore
+from .watcher import Watched
 
 __all__ = ["AsyncKeyWaiter"]
 

@@ -1,11 +1,11 @@
 """The claim protocol's transitions on ``redis.asyncio``: the same calls, the same replies.
 
-A deliberate twin of :mod:`dedupe_worker._protocol.store` for the few calls made outside a flow
+A deliberate twin of :mod:`dedupe_worker._transport.store` for the few calls made outside a flow
 (the waiter's ``watch``/``wait_notice``): connection set-up and blocking
 differ; every multi-step operation is a flow (:mod:`dedupe_worker._protocol.flows`).
 
 :class:`AsyncRedisStore` builds its script calls and reads their replies with the code the
-synchronous :class:`~dedupe_worker._protocol.RedisStore` uses
+synchronous :class:`~dedupe_worker._transport.RedisStore` uses
 (:class:`~dedupe_worker._protocol.calls.StoreCalls`); only the round trips are awaited. The
 guarantees are those of the protocol: one transition is one atomic script, every write checks the
 caller's fencing token, every Redis failure is :class:`~dedupe_worker.StoreUnavailable`.
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 
-from .._protocol import KeyLayout, StoreBase
-from ._scripts import AsyncRedis, AsyncScriptRunner
+from .._protocol import KeyLayout
+from .async_scripts import AsyncRedis, AsyncScriptRunner
+from .store import StoreBase
 
 __all__ = ["AsyncRedisStore"]
 

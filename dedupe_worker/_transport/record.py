@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .layout import KeyLayout
+from .._protocol import KeyLayout
 
 __all__ = ["StoredResult", "parse_result", "queue_size_read", "read_result", "size_from_replies"]
 
