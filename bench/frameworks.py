@@ -280,7 +280,7 @@ def faststream_case(amqp_url: str, redis_url: str, dedupe: bool, timings: Timing
             if timings is not None:
                 time_async_pool(redis_client.connection_pool, timings)
             client = AsyncDeduplicator(redis_client, namespace=f"bench-{queue}", result_ttl=60.0)
-            middlewares = [dedupe_middleware(client, key=field_key("id"))] if dedupe else []
+            middlewares = [dedupe_middleware(client, key_strategy=field_key("id"))] if dedupe else []
             if timings is not None and dedupe:
                 time_faststream_middleware(middlewares[0], timings)
             broker = RabbitBroker(amqp_url, middlewares=middlewares, logger=None)

@@ -116,7 +116,7 @@ def run_faststream(redis_url: str, namespace: str, passes: int, count: int, made
 
     async def main() -> None:
         client = AsyncDeduplicator(redis.asyncio.Redis.from_url(redis_url), namespace=namespace, result_ttl=300)
-        middleware = dedupe_middleware(client, key=field_key("id"))
+        middleware = dedupe_middleware(client, key_strategy=field_key("id"))
         messages = [message(i) for i in range(made)]
         subscriber = Subscriber()
         for _ in range(passes):

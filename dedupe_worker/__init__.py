@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ._decorators import idempotent
 from ._deduplicator import Deduplicator
-from ._engine import Action, Decision, Hooks, Reason, current_claim, decide, decide_many
+from ._engine import Action, ConsumerOptions, Decision, Hooks, Reason, current_claim, decide, decide_many
 from ._errors import (
     AlreadyApplied,
     ClaimError,
@@ -52,6 +52,7 @@ __all__ = [
     "ClaimClient",
     "ClaimError",
     "ClientOptions",
+    "ConsumerOptions",
     "Decision",
     "DedupeError",
     "DedupeSettings",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, Unpack
 
-from ._engine import decision as _decision
+from . import _engine as _decision
 from ._engine import single as _engine
 from ._engine.recorded import Outcomes
 from ._protocol import KEY_HARD_LIMIT, Claim, ClientCore, Holding
@@ -63,7 +63,7 @@ class DeduplicatorCore(ClientCore):
     @staticmethod
     def answer(claim: Claim) -> Any:
         """The stored value of a DUPLICATE; raises for IN_PROGRESS, CONFLICT and stored failures."""
-        decision = _decision.settle(claim)
+        decision = _decision.verdict_of(claim)
         if decision is None:
             raise ValueError(f"claim on {claim.key!r} was acquired; there is nothing stored to answer")
         return _decision.outcome(decision)

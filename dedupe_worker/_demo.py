@@ -60,7 +60,7 @@ class _Broker:
                 wait = (self._heap[0].due - now) if self._heap else 0.05
                 self._cond.wait(min(wait, 0.05))
 
-    def settle(self, delivery: _Delivery, redeliver_after: float | None) -> None:
+    def ack_or_redeliver(self, delivery: _Delivery, redeliver_after: float | None) -> None:
         """Ack, or put the message back (a lost ack, a crash, a deferral)."""
         with self._cond:
             self.unacked -= 1
@@ -136,12 +136,12 @@ def run_demo(
                     if dead.acquired:
                         with lock:
                             dead_claims[d.order_id] = dead.token
-                broker.settle(d, visibility + jitter)
+                broker.ack_or_redeliver(d, visibility + jitter)
                 continue
             if dedupe is None:
                 handler(d.order_id)
                 redeliver = first_time(d.order_id, d.attempt, plan["lose_ack"])
-                broker.settle(d, visibility + jitter if redeliver else None)
+                broker.ack_or_redeliver(d, visibility + jitter if redeliver else None)
                 continue
             decision = decide(dedupe, d.order_id, lambda: handler(d.order_id))
             with lock:
@@ -151,12 +151,12 @@ def run_demo(
             if decision.action is Action.DEFER:
                 with lock:
                     report.deferred += 1
-                broker.settle(d, decision.retry_after + jitter)
+                broker.ack_or_redeliver(d, decision.retry_after + jitter)
             elif decision.action is Action.ACK:
                 redeliver = first_time(d.order_id, d.attempt, plan["lose_ack"])
-                broker.settle(d, visibility + jitter if redeliver else None)
+                broker.ack_or_redeliver(d, visibility + jitter if redeliver else None)
             else:  # a handler error: retry later (the demo handler does not fail)
-                broker.settle(d, visibility + jitter)
+                broker.ack_or_redeliver(d, visibility + jitter)
 
     for order_id in plan["publish"]:
         broker.publish(order_id)

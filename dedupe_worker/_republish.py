@@ -141,12 +141,12 @@ class Republisher:
             self.channel._confirm_selected = True  # as basic_publish_confirm would have set it
         first = self._sequence + 1
         last = self._sequence + len(copies)
-        settled: dict[int, bool] = {}
+        confirmed_ok: dict[int, bool] = {}
 
         def confirmed(ok: bool) -> Any:
             def mark(tag: int, multiple: bool) -> None:
                 for t in range(max(first, 1 if multiple else tag), min(tag, last) + 1):
-                    settled.setdefault(t, ok)
+                    confirmed_ok.setdefault(t, ok)
             return mark
 
         on_ack, on_nack = confirmed(True), confirmed(False)
@@ -158,7 +158,7 @@ class Republisher:
                 self._sequence += 1
                 publish(self._prepare(copy.message, copy.headers, None), exchange=copy.exchange,
                         routing_key=copy.routing_key, mandatory=True)
-            while len(settled) < len(copies):
+            while len(confirmed_ok) < len(copies):
                 self.channel.wait([spec.Basic.Ack, spec.Basic.Nack], timeout=self.confirm_timeout)
         finally:
             self.channel.events["basic_ack"].discard(on_ack)
@@ -167,7 +167,7 @@ class Republisher:
         problems: list[str | None] = []
         for tag, copy in enumerate(copies, first):
             why = returned.get((copy.exchange, copy.routing_key))
-            if not settled[tag]:
+            if not confirmed_ok[tag]:
                 problems.append(f"broker nacked the copy for {copy.routing_key!r}")
             elif why is not None:
                 problems.append(f"broker returned the copy as unroutable ({copy.routing_key}: {why})")

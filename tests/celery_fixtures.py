@@ -84,7 +84,7 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
         dedupe_permanent_errors=(PermanentError,),
     )
 
-    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.charge", max_retries=0, defer_wait=0.5,
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.charge", max_retries=0, dedupe_defer_wait=0.5,
               idempotency_key=lambda order_id, **_: f"charge:{order_id}")
     def charge(self: IdempotentTask, order_id: int, amount: int, delay: float = 0.0) -> dict[str, Any]:
         with effects(app) as r:
@@ -105,8 +105,8 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
             raise ValueError(f"attempt {attempt} fails")
         return {"attempt": attempt, "retries": self.request.retries}
 
-    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.plain", max_attempts=3, retry_base=0.05,
-              retry_cap=0.1)
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.plain", dedupe_max_attempts=3,
+              dedupe_retry_base=0.05, dedupe_retry_cap=0.1)
     def plain(self: IdempotentTask, job: str, fail_times: int) -> dict[str, Any]:
         """Fails with no Celery retry option: IdempotentTask's max_attempts retries it."""
         with effects(app) as r:
@@ -138,7 +138,7 @@ def make_app(*, broker: str, backend: str, namespace: str, queue: str, lease: fl
             r.incr(fx(app, "doomed", job))
         raise PermanentError(f"{job} can never work")
 
-    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.tagged", defer_wait=0.2)
+    @app.task(base=RecordingTask, bind=True, shared=False, name="dt.tagged", dedupe_defer_wait=0.2)
     def tagged(self: IdempotentTask, tag: str) -> str:
         with effects(app) as r:
             r.incr(fx(app, "tagged", tag))

@@ -29,10 +29,10 @@ from dedupe_worker.keys import field_key
 
 class RecordingMiddleware(DedupeMiddleware):
     """Keeps each hook call as ``(hook, reason, value)``. The key is the body's ``id`` unless
-    ``key`` is given (``key=None``: the middleware's default for the broker)."""
+    ``key_strategy`` is given (``key_strategy=None``: the middleware's default for the broker)."""
 
     def __init__(self, dedupe: AsyncDeduplicator, **options: Any) -> None:
-        options.setdefault("key", field_key("id"))
+        options.setdefault("key_strategy", field_key("id"))
         super().__init__(dedupe, **options)
         self.events: list[tuple[str, str, Any]] = []
 

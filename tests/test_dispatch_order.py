@@ -214,8 +214,9 @@ def test_celery(world: World, rabbitmq_url: str, redis_url: str, monkeypatch: py
     app = Celery(f"dispatch-{world.run}", broker=rabbitmq_url, backend=redis_url, set_as_current=False)
     app.conf.update(task_default_queue=queue, dedupe_namespace=world.namespace)
     record_steps(monkeypatch, celery_task._TaskSteps, world, lambda port: port.key)
-    base = type("Recording", (IdempotentTask,), {**hooks_of(world), "abstract": True, **OPTIONS,
-                                                "retry_base": 0.05})
+    base = type("Recording", (IdempotentTask,), {**hooks_of(world), "abstract": True,
+                                                **{f"dedupe_{name}": value for name, value in OPTIONS.items()},
+                                                "dedupe_retry_base": 0.05})
 
     @app.task(base=base, bind=True, shared=False, name="dispatch.handle",
               idempotency_key=lambda payload: payload["key"], idempotency_fingerprint=lambda payload: payload["fp"])
@@ -278,7 +279,7 @@ def test_faststream(world: World, rabbitmq_url: str, redis_url: str, monkeypatch
     async def main() -> dict[str, list[str]]:
         dedupe = AsyncDeduplicator(redis.asyncio.Redis.from_url(redis_url), namespace=world.namespace,
                                    lease=5.0, result_ttl=60.0, permanent_errors=(Permanent,))
-        middleware = middleware_cls(dedupe, key=header_key("idempotency-key"),
+        middleware = middleware_cls(dedupe, key_strategy=header_key("idempotency-key"),
                                     fingerprint=lambda envelope: envelope.header("x-fp"), **OPTIONS)
         broker = RabbitBroker(rabbitmq_url, middlewares=[middleware], logger=None)
 

@@ -183,7 +183,7 @@ def test_the_default_key_is_the_header_else_the_message_id(target: Target, redis
                     what="four verdicts")
         assert app.middleware.count("applied") == 2
 
-    scenario(target, redis_url, namespace, record, body, key=None, fingerprint=None)
+    scenario(target, redis_url, namespace, record, body, key_strategy=None, fingerprint=None)
     assert sorted(ident for ident, _ in entries(redis_client, record, "applied")) == ["by-header", "by-identity"]
     assert dedupe.status("h-1").state == "done"
     if target.kind != "kafka":

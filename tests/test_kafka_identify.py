@@ -1,6 +1,7 @@
-"""The Kafka consumer's key, fingerprint and ttl read straight from a record give what the
-envelope path (``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, a batch
-what each of its records gives, and a batch's admission what the consumer's acceptance of each record gives."""
+"""The Kafka consumer's key, fingerprint and ttl of a record (the engine's ``Identify``, reading the
+record as its envelope, or under the defaults as its headers and body) give what the envelope path
+(``from_kafka`` + the strategy + the fingerprint + the ttl header) gives, a batch what each of its
+records gives, and a batch's admission what the consumer's acceptance of each record gives."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from dedupe_worker import UndecodableMessage
+from dedupe_worker._engine import TTL_HEADER, ConsumerOptions, Decision, TtlHeader, header_ttl
 from dedupe_worker._messages.envelope import from_kafka
-from dedupe_worker._messages.ttl import TTL_HEADER, TtlHeader, header_ttl
-from dedupe_worker.kafka._consumer import DedupeKafkaConsumer
+from dedupe_worker.kafka._consumer import DedupeKafkaConsumer, identify_records
 from dedupe_worker.kafka._positions import PartitionState
 from dedupe_worker.keys import KAFKA_DEFAULT, body_fingerprint, header_key
 
@@ -65,28 +66,40 @@ def envelope_path(msg: Record, strategy: Any, fingerprint: Any) -> tuple[str, An
 @pytest.mark.parametrize("fingerprint", [body_fingerprint, None, lambda envelope: "fp"])
 @pytest.mark.parametrize("msg", RECORDS)
 def test_identify_gives_what_the_envelope_gives(msg: Record, strategy: Any, fingerprint: Any) -> None:
-    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=TTL_HEADER)
+    consumer = consumer_of(strategy, fingerprint)
     try:
         expected = envelope_path(msg, strategy, fingerprint)
     except Exception as exc:
         with pytest.raises(type(exc)):
-            DedupeKafkaConsumer._identify(consumer, msg)  # type: ignore[arg-type]
+            consumer._identify(msg)
         return
-    assert DedupeKafkaConsumer._identify(consumer, msg) == expected  # type: ignore[arg-type]
+    assert consumer._identify(msg) == expected
 
 
 def test_a_bad_ttl_is_reported_after_a_good_key() -> None:
-    consumer = SimpleNamespace(key_strategy=KAFKA_DEFAULT, fingerprint=body_fingerprint, ttl_header=TTL_HEADER)
+    consumer = consumer_of(KAFKA_DEFAULT, body_fingerprint)
     with pytest.raises(UndecodableMessage):
-        DedupeKafkaConsumer._identify(consumer, Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))  # type: ignore[arg-type]
+        consumer._identify(Record([("idempotency-key", b"k"), (TTL_HEADER, b"-1")]))
 
 
 def consumer_of(strategy: Any, fingerprint: Any, ttl_header: str | None = TTL_HEADER) -> Any:
-    """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound."""
-    consumer = SimpleNamespace(key_strategy=strategy, fingerprint=fingerprint, ttl_header=ttl_header, _ttl_of=None)
-    for name in ("_identify", "_ttl_reader", "_identities"):
-        setattr(consumer, name, getattr(DedupeKafkaConsumer, name).__get__(consumer))
+    """The parts of a DedupeKafkaConsumer that ``_identities`` uses, its own methods bound, and
+    ``_identify(msg)``: one record's ``(key, fingerprint, ttl)`` as the consumer's ``Identify``
+    reads it, raising what it refuses."""
+    identify, read = identify_records(ConsumerOptions(key_strategy=strategy, fingerprint=fingerprint,
+                                                      ttl_header=ttl_header))
+    consumer = SimpleNamespace(identify=identify, read=read, _identify=lambda msg: identity(identify, msg, read))
+    consumer._identities = DedupeKafkaConsumer._identities.__get__(consumer)
     return consumer
+
+
+def identity(identify: Any, msg: Any, read: Any) -> tuple[Any, ...]:
+    """``identify``'s answer for ``msg`` as ``(key, fingerprint, ttl)``; raises what it refused."""
+    found = identify(msg, read)
+    if isinstance(found, Decision):
+        assert found.error is not None
+        raise found.error
+    return tuple(found)
 
 
 def assert_identified_as_each(consumer: Any, records: list[Any]) -> None:
@@ -99,7 +112,7 @@ def assert_identified_as_each(consumer: Any, records: list[Any]) -> None:
         try:
             expected = consumer._identify(msg)
         except Exception as exc:
-            assert type(failed[n]) is type(exc) and str(failed[n]) == str(exc)
+            assert type(failed[n].error) is type(exc) and str(failed[n].error) == str(exc)
             assert (keys[n], fingerprints[n], ttls[n]) == (None, None, None)
             continue
         assert n not in failed
@@ -202,7 +215,7 @@ def states() -> dict[tuple[str, int], PartitionState]:
         ("t", 0): PartitionState(),  # flowing
         ("t", 1): PartitionState(paused_until=1e12),  # paused: its records are dropped
         ("t", 2): PartitionState(rewound_to=5),  # older fetches dropped, 5 accepted, then it flows
-        ("t", 3): PartitionState(settled={7: None}),  # 7 decided behind a hold earlier
+        ("t", 3): PartitionState(decided_behind={7: None}),  # 7 decided behind a hold earlier
         ("t", 4): PartitionState(rewound_to=2),  # delivers 4: the seek did not take, rewound again
         ("t", 5): PartitionState(),
     }
@@ -222,7 +235,7 @@ ADMISSION_BATCH = [
 
 def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
     """``_admit`` (a set look-up for a flowing partition's record, the others one by one) takes
-    what ``_accept`` takes record by record, in order, with the same positions of records settled
+    what ``_accept`` takes record by record, in order, with the same positions of records decided
     earlier, and leaves each partition in the same state: paused records dropped, a rewound partition's older fetches
     dropped and the rest taken from its rewind point, a record past it rewinding it again, an error
     or an unknown partition dropped."""
@@ -244,7 +257,7 @@ def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
             if tp is None:
                 continue
             state = twin._partitions[tp]
-            if state.settled and (msg.offset() or 0) in state.settled:
+            if state.decided_behind and (msg.offset() or 0) in state.decided_behind:
                 expected_before.append(len(expected_live))
             expected_live.append(msg)
             expected_tps.append(tp)
@@ -255,8 +268,8 @@ def test_a_batch_is_admitted_as_each_record_is_accepted() -> None:
         assert before == [5]
         for tp, state in consumer._partitions.items():
             other = twin._partitions[tp]
-            assert (state.paused_until is None, state.rewound_to, state.settled) == (
-                other.paused_until is None, other.rewound_to, other.settled), tp
+            assert (state.paused_until is None, state.rewound_to, state.decided_behind) == (
+                other.paused_until is None, other.rewound_to, other.decided_behind), tp
         assert consumer._partitions[("t", 4)].paused_until is not None  # rewound again
     finally:
         consumer.close()

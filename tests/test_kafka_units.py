@@ -27,21 +27,21 @@ def test_commit_stops_at_the_first_undecided_message() -> None:
                                   (14, Hold(2.0, letter)), (15, Hold(0.5))])
     assert plan.commit == 12
     assert plan.rewind == (12, Hold(1.0))
-    assert state.settled == {13: None, 14: letter}  # 15 is simply read and decided again
+    assert state.decided_behind == {13: None, 14: letter}  # 15 is simply read and decided again
     assert state.holds == 1
 
 
 def test_redelivered_settled_messages_move_the_commit_and_are_forgotten() -> None:
-    state = PartitionState(settled={13: None}, attempts={12: 2, 20: 1}, holds=3)
+    state = PartitionState(decided_behind={13: None}, attempts={12: 2, 20: 1}, holds=3)
     plan = plan_partition(state, [(12, DONE), (13, DONE), (14, DONE)])
     assert plan == type(plan)(15, None)
-    assert state.settled == {} and state.attempts == {20: 1} and state.holds == 0
+    assert state.decided_behind == {} and state.attempts == {20: 1} and state.holds == 0
 
 
 def test_nothing_decided_commits_nothing() -> None:
     state = PartitionState()
     plan = plan_partition(state, [(3, Hold(1.0)), (4, Hold(1.0))])
-    assert plan.commit is None and plan.rewind == (3, Hold(1.0)) and state.settled == {}
+    assert plan.commit is None and plan.rewind == (3, Hold(1.0)) and state.decided_behind == {}
 
 
 def test_producer_config_keeps_connection_settings_only() -> None:

@@ -143,7 +143,7 @@ def test_installed_wheel_loads_its_own_scripts(wheel: Path, tmp_path: Path) -> N
 def test_public_names() -> None:
     expected = {
         "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ClientOptions", "DedupeError",
-        "DedupeSettings",
+        "DedupeSettings", "ConsumerOptions",
         "Decision", "EvictionPolicyError", "Hooks", "State", "Stored",
         "Deduplicator", "Envelope", "InProgress", "InvalidKey", "KeyConflict", "KeyState", "LeaseLost",
         "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason", "ResultNotSerializable",

@@ -17,8 +17,8 @@ import dedupe_worker
 
 SURFACE: dict[str, list[str]] = {
     "dedupe_worker": [
-        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ClientOptions", "Decision",
-        "DedupeError",
+        "OMITTED", "Action", "AlreadyApplied", "Claim", "ClaimClient", "ClaimError", "ClientOptions", "ConsumerOptions",
+        "Decision", "DedupeError",
         "DedupeSettings", "Deduplicator", "Envelope", "EvictionPolicyError", "Hooks", "InProgress", "InvalidKey",
         "KeyConflict", "KeyState", "LeaseLost", "MissingKey", "Omitted", "Outcome", "PreviouslyFailed", "Reason",
         "ResultNotSerializable", "State", "StoreUnavailable", "Stored", "UndecodableMessage", "UnreadableRecord",

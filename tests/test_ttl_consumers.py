@@ -16,8 +16,8 @@ from confluent_kafka import Message
 from kombu import Connection
 
 from dedupe_worker import Deduplicator, UndecodableMessage
+from dedupe_worker._engine import TtlHeader, header_ttl, parse_ttl
 from dedupe_worker._messages.deadletter import REASON
-from dedupe_worker._messages.ttl import TtlHeader, header_ttl, parse_ttl
 from dedupe_worker.kafka import DedupeKafkaConsumer
 from dedupe_worker.keys import header_key
 from dedupe_worker.rabbitmq import DedupeConsumer, dlq

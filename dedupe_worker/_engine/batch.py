@@ -18,7 +18,7 @@ still claims the next, instead of the client waiting for the whole chunk and Red
 while the client works. A call carries at least :data:`STREAM_STEP` claims and about 1 ms of
 handler work (:meth:`Pacing.step`): where the chunk's handlers take less than that together (fast
 handlers, duplicates), there is nothing to overlap and the chunk is one call, as each call's reply
-is read and settled on its own. Replies are still read in order and every claim is settled before
+is read and answered on its own. Replies are still read in order and every claim is answered before
 its handler runs; a connection lost after some sub-chunks were answered defers the rest
 (STORE_UNAVAILABLE: claimed or not, we cannot tell), and what already ran is stored by the next
 round trip.
@@ -77,7 +77,7 @@ from .._protocol import (
 from .._transport import ClaimClient
 from ..observe._base import current as observer
 from . import recorded
-from .decision import Decision, Reason, in_progress, poison, settle
+from .decision import Decision, Reason, in_progress, poison, verdict_of
 from .pacing import FLUSH_AFTER, STREAM_STEP, Pacing
 from .single import attributes, failure_reason, unavailable_flow
 
@@ -231,7 +231,7 @@ class _Batch:
         return subject if call is _called else functools.partial(call, subject)
 
     def claimed(self, start: int, flat: list[Any]) -> Flow[None]:
-        """``claim.lua``'s flat reply for ``self.chunk[start:]`` came in: settle the keys not
+        """``claim.lua``'s flat reply for ``self.chunk[start:]`` came in: decide the keys not
         ACQUIRED and run the others' handlers, unless the chunk was stopped (``flush_after``
         reached, or interrupted): then they are given back (released with the next round trip, and
         queued again). A duplicate of a stored outcome is noted in the columns; its Decision (and
@@ -255,11 +255,11 @@ class _Batch:
                 if copies:
                     self.decided(i, _DUPLICATE, 0.0)
                 continue
-            # a record the script could not read is UNREADABLE for this key alone (settle: set aside)
+            # a record the script could not read is UNREADABLE for this key alone (its verdict: set aside)
             claim = self.dedupe.claim_of(self.request(i), code, token, status, value)
             if ttls is not None and ttls[i] is not None:
                 claim = self.dedupe.with_ttl([claim], ttls[i])[0]
-            decision = settle(claim)
+            decision = verdict_of(claim)
             assert decision is not None
             self.verdict(i, decision)
         self.pacing.claimed(len(indices), len(acquired))

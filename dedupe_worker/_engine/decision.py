@@ -31,7 +31,7 @@ from typing import Any
 from .._errors import InProgress, KeyConflict, PreviouslyFailed, UndecodableMessage
 from .._protocol import Claim, Outcome
 
-__all__ = ["Action", "Decision", "Reason", "outcome", "poison", "settle"]
+__all__ = ["Action", "Decision", "Reason", "outcome", "poison", "verdict_of"]
 
 
 class Action(enum.Enum):
@@ -128,7 +128,7 @@ def poison(error: BaseException) -> Decision:
     return Decision(reason, error=error)
 
 
-def settle(claim: Claim) -> Decision | None:
+def verdict_of(claim: Claim) -> Decision | None:
     """The decision for a claim that was not ACQUIRED; ``None`` when the handler must run."""
     if claim.outcome is Outcome.ACQUIRED:
         return None

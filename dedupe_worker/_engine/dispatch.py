@@ -85,7 +85,7 @@ class Broker(Protocol):
     knows, such as a failed publish) and returns what it did; none calls a hook."""
 
     def ack(self, message: Any, decision: Decision) -> Acted:
-        """APPLIED, DUPLICATE, PREVIOUSLY_FAILED: settle the message as done."""
+        """APPLIED, DUPLICATE, PREVIOUSLY_FAILED: ack the message as done."""
         ...
 
     def defer(self, message: Any, decision: Decision) -> Acted:
@@ -199,7 +199,7 @@ class Tally:
     seconds (checked by :meth:`tick`, which the consumer's loop calls between batches) and once
     more from :meth:`close` at shutdown. ``clock`` is injectable for tests."""
 
-    def __init__(self, name: str, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, name: str, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.interval = interval
         self.clock = clock
@@ -227,7 +227,7 @@ class Tally:
             self.dead_lettered += 1
 
     def acked(self, applied: int, duplicates: int) -> None:
-        """Count ACKs settled without :func:`report` (a batch whose ACK hooks are no-ops)."""
+        """Count ACKs done without :func:`report` (a batch whose ACK hooks are no-ops)."""
         self.applied += applied
         self.duplicates += duplicates
 

@@ -48,7 +48,7 @@ class Hooks:
 
     def on_duplicate(self, message: Any, decision: Decision) -> None:
         """Called after a message whose key has a stored outcome (applied, or failed for good)
-        was settled without running the handler."""
+        was acked without running the handler."""
 
     def on_deferred(self, message: Any, decision: Decision, delay: float) -> None:
         """Called after a message was put back to come again in about ``delay`` seconds: in

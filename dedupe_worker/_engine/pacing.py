@@ -18,7 +18,7 @@ FLUSH_AFTER = 0.005
 #: The fewest claims per ``claim.lua`` call of a streamed chunk.
 STREAM_STEP = 32
 #: Seconds of handler time a streamed call's claims should carry at least. Each call's reply is
-#: read, handed on and settled on its own, which costs the client a fixed price a call and Redis a
+#: read, handed on and answered on its own, which costs the client a fixed price a call and Redis a
 #: script call's set-up: worth it only where there is handler work to run while Redis claims
 #: (docs/performance.md, bench.kafka_cpu).
 STREAM_WORK = 0.001

@@ -1,9 +1,11 @@
-"""Retry and deferral options, with the same names and defaults in every integration, and the
+"""Retry and deferral options on the integrations (those of :class:`~.options.ConsumerOptions`), and the
 backoff with full jitter that every integration's deferrals and retries wait by."""
 
 from __future__ import annotations
 
 import random
+
+from .options import RETRY_OPTIONS, ConsumerOptions
 
 __all__ = ["RetryPolicy", "backoff"]
 
@@ -19,36 +21,21 @@ def backoff(attempt: int, *, base: float = 0.5, cap: float = 60.0, floor: float 
 
 
 class RetryPolicy:
-    """Mixed into ``IdempotentTask``, ``DedupeConsumer`` and ``DedupeKafkaConsumer``; each option
-    is a class attribute, so a subclass or a keyword argument may set it."""
+    """Mixed into ``IdempotentTask``, ``DedupeConsumer``, ``DedupeKafkaConsumer`` and the Dramatiq
+    and FastStream middlewares: the retry and deferral options of :class:`~.options.ConsumerOptions`
+    (their defaults and meaning are written there) as attributes, and the delays they give."""
 
-    #: Handler attempts before a failing message is dead-lettered (Celery: fails for good).
-    max_attempts: int = 5
-    #: Backoff between handler attempts: full jitter over ``retry_base * 2 ** (attempt - 1)``
-    #: seconds, capped at ``retry_cap``.
-    retry_base: float = 1.0
-    retry_cap: float = 60.0
-    #: Backoff of deferrals (in progress elsewhere, lease lost, Redis down), which never count as
-    #: an attempt: full jitter over ``defer_base * 2 ** (deferrals - 1)``, capped at ``defer_cap``
-    #: and at the holder's remaining lease. It starts at tens of milliseconds: a live holder
-    #: usually finishes long before its lease would run out, and a dead one is taken over as soon
-    #: as its lease does.
-    defer_base: float = 0.05
-    defer_cap: float = 30.0
-    #: Seconds a copy of in-flight work may wait on its key (woken when the holder stores its
-    #: outcome or releases) before it is deferred, where the integration can wait without
-    #: blocking other messages (Celery's task body, the RabbitMQ consumer's waiting room, a
-    #: paused Kafka partition). 0 turns waiting off.
-    defer_wait: float = 5.0
+    max_attempts: int = ConsumerOptions.max_attempts
+    retry_base: float = ConsumerOptions.retry_base
+    retry_cap: float = ConsumerOptions.retry_cap
+    defer_base: float = ConsumerOptions.defer_base
+    defer_cap: float = ConsumerOptions.defer_cap
+    defer_wait: float = ConsumerOptions.defer_wait
 
-    def set_options(self, **options: float | None) -> None:
-        """Set each option given (``max_attempts=3``, ``defer_wait=0``, ...) on this instance;
-        ``None`` keeps the class's value. The integrations' keyword arguments go through here."""
-        for name, value in options.items():
-            if not hasattr(RetryPolicy, name) or callable(getattr(RetryPolicy, name)):
-                raise TypeError(f"unknown retry option {name!r}")
-            if value is not None:
-                setattr(self, name, value)
+    def use(self, options: ConsumerOptions) -> None:
+        """Take the retry and deferral options of ``options`` on this instance."""
+        for name in RETRY_OPTIONS:
+            setattr(self, name, getattr(options, name))
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before handler attempt ``attempt + 1``."""

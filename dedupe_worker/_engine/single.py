@@ -38,7 +38,7 @@ from .._protocol import Claim, ClientCore, Flow, Handler, bind, unbind
 from .._transport import ClaimClient
 from ..observe._base import current as observer
 from . import recorded
-from .decision import Decision, Reason, outcome, poison, settle
+from .decision import Decision, Reason, outcome, poison, verdict_of
 from .recorded import applied_before_flow, found_before_flow, unclaimed_flow
 
 __all__ = ["ClientOptions", "decide", "decide_flow", "execute", "execute_flow", "failure_reason", "handler_of",
@@ -246,7 +246,7 @@ def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any]
         begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait, ttl)
         if type(begun) is Decision:
             return begun
-        return settle(begun) or (yield from execute_flow(dedupe, begun, handler, integration))  # type: ignore[arg-type]
+        return verdict_of(begun) or (yield from execute_flow(dedupe, begun, handler, integration))  # type: ignore[arg-type]
     with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
         began = time.perf_counter()
         begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait, ttl)
@@ -256,7 +256,7 @@ def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any]
     if isinstance(begun, Decision):
         decision = begun
     else:
-        decision = settle(begun) or (yield from execute_flow(dedupe, begun, handler, integration))
+        decision = verdict_of(begun) or (yield from execute_flow(dedupe, begun, handler, integration))
     observer.decided(integration, decision.reason.value)
     return decision
 

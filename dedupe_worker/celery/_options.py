@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import inspect
 import threading
+import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from kombu.utils.imports import symbol_by_name
 
 from .._deduplicator import Deduplicator
+from .._engine import RETRY_OPTIONS, ConsumerOptions
 from .._errors import InvalidKey
 from .._settings import DedupeSettings
 from ..keys import fingerprint_of
 
-__all__ = ["SETTINGS", "bind_arguments", "deduplicator_for", "derive_fingerprint", "derive_key", "identify"]
+__all__ = ["SETTINGS", "Call", "bind_arguments", "call_fingerprint", "call_key", "consumer_options", "deduplicator_for",
+           "derive_fingerprint", "derive_key", "key_and_fingerprint"]
 
 #: Task attribute / app setting -> field of :class:`DedupeSettings` it falls back to.
 SETTINGS = {
@@ -154,16 +157,70 @@ def derive_fingerprint(task_name: str, option: Callable[..., Any] | bool | None,
     return fingerprint_of([task_name, named if named is not None else [list(args), kwargs]])
 
 
-def identify(task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], header_value: Any) -> tuple[str, Any]:
+class Call(NamedTuple):
+    """One call of a task: what its key and fingerprint are derived from (the arguments bound by
+    name once), and the request whose headers carry the ttl."""
+
+    task: Any
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    header_value: Any
+    named: dict[str, Any] | None
+    request: Any = None
+
+    @classmethod
+    def of(cls, task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], header_value: Any,
+           request: Any = None) -> Call:
+        return cls(task, args, kwargs, header_value, bind_arguments(task._run_signature, args, kwargs), request)
+
+
+def call_key(call: Call) -> str:
+    """The key of ``call`` (:func:`derive_key`)."""
+    task = call.task
+    return derive_key(task.name, task.idempotency_key, call.header_value, call.named, call.args, call.kwargs)
+
+
+def call_fingerprint(call: Call) -> Any:
+    """The fingerprint of ``call`` (:func:`derive_fingerprint`); :class:`InvalidKey` when it fails."""
+    task = call.task
+    try:
+        return derive_fingerprint(task.name, task.idempotency_fingerprint, call.named, call.args, call.kwargs)
+    except Exception as exc:  # a fingerprint function that fails on this input
+        raise InvalidKey(f"idempotency_fingerprint failed: {exc!r}") from exc
+
+
+def key_and_fingerprint(task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                        header_value: Any) -> tuple[str, Any]:
     """``(key, fingerprint)`` of ``task`` called with these arguments and key header value: what
-    the worker claims, and what a send checks before publishing (the same derivation for both).
+    a send checks before publishing, derived as the worker's identification derives them.
 
     Raises :class:`InvalidKey` when the key or the fingerprint option fails on these arguments.
     """
-    named = bind_arguments(task._run_signature, args, kwargs)
-    key = derive_key(task.name, task.idempotency_key, header_value, named, args, kwargs)
-    try:
-        fingerprint = derive_fingerprint(task.name, task.idempotency_fingerprint, named, args, kwargs)
-    except Exception as exc:  # a fingerprint function that fails on this input
-        raise InvalidKey(f"idempotency_fingerprint failed: {exc!r}") from exc
-    return key, fingerprint
+    call = Call.of(task, args, kwargs, header_value)
+    return call_key(call), call_fingerprint(call)
+
+
+#: The task attributes that set a :class:`~dedupe_worker.ConsumerOptions` option, ``dedupe_<name>``.
+OPTION_NAMES = ("ttl_header", *RETRY_OPTIONS)
+
+
+def consumer_options(task: Any) -> ConsumerOptions:
+    """``task``'s :class:`~dedupe_worker.ConsumerOptions`: ``dedupe_options`` (else the defaults)
+    with each ``dedupe_<name>`` attribute set on top, else ``app.conf.dedupe_<name>``."""
+    conf = task.app.conf
+    values = {}
+    for name in OPTION_NAMES:
+        value = getattr(task, f"dedupe_{name}", None)
+        values[name] = value if value is not None else conf.get(f"dedupe_{name}")
+    base = getattr(task, "dedupe_options", None) or conf.get("dedupe_options") or ConsumerOptions()
+    return base.merged(values)
+
+
+def deprecated_names(cls: type, names: Mapping[str, Any]) -> None:
+    """Carry the retry options set on a task class by their old names (``max_attempts=3``) over to
+    ``dedupe_<name>``, with a ``DeprecationWarning``: the old names go in the next release."""
+    for name in RETRY_OPTIONS:
+        if name in names and f"dedupe_{name}" not in names:
+            warnings.warn(f"the IdempotentTask option {name!r} is now called 'dedupe_{name}'; {name!r} goes in the "
+                          "next release", DeprecationWarning, stacklevel=2)
+            setattr(cls, f"dedupe_{name}", names[name])

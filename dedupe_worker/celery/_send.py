@@ -66,7 +66,7 @@ from .._errors import DedupeError, InvalidKey, KeyConflict, StoreUnavailable
 from .._protocol import SendAnswer, SendState
 from .._transport import check_send, unsend
 from ..observe._base import current as observer
-from ._options import identify
+from ._options import key_and_fingerprint
 
 __all__ = ["EXPECTED_QUEUE_TIME", "send_once", "send_ttl", "sends_deduplicated"]
 
@@ -120,7 +120,7 @@ def send_once(task: Any, publish: Callable[..., AsyncResult], args: Any, kwargs:
     call_args, call_kwargs = tuple(args or ()), dict(kwargs or {})
     header = (options.get("headers") or {}).get(task.idempotency_header)
     try:
-        key, fingerprint = identify(task, call_args, call_kwargs, header)
+        key, fingerprint = key_and_fingerprint(task, call_args, call_kwargs, header)
     except InvalidKey as exc:  # the worker refuses it with the reason; the send is not lost
         log.warning("no key to check before sending task=%s, publishing: %s", task.name, exc)
         return publish(args, kwargs, **options)

@@ -50,13 +50,26 @@ from celery._state import _task_stack
 from celery.exceptions import Reject, Retry
 
 from .._deduplicator import Deduplicator
-from .._engine import Decision, Hooks, Reason, RetryPolicy, decide, outcome, refused
-from .._engine.dispatch import ACKED, Acted, Done, dispatch
-from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
-from .._messages.ttl import TTL_HEADER, parse_ttl
+from .._engine import (
+    ACKED,
+    TTL_HEADER,
+    Acted,
+    ConsumerOptions,
+    Decision,
+    Done,
+    Hooks,
+    Identify,
+    Reason,
+    RetryPolicy,
+    decide,
+    dispatch,
+    outcome,
+    parse_ttl,
+)
+from .._errors import EvictionPolicyError
 from .._protocol import current_claim, ttl_ms
 from ._duplicates import log_duplicate
-from ._options import deduplicator_for, identify
+from ._options import Call, call_fingerprint, call_key, consumer_options, deduplicator_for, deprecated_names
 from ._send import send_once
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask"]
@@ -172,11 +185,30 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     #: ``dedupe_result_ttl``.
     dedupe_ttl: float | None = None
 
-    # max_attempts, retry_base, retry_cap, defer_base, defer_cap, defer_wait: see RetryPolicy (the
-    # same options and defaults as the RabbitMQ and Kafka consumers). Set max_attempts = 1 to fail
-    # at once on an exception, as a plain Celery task does. defer_wait: on a worker, a copy of a
-    # task in flight waits up to this long on the key (the pool slot stays busy meanwhile) and
-    # returns the holder's stored result; after it, it is re-sent with a short backoff.
+    #: The options every integration shares, whole (:class:`~dedupe_worker.ConsumerOptions`);
+    #: each ``dedupe_<name>`` below sets one on top. :const:`None`: ``app.conf.dedupe_options``,
+    #: else the defaults.
+    dedupe_options: ConsumerOptions | None = None
+
+    #: The message header holding a call's ttl in seconds (``""``: not read). :const:`None`:
+    #: ``app.conf.dedupe_ttl_header``, else ``x-dedupe-ttl``.
+    dedupe_ttl_header: str | None = None
+
+    #: Handler attempts, and their backoff, before the task fails for good; set
+    #: ``dedupe_max_attempts = 1`` to fail at once on an exception, as a plain Celery task does.
+    #: :const:`None` for each: ``app.conf.dedupe_<name>``, else the shared default
+    #: (:class:`~dedupe_worker.ConsumerOptions`). Their old names (``max_attempts``, ...) still
+    #: work for one release, with a ``DeprecationWarning``.
+    dedupe_max_attempts: int | None = None
+    dedupe_retry_base: float | None = None
+    dedupe_retry_cap: float | None = None
+
+    #: Backoff of deferrals, and how long a copy of a task in flight waits on the key on a worker
+    #: (the pool slot stays busy meanwhile) to return the holder's stored result before it is
+    #: re-sent with a short backoff. :const:`None` for each: as above.
+    dedupe_defer_base: float | None = None
+    dedupe_defer_cap: float | None = None
+    dedupe_defer_wait: float | None = None
 
     #: Acknowledge after the body ran, so a crash redelivers (see the class docstring).
     acks_late = True
@@ -192,6 +224,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
             value = cls.__dict__.get(name)
             if inspect.isfunction(value):
                 setattr(cls, name, staticmethod(value))
+        deprecated_names(cls, cls.__dict__)
 
     # -- hooks ----------------------------------------------------------------------------------
     # on_applied, on_duplicate, on_deferred, on_lease_lost, on_dead_letter: the hooks every
@@ -204,6 +237,20 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         """The :class:`Deduplicator` this task claims keys with, from the settings as they are on
         first use (later changes to ``app.conf`` or the environment are not seen)."""
         return deduplicator_for(self)
+
+    @functools.cached_property
+    def options(self) -> ConsumerOptions:
+        """This task's :class:`~dedupe_worker.ConsumerOptions` (see ``dedupe_options``), as they
+        are on first use; its retry and deferral options are taken on the task then."""
+        options = consumer_options(self)
+        self.use(options)
+        return options
+
+    @functools.cached_property
+    def identify(self) -> Identify[Call]:
+        """Each call's key, fingerprint and ttl (the ttl header, else ``dedupe_ttl``), or its refusal."""
+        return Identify("celery", call_key, call_fingerprint, ttl_header=self.options.ttl_header,
+                        headers=self._ttl_headers, default_ttl=self._default_ttl)
 
     @functools.cached_property
     def _run_signature(self) -> inspect.Signature | None:
@@ -224,13 +271,12 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
             _task_stack.pop()
 
     def run_once(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Derive the key, let :func:`decide` claim it and run the body, and act on its verdict."""
+        """Identify the call, let :func:`decide` claim its key and run the body, and act on its verdict."""
         request = self.request
-        try:
-            key, fingerprint = identify(self, args, kwargs, self._header(request, self.idempotency_header))
-            ttl = self.ttl_for(request)
-        except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl header is UndecodableMessage
-            return self._settle(refused(exc, "celery"), "")
+        found = self.identify(Call.of(self, args, kwargs, self._header(request, self.idempotency_header), request))
+        if isinstance(found, Decision):
+            return self._act(found, "")
+        key, fingerprint, ttl = found
         request.dedupe_key = key
         request.fencing_token = None
         body = functools.partial(self._body, request, args, kwargs)
@@ -248,7 +294,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
             log.error("Redis may evict our records, deferring task=%s id=%s key=%s token=0: %s", self.name,
                       request.id, key, exc)
             decision = Decision(Reason.STORE_UNAVAILABLE, error=exc)
-        return self._settle(decision, key)
+        return self._act(decision, key)
 
     def _body(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         claim = current_claim()
@@ -257,7 +303,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
                   request.fencing_token)
         return self.run(*args, **kwargs)
 
-    def _settle(self, decision: Decision, key: str) -> Any:
+    def _act(self, decision: Decision, key: str) -> Any:
         """Act on the engine's verdict through :func:`~dedupe_worker._engine.dispatch.dispatch`
         (hooks after the action): return the value, re-send the task, or raise. A duplicate is
         also logged at INFO (Celery's own line calls it a success like any other)."""
@@ -305,7 +351,7 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         ttl = options.pop("dedupe_ttl", None)
         if ttl is not None:
             ttl_ms(ttl)
-            options["headers"] = {**(options.get("headers") or {}), TTL_HEADER: ttl}
+            options["headers"] = {**(options.get("headers") or {}), self.options.ttl_header or TTL_HEADER: ttl}
         return send_once(self, super().apply_async, args, kwargs, options)
 
     def signature_from_request(self, request: Any = None, args: Any = None, kwargs: Any = None,
@@ -317,21 +363,23 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         value = self._header(request, self.idempotency_header)
         if value is not None:
             kept[self.idempotency_header] = value
-        ttl = self._header(request, TTL_HEADER)
+        name = self.options.ttl_header or TTL_HEADER
+        ttl = self._header(request, name)
         if ttl is not None:
-            kept[TTL_HEADER] = ttl
+            kept[name] = ttl
         extra["headers"] = {**kept, **(extra.get("headers") or {})}
         return super().signature_from_request(request, args, kwargs, queue=queue, **extra)
 
-    def ttl_for(self, request: Any) -> float | None:
-        """Seconds this call's outcome is kept: the ``x-dedupe-ttl`` header, else ``dedupe_ttl``,
-        else ``app.conf.dedupe_ttl``, else ``None`` (``dedupe_result_ttl``). Raises
-        :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
-        ttl = parse_ttl(self._header(request, TTL_HEADER), f"{TTL_HEADER} header")
-        if ttl is None:
-            option = self.dedupe_ttl if self.dedupe_ttl is not None else self.app.conf.get("dedupe_ttl")
-            ttl = parse_ttl(option, f"dedupe_ttl of {self.name}")
-        return ttl
+    def _ttl_headers(self, call: Call) -> dict[str, Any]:
+        """The ttl header of ``call``'s request, as the headers :attr:`identify` reads."""
+        name = self.options.ttl_header or TTL_HEADER
+        return {name: self._header(call.request, name)}
+
+    def _default_ttl(self, call: Call) -> float | None:
+        """Seconds a call's outcome is kept when its message carries no ttl header: ``dedupe_ttl``,
+        else ``app.conf.dedupe_ttl``, else ``None`` (``dedupe_result_ttl``)."""
+        option = self.dedupe_ttl if self.dedupe_ttl is not None else self.app.conf.get("dedupe_ttl")
+        return parse_ttl(option, f"dedupe_ttl of {self.name}")
 
     @staticmethod
     def _header(request: Any, name: str) -> Any:

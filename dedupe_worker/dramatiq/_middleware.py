@@ -51,7 +51,7 @@ import contextvars
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import dramatiq
 from dramatiq.common import q_name, xq_name
@@ -64,12 +64,22 @@ except ImportError:  # dramatiq without its rabbitmq extra: other brokers dead-l
     RabbitmqBroker = None  # type: ignore[assignment,misc]
 
 from .._deduplicator import Deduplicator
-from .._engine import Decision, Hooks, RetryPolicy, decide, refused
-from .._engine.dispatch import ACKED, Acted, Done, dispatch
-from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
+from .._engine import (
+    ACKED,
+    Acted,
+    ConsumerOptions,
+    Decision,
+    Done,
+    Hooks,
+    Identify,
+    RetryPolicy,
+    decide,
+    dispatch,
+    parse_ttl,
+)
+from .._errors import EvictionPolicyError, InvalidKey
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
-from .._messages.ttl import TTL_HEADER, TtlHeader, parse_ttl
 from .._operate.doctor import check_at_start
 from ..keys import fingerprint_of, message_id_key
 
@@ -79,6 +89,9 @@ log = logging.getLogger(__name__)
 
 #: Message option counting how often a message was deferred (drives the backoff, not max_retries).
 DEFERRALS_OPTION = "dedupe_deferrals"
+
+#: The options of :class:`~dedupe_worker.ConsumerOptions` the middleware takes as keywords.
+OPTION_NAMES = ("ttl_header", "defer_base", "defer_cap", "defer_wait")
 
 #: Set on an actor function once it is wrapped.
 _WRAPPED = "__dedupe_wrapped__"
@@ -112,11 +125,12 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     ``max_retries`` is left whole for real failures. An actor ``retry_when`` predicate is asked
     about the ``Retry`` too: it must not refuse it.
 
-    **Options.** ``defer_base``, ``defer_cap`` and ``defer_wait`` as in every integration
-    (:class:`~dedupe_worker._engine.RetryPolicy`); handler errors follow Dramatiq's own
-    ``max_retries``/``min_backoff``/``max_backoff``/``throws``, so ``max_attempts``, ``retry_base``
-    and ``retry_cap`` are not used here. Hooks: :class:`~dedupe_worker.Hooks`, ``message`` being
-    Dramatiq's message.
+    **Options.** ``ttl_header``, ``defer_base``, ``defer_cap`` and ``defer_wait`` as in every
+    integration (:class:`~dedupe_worker.ConsumerOptions`, whole as ``options=`` or as keywords);
+    handler errors follow Dramatiq's own ``max_retries``/``min_backoff``/``max_backoff``/``throws``,
+    so ``max_attempts``, ``retry_base`` and ``retry_cap`` are not used here, and the key and the
+    fingerprint are the actor's options (see the module doc). Hooks:
+    :class:`~dedupe_worker.Hooks`, ``message`` being Dramatiq's message.
 
     **Not guaranteed.** An actor called directly (``charge(1, 5)``, not through a worker) runs as
     a plain function, without a claim. ``async def`` actors (with Dramatiq's ``AsyncIO``
@@ -124,16 +138,15 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
     too (the coroutine is handed to the loop with a copy of the worker thread's context).
     """
 
-    #: The reader of ``ttl_header`` (:meth:`ttl_for`), made again when the name changes.
-    _ttl_reader: TtlHeader | None = None
-
-    def __init__(self, dedupe: Deduplicator, *, defer_base: float | None = None, defer_cap: float | None = None,
-                 defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
+    def __init__(self, dedupe: Deduplicator, *, options: ConsumerOptions | None = None, **keywords: Any) -> None:
         self.dedupe = dedupe
-        self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
-        #: The message option (Dramatiq's headers) holding a message's ttl in seconds
-        #: (``None``: not read).
-        self.ttl_header = ttl_header
+        #: The options every integration shares (``options`` with the keywords on top).
+        self.options = options = ConsumerOptions.of(options, names=OPTION_NAMES, **keywords)
+        self.use(options)
+        #: Each call's key, fingerprint and ttl (the ``ttl_header`` message option, else the
+        #: actor's ``idempotency_ttl``), or its refusal.
+        self.identify: Identify[_Call] = Identify("dramatiq", _key, _fingerprint, ttl_header=options.ttl_header,
+                                                  headers=_options, default_ttl=_actor_ttl)
 
     @property
     def actor_options(self) -> set[str]:
@@ -190,36 +203,15 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
 
     def process(self, actor: dramatiq.Actor[Any, Any], message: Any, fn: Callable[..., Any],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Derive the key, let :func:`decide` claim it and run ``fn``, and act on its verdict."""
-        try:
-            key = self.key_for(actor, message, args, kwargs)
-            fingerprint = self.fingerprint_for(actor, args, kwargs)
-            ttl = self.ttl_for(actor, message)
-        except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl is UndecodableMessage
-            return self.settle(actor.broker, message, refused(exc, "dramatiq"), None)
+        """Identify the call, let :func:`decide` claim its key and run ``fn``, and act on its verdict."""
+        found = self.identify(_Call(actor, message, args, kwargs))
+        if isinstance(found, Decision):
+            return self.act(actor.broker, message, found, None)
+        key, fingerprint, ttl = found
         body = functools.partial(fn, *args, **kwargs)
         decision = decide(self.dedupe, key, body, fingerprint=fingerprint, wait=self.defer_wait,
                           integration="dramatiq", ttl=ttl)
-        return self.settle(actor.broker, message, decision, key)
-
-    def ttl_for(self, actor: dramatiq.Actor[Any, Any], message: Any) -> float | None:
-        """Seconds this message's outcome is kept: the message's ``ttl_header`` option
-        (``send_with_options(..., **{"x-dedupe-ttl": 60})``), else the actor option
-        ``idempotency_ttl``, else ``None`` (``result_ttl``). Raises
-        :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
-        ttl = self._ttl_option(message.options)
-        if ttl is None:
-            option = actor.options.get("idempotency_ttl")
-            if option is not None:  # the label only when there is a value to name
-                ttl = parse_ttl(option, f"idempotency_ttl of {actor.actor_name}")
-        return ttl
-
-    def _ttl_option(self, options: dict[str, Any]) -> float | None:
-        """The ``ttl_header`` option, as :func:`~dedupe_worker._messages.ttl.header_ttl`
-        reads it, by one :class:`~dedupe_worker._messages.ttl.TtlHeader` kept across
-        messages (``None`` when ``ttl_header`` is unset or the option absent)."""
-        reader = self._ttl_reader = TtlHeader.of(self.ttl_header, self._ttl_reader)
-        return reader(options) if reader is not None else None
+        return self.act(actor.broker, message, decision, key)
 
     @staticmethod
     def key_for(actor: dramatiq.Actor[Any, Any], message: Any, args: tuple[Any, ...],
@@ -251,7 +243,7 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
         except Exception as exc:
             raise InvalidKey(f"idempotency_fingerprint of {actor.actor_name} failed: {exc!r}") from exc
 
-    def settle(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str | None) -> Any:
+    def act(self, broker: dramatiq.Broker, message: Any, decision: Decision, key: str | None) -> Any:
         """Act on the engine's verdict through :func:`~dedupe_worker._engine.dispatch.dispatch`
         (hooks after the action): return the value, or raise what carries the action out
         (``Retry`` for ``Retries``, the handler's error, :class:`DeadLettered`)."""
@@ -291,6 +283,37 @@ class DedupeMiddleware(Middleware, Hooks, RetryPolicy):
             log.warning("dead-letter publish failed message_id=%s: %s", message.message_id, exc)
             return False
         return True
+
+
+class _Call(NamedTuple):
+    """One call of an actor by a worker: what :attr:`DedupeMiddleware.identify` reads."""
+
+    actor: dramatiq.Actor[Any, Any]
+    message: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _key(call: _Call) -> str:
+    return DedupeMiddleware.key_for(call.actor, call.message, call.args, call.kwargs)
+
+
+def _fingerprint(call: _Call) -> Any:
+    return DedupeMiddleware.fingerprint_for(call.actor, call.args, call.kwargs)
+
+
+def _options(call: _Call) -> dict[str, Any]:
+    """Where a Dramatiq message carries the ttl header: its options."""
+    options: dict[str, Any] = call.message.options
+    return options
+
+
+def _actor_ttl(call: _Call) -> float | None:
+    """The actor option ``idempotency_ttl`` (the ttl when the message carries none)."""
+    option = call.actor.options.get("idempotency_ttl")
+    if option is None:
+        return None
+    return parse_ttl(option, f"idempotency_ttl of {call.actor.actor_name}")  # the label only when there is a value
 
 
 class _MessageSteps:

@@ -16,8 +16,8 @@ handed back as a whole (Kafka: commit, or ``nack`` seeking each partition back; 
 ``ack``/``nak(delay)`` of every message of the batch). RabbitMQ has no batch subscriber in
 FastStream.
 
-**Each record** is keyed, fingerprinted and given its ttl exactly as a single message is (the
-middleware's ``key`` strategy, else the Kafka default; its ``fingerprint``; the ``ttl_header``).
+**Each record** is identified exactly as a single message is (the middleware's ``key_strategy``,
+else the Kafka default; its ``fingerprint``; the ``ttl_header``).
 Records already done answer from Redis and are not handed to the handler.
 
 **The results.** If the handler returns a list as long as the list it was given, element ``i``
@@ -59,9 +59,8 @@ from typing import Any
 
 from faststream.exceptions import AckMessage, NackMessage
 
-from .._engine import Action, Decision, Reason, refused
-from .._engine.dispatch import Acted, Done, report
-from .._errors import EvictionPolicyError, InvalidKey, UndecodableMessage
+from .._engine import Acted, Action, Decision, Done, Reason, report
+from .._errors import EvictionPolicyError
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
 from ..asyncio import AsyncItem, decide_many
@@ -101,13 +100,11 @@ async def handle_batch(owner: MiddlewareState, call_next: Callable[[Any], Any], 
     placed: list[int] = []  # item j is record placed[j]
     ttls: list[float | None] = []
     for i, envelope in enumerate(envelopes):
-        try:
-            key = (owner.key or adapter.default_key)(envelope)
-            fingerprint = owner.fingerprint(envelope) if owner.fingerprint is not None else None
-            ttl = owner.ttl_of(envelope.headers)
-        except (InvalidKey, UndecodableMessage) as exc:
-            decisions[i] = refused(exc, "faststream")
+        found = owner.identify(envelope, adapter.default_key)
+        if isinstance(found, Decision):
+            decisions[i] = found
             continue
+        key, fingerprint, ttl = found
         keys[i] = key
         items.append((key, fingerprint, _not_called))
         placed.append(i)
@@ -139,10 +136,10 @@ async def handle_batch(owner: MiddlewareState, call_next: Callable[[Any], Any], 
             decisions[i] = verdict
     decided = [d for d in decisions if d is not None]
     assert len(decided) == len(records)
-    return await _settle(owner, adapter, msg, envelopes, keys, decided, returned, broker)
+    return await _act(owner, adapter, msg, envelopes, keys, decided, returned, broker)
 
 
-async def _settle(owner: MiddlewareState, adapter: BrokerAdapter, msg: Any, envelopes: list[Envelope],
+async def _act(owner: MiddlewareState, adapter: BrokerAdapter, msg: Any, envelopes: list[Envelope],
                   keys: list[str | None], decisions: list[Decision], returned: list[Any], broker: Any) -> Any:
     records: Sequence[Any] = msg.raw_message
     actions = [d.action for d in decisions]

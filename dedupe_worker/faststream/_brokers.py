@@ -63,7 +63,7 @@ class BrokerAdapter:
         await msg.nack()
 
     async def dead_letter(self, msg: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> None:
-        """Set the message aside with ``headers`` and settle the original (see the module doc)."""
+        """Set the message aside with ``headers`` and acknowledge the original (see the module doc)."""
         raise NotImplementedError
 
     def record_envelope(self, raw: Any) -> Envelope:
@@ -71,8 +71,8 @@ class BrokerAdapter:
         raise NotImplementedError
 
     async def publish_dead_letter(self, raw: Any, envelope: Envelope, headers: dict[str, str], producer: Any) -> bool:
-        """Publish a copy of the record ``raw`` of a batch with ``headers``, leaving it unsettled
-        (the batch is settled as a whole); False when it could not be published (logged)."""
+        """Publish a copy of the record ``raw`` of a batch with ``headers``, leaving it unacknowledged
+        (the batch is acknowledged as a whole); False when it could not be published (logged)."""
         raise NotImplementedError
 
 

@@ -43,7 +43,7 @@ unreadable_record
 (:func:`dedupe_worker.asyncio.decide_many`): the handler gets only the records that must run, and
 the batch is committed or handed back whole; see :mod:`._batch` for its verdicts.
 
-**The key.** ``key`` is a strategy from :mod:`dedupe_worker.keys`
+**The key.** ``key_strategy`` is a strategy from :mod:`dedupe_worker.keys`
 (``header_key("idempotency-key")``, ``field_key("order.id")``, ``message_id_key()``,
 ``first_of(...)``). By default: the ``idempotency-key`` header, else the message id (RabbitMQ's
 ``message_id`` property; NATS' ``Nats-Msg-Id`` or a ``message_id`` header), else a hash of the
@@ -67,13 +67,11 @@ from typing import Any
 from faststream import BaseMiddleware
 from faststream.exceptions import AckMessage, NackMessage, RejectMessage
 
-from .._engine import Action, Decision, Reason, refused
-from .._engine.dispatch import ACKED, Acted, Done, dispatch_async
-from .._errors import EvictionPolicyError, InvalidKey, StoreUnavailable, UndecodableMessage
+from .._engine import ACKED, Acted, Action, ConsumerOptions, Decision, Done, Reason, dispatch_async
+from .._errors import EvictionPolicyError, StoreUnavailable
 from .._messages.deadletter import dead_letter_headers
 from .._messages.envelope import Envelope
 from ..asyncio import AsyncClaimClient, decide
-from ..keys import KeyStrategy, body_fingerprint
 from ._batch import handle_batch, is_batch
 from ._brokers import BrokerAdapter, adapter_for
 from ._state import MiddlewareState
@@ -93,19 +91,17 @@ class DedupeMiddleware(MiddlewareState):
         return _Scope(msg, context=context, owner=self)
 
     async def handle(self, call_next: Callable[[Any], Any], msg: Any, subscriber: Any, broker: Any = None) -> Any:
-        """Derive the key, let :func:`decide` claim it and run the rest of the chain, act on the
-        verdict. ``broker`` (the one consuming ``msg``) publishes Kafka's dead letters when no
+        """Identify the message, let :func:`decide` claim its key and run the rest of the chain,
+        act on the verdict. ``broker`` (the one consuming ``msg``) publishes Kafka's dead letters when no
         ``dead_letter_producer`` was given. A Kafka batch goes to :func:`._batch.handle_batch`."""
         if is_batch(msg):
             return await handle_batch(self, call_next, msg, broker)
         adapter = adapter_for(msg)
         envelope = adapter.envelope(msg, subscriber)
-        try:
-            key = (self.key or adapter.default_key)(envelope)
-            fingerprint = self.fingerprint(envelope) if self.fingerprint is not None else None
-            ttl = self.ttl_of(envelope.headers)
-        except (InvalidKey, UndecodableMessage) as exc:  # a bad ttl header is UndecodableMessage
-            return await self.settle(adapter, msg, envelope, refused(exc, "faststream"), None, broker)
+        found = self.identify(envelope, adapter.default_key)
+        if isinstance(found, Decision):
+            return await self.act(adapter, msg, envelope, found, None, broker)
+        key, fingerprint, ttl = found
         try:
             decision = await decide(self.dedupe, key, functools.partial(call_next, msg), fingerprint=fingerprint,
                                     wait=self.defer_wait, integration="faststream", ttl=ttl)
@@ -115,7 +111,7 @@ class DedupeMiddleware(MiddlewareState):
             log.error("Redis may evict our records, deferring key=%s token=0 message_id=%s: %s", key,
                       getattr(msg, "message_id", None), exc)
             decision = Decision(Reason.STORE_UNAVAILABLE, error=exc)
-        return await self.settle(adapter, msg, envelope, decision, key, broker)
+        return await self.act(adapter, msg, envelope, decision, key, broker)
 
     async def check_at_start(self) -> None:
         """The start-up check of the store: raises :class:`~dedupe_worker.EvictionPolicyError` when
@@ -131,7 +127,7 @@ class DedupeMiddleware(MiddlewareState):
         except StoreUnavailable as exc:
             log.warning("could not check Redis settings at start: %s", exc)
 
-    async def settle(self, adapter: BrokerAdapter, msg: Any, envelope: Envelope, decision: Decision,
+    async def act(self, adapter: BrokerAdapter, msg: Any, envelope: Envelope, decision: Decision,
                      key: str | None, broker: Any = None) -> Any:
         """Map the verdict onto the broker. Raises FastStream's ``AckMessage``/``NackMessage``/
         ``RejectMessage`` after acting, so that nothing is published and FastStream's own
@@ -194,19 +190,16 @@ class _Scope(BaseMiddleware):
                                        self.context.get("broker"))
 
 
-def dedupe_middleware(dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
-                      fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
-                      dead_letter_producer: Any = None, **options: Any) -> DedupeMiddleware:
+def dedupe_middleware(dedupe: AsyncClaimClient, *, options: ConsumerOptions | None = None,
+                      dead_letter_producer: Any = None, **keywords: Any) -> DedupeMiddleware:
     """The middleware for ``RabbitBroker``/``KafkaBroker``/``NatsBroker(..., middlewares=[...])``.
 
-    ``key``: a key strategy (default: see the module doc). ``fingerprint``: what a key stands for
-    (default: a hash of the body; ``None`` for no check). ``dead_letter_producer``: what publishes Kafka's
-    dead letters: by default the ``KafkaBroker`` that consumed the message, else the one given here
-    (another ``KafkaBroker``, or a started ``aiokafka.AIOKafkaProducer``). ``options``: ``defer_base``,
-    ``defer_cap``, ``defer_wait`` (:class:`~dedupe_worker._engine.RetryPolicy`), and ``ttl_header``:
-    the header holding a message's ttl in seconds (default ``x-dedupe-ttl``; its outcome is
-    kept that long instead of ``result_ttl``; a value that is not a positive number dead-letters
-    the message as ``undecodable``; ``None``: not read).
+    ``options``: the options every integration shares (:class:`~dedupe_worker.ConsumerOptions`),
+    whole; or as keywords, set on top: ``key_strategy`` (a key strategy; default: see the module
+    doc; ``key``, its old name, still works for one release), ``fingerprint`` (what a key stands
+    for; default: a hash of the body; ``None`` for no check), ``ttl_header`` (default
+    ``x-dedupe-ttl``), ``defer_base``, ``defer_cap``, ``defer_wait``. ``dead_letter_producer``: what
+    publishes Kafka's dead letters: by default the ``KafkaBroker`` that consumed the message, else
+    the one given here (another ``KafkaBroker``, or a started ``aiokafka.AIOKafkaProducer``).
     """
-    return DedupeMiddleware(dedupe, key=key, fingerprint=fingerprint, dead_letter_producer=dead_letter_producer,
-                            **options)
+    return DedupeMiddleware(dedupe, options=options, dead_letter_producer=dead_letter_producer, **keywords)

@@ -4,16 +4,17 @@ importing each other."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from .._engine import Hooks, RetryPolicy
+from .._engine import FASTSTREAM_RENAMED, ConsumerOptions, Decision, Hooks, Identify, Identity, RetryPolicy
 from .._messages.envelope import Envelope
-from .._messages.ttl import TTL_HEADER, TtlHeader
 from ..asyncio import AsyncClaimClient
-from ..keys import KeyStrategy, body_fingerprint
+from ..keys import KeyStrategy
 
-__all__ = ["MAX_TRACKED_DEFERRALS", "MiddlewareState"]
+__all__ = ["MAX_TRACKED_DEFERRALS", "OPTION_NAMES", "MiddlewareState"]
+
+#: The options of :class:`~dedupe_worker.ConsumerOptions` the middleware takes as keywords.
+OPTION_NAMES = ("key_strategy", "fingerprint", "ttl_header", "defer_base", "defer_cap", "defer_wait")
 
 #: Deferral counts kept per key (they only grow the backoff); past this many keys, they start over.
 MAX_TRACKED_DEFERRALS = 10_000
@@ -23,29 +24,27 @@ class MiddlewareState(Hooks, RetryPolicy):
     """The middleware's options and its per-key deferral counts (in memory: a restarted consumer
     starts every backoff over, which only makes its first retry sooner)."""
 
-    #: The reader of ``ttl_header`` (:meth:`ttl_of`), made again when the name changes.
-    _ttl_reader: TtlHeader | None = None
-
-    def __init__(self, dedupe: AsyncClaimClient, *, key: KeyStrategy | None = None,
-                 fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
-                 dead_letter_producer: Any = None, defer_base: float | None = None, defer_cap: float | None = None,
-                 defer_wait: float | None = None, ttl_header: str | None = TTL_HEADER) -> None:
+    def __init__(self, dedupe: AsyncClaimClient, *, options: ConsumerOptions | None = None,
+                 dead_letter_producer: Any = None, **keywords: Any) -> None:
         self.dedupe = dedupe
-        self.key = key
-        self.fingerprint = fingerprint
-        #: The header holding a message's ttl in seconds (``None``: not read).
-        self.ttl_header = ttl_header
+        #: The options every integration shares (``options`` with the keywords on top; ``key``
+        #: is the old name of ``key_strategy``).
+        self.options = options = ConsumerOptions.of(options, names=OPTION_NAMES, renamed=FASTSTREAM_RENAMED, **keywords)
+        self.use(options)
         self.dead_letter_producer = dead_letter_producer
-        self.set_options(defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
         self._deferrals: dict[str, int] = {}
+        # One per default key strategy: FastStream's default key depends on the broker.
+        self._identify: dict[KeyStrategy | None, Identify[Envelope]] = {}
 
-    def ttl_of(self, headers: Any) -> float | None:
-        """The ttl in ``headers`` under ``ttl_header`` (``None`` when unset or absent), as
-        :func:`~dedupe_worker._messages.ttl.header_ttl` reads it, by one
-        :class:`~dedupe_worker._messages.ttl.TtlHeader` kept across messages. Raises
-        :class:`~dedupe_worker.UndecodableMessage` for a value that is not a positive number."""
-        reader = self._ttl_reader = TtlHeader.of(self.ttl_header, self._ttl_reader)
-        return reader(headers) if reader is not None else None
+    def identify(self, envelope: Envelope, default_key: KeyStrategy) -> Identity | Decision:
+        """``envelope``'s :class:`~dedupe_worker._engine.Identity` or its refusal, by the
+        ``key_strategy`` option, else the broker's ``default_key``."""
+        strategy = self.options.key_strategy or default_key
+        identify = self._identify.get(strategy)
+        if identify is None:
+            identify = self._identify[strategy] = Identify("faststream", strategy, self.options.fingerprint,
+                                                           ttl_header=self.options.ttl_header)
+        return identify(envelope)
 
     def next_deferral(self, key: str | None) -> int:
         """Count one more deferral of ``key`` (kept while the key keeps being deferred)."""

@@ -19,6 +19,7 @@ were never claimed, so they run at once after the restart.
 from __future__ import annotations
 
 import logging
+import operator
 import signal
 import threading
 from collections import Counter, deque
@@ -29,21 +30,35 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from .._deduplicator import Deduplicator
-from .._engine import FLUSH_AFTER, Action, Decision, Pacing, Reason, RetryPolicy, refused
-from .._engine.batch import Verdicts, verdicts_flow
-from .._engine.decision import HANDLER_RAN
-from .._engine.dispatch import ACKED, Acted, Done, Tally, is_noop, report
-from .._engine.hooks import Hooks
-from .._messages.envelope import Envelope, from_kafka
-from .._messages.ttl import TTL_HEADER, TtlHeader
+from .._engine import (
+    ACKED,
+    HANDLER_RAN,
+    Acted,
+    Action,
+    ConsumerOptions,
+    Decision,
+    Done,
+    Hooks,
+    Identify,
+    Identity,
+    Pacing,
+    Reason,
+    RetryPolicy,
+    Tally,
+    Verdicts,
+    is_noop,
+    report,
+    verdicts_flow,
+)
+from .._messages.envelope import from_kafka
 from .._operate.doctor import check_at_start
-from ..keys import KAFKA_DEFAULT, KeyStrategy, body_fingerprint, bytes_fingerprint, default_header_key
+from ..keys import KAFKA_DEFAULT, body_fingerprint, bytes_fingerprint, default_header_key
 from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
 from ._hooks import ConsumerHooks
 from ._positions import DONE, Hold, PartitionState, plan_partition
 
-__all__ = ["DedupeKafkaConsumer"]
+__all__ = ["DedupeKafkaConsumer", "identify_records"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,26 +86,16 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
     :param batch_handler: called once per batch with the messages to apply (duplicates left out)
         and returns one result per message; if it raises, every one of them failed (retried, then
         dead-lettered). ``current_claim()`` is not set inside it.
-    :param key_strategy: ``Envelope -> key`` (default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`).
-    :param fingerprint: ``Envelope -> payload fingerprint`` (``None``: no conflict detection).
+    :param options: the options every integration shares (:class:`~dedupe_worker.ConsumerOptions`:
+        ``key_strategy``, default :data:`~dedupe_worker.keys.KAFKA_DEFAULT`; ``fingerprint``;
+        ``ttl_header``; ``max_attempts``, ``retry_base``, ``retry_cap``, ``defer_base``,
+        ``defer_cap``, ``defer_wait``: a partition held by a key in progress elsewhere resumes as
+        soon as that key is decided, waiting at most ``defer_wait`` before it looks again;
+        ``flush_after``; ``summary_interval``), whole; or each of them as a keyword, set on top.
     :param batch_size: most messages consumed and decided together.
-    :param flush_after: seconds of handler time whose finished outcomes may wait to be stored
-        together; also the target run time of each claimed chunk (default 5 ms).
-    :param max_attempts: handler attempts before a message is dead-lettered (default 5).
-    :param retry_base, retry_cap: backoff (full jitter) between handler attempts (1 s, 60 s).
-    :param defer_base, defer_cap: backoff of deferrals, never past the holder's remaining lease
-        (0.05 s, 30 s).
-    :param defer_wait: a partition held by a key in progress elsewhere resumes as soon as that key
-        is decided, waiting at most this long (5 s) before it looks again. ``None`` for any of
-        these six: the shared default of :class:`~dedupe_worker._engine.RetryPolicy`.
     :param dead_letter_topic: format string for the dead-letter topic, ``{topic}`` = original.
     :param producer_overrides: extra settings for the dead-letter producer.
     :param dead_letter_timeout: seconds to wait for dead letters to be confirmed.
-    :param summary_interval: seconds between the summary lines logged at INFO while consuming
-        (applied, duplicates, deferred, retried, dead-lettered; one more at shutdown).
-    :param ttl_header: the header holding a message's ttl in seconds (its outcome is kept
-        that long instead of ``result_ttl``); a value that is not a positive number dead-letters
-        the message (``undecodable``, the reason naming the header). ``None``: not read.
     """
 
     def __init__(
@@ -101,25 +106,17 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         deduplicator: Deduplicator,
         *,
         batch_handler: BatchHandler | None = None,
-        key_strategy: KeyStrategy = KAFKA_DEFAULT,
-        fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
+        options: ConsumerOptions | None = None,
         batch_size: int = 500,
         poll_timeout: float = 1.0,
-        flush_after: float = FLUSH_AFTER,
-        max_attempts: int | None = None,
-        retry_base: float | None = None,
-        retry_cap: float | None = None,
-        defer_base: float | None = None,
-        defer_cap: float | None = None,
-        defer_wait: float | None = None,
         dead_letter_topic: str = "{topic}.dlq",
         producer_overrides: Mapping[str, Any] | None = None,
         dead_letter_timeout: float = DELIVERY_TIMEOUT,
-        summary_interval: float = 10.0,
-        ttl_header: str | None = TTL_HEADER,
+        **shared: Any,
     ) -> None:
-        self.set_options(max_attempts=max_attempts, retry_base=retry_base, retry_cap=retry_cap,
-                         defer_base=defer_base, defer_cap=defer_cap, defer_wait=defer_wait)
+        #: The options every integration shares (``options`` with the keywords on top).
+        self.options = options = ConsumerOptions.of(options, **shared)
+        self.use(options)
         if batch_size < 1 or self.max_attempts < 1:
             raise ValueError("batch_size and max_attempts must be at least 1")
         if (handler is None) == (batch_handler is None):
@@ -129,26 +126,23 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         self.handler = handler
         self.batch_handler = batch_handler
         self.dedupe = deduplicator
-        self.key_strategy = key_strategy
-        self.fingerprint = fingerprint
-        #: The header holding a message's ttl in seconds (``None``: not read).
-        self.ttl_header = ttl_header
+        #: Each record's key, fingerprint and ttl, or its refusal, and how a record is read for it.
+        self.identify, self.read = identify_records(options)
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
         #: Handler timings carried from batch to batch, to size the claimed chunks.
-        self.pacing = Pacing(flush_after)
+        self.pacing = Pacing(options.flush_after)
         self.consumer = Consumer(self.config)
         producer = Producer(producer_config(self.config, producer_overrides, dead_letter_timeout))
         self.dead_letters = DeadLetterProducer(producer, dead_letter_topic, dead_letter_timeout)
         #: Count of decisions by reason value, plus ``"dead_lettered"`` and ``"committed"``.
         self.stats: Counter[str] = Counter()
         #: What was done with the messages, for the summary lines.
-        self.tally = Tally("kafka consumer", summary_interval)
+        self.tally = Tally("kafka consumer", options.summary_interval)
         #: ``(message, key, decision)`` of the ACKs of the batch being processed whose hooks run
         #: after its commit (only collected when ``on_applied`` or ``on_duplicate`` is overridden).
         self._acked: list[tuple[Message, str, Decision]] = []
         self._partitions: dict[TP, PartitionState] = {}
-        self._ttl_of: TtlHeader | None = None
         self._stop = threading.Event()
         self._woken = deque()
 
@@ -253,7 +247,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         indices: Sequence[int] = range(len(live))  # of the messages to decide, in live
         if before:
             for i in before:
-                pending = partitions[tps[i]].settled[live[i].offset() or 0]
+                pending = partitions[tps[i]].decided_behind[live[i].offset() or 0]
                 if pending is None:
                     outcomes[i] = DONE
                 else:
@@ -261,10 +255,9 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             indices = _without(indices, set(before))
         messages = live if not before else [live[i] for i in indices]
         keys, fingerprints, ttls, failures = self._identities(messages)
-        if failures:  # MissingKey, UndecodableMessage (a bad ttl too), or a broken strategy: dead-lettered
+        if failures:  # refused (MissingKey, UndecodableMessage, a bad ttl, a broken strategy): dead-lettered
             failed = dict(failures)
-            for n, exc in failures:
-                decision = refused(exc, "kafka")
+            for n, decision in failures:
                 self.stats[decision.reason.value] += 1
                 letters.append((indices[n], DeadLetter(messages[n], decision)))
             indices, messages, keys = _without(indices, failed), _without(messages, failed), _without(keys, failed)
@@ -309,7 +302,7 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             if accepted is None:
                 continue
             state = partitions[accepted]
-            if state.settled and (msg.offset() or 0) in state.settled:  # decided earlier, behind a hold
+            if state.decided_behind and (msg.offset() or 0) in state.decided_behind:  # decided earlier, behind a hold
                 before.append(len(live))
             live.append(msg)
             tps.append(accepted)
@@ -334,53 +327,29 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
             outcomes[i] = DONE
 
     def _identities(self, messages: Sequence[Message]) -> tuple[list[str], list[Any], list[float | None],
-                                                                list[tuple[int, Exception]]]:
-        """:meth:`_identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
-        in all three at a message refused), and the ``(position, error)`` of the refused."""
+                                                                list[tuple[int, Decision]]]:
+        """:attr:`identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
+        in all three at a message refused), and the ``(position, refusal)`` of the refused."""
         count = len(messages)
         keys: list[Any] = [None] * count
         fingerprints: list[Any] = [None] * count
         ttls: list[float | None] = [None] * count
-        failures: list[tuple[int, Exception]] = []
-        ttl_of = self._ttl_reader()
+        failures: list[tuple[int, Decision]] = []
+        identify, read = self.identify, self.read
         for n, msg in enumerate(messages):
-            try:
-                keys[n], fingerprints[n], ttls[n] = self._identify(msg, ttl_of)
-            except Exception as exc:  # None in all three columns
-                failures.append((n, exc))
+            found = identify(msg, read)
+            if isinstance(found, Identity):
+                keys[n], fingerprints[n], ttls[n] = found
+            else:
+                failures.append((n, found))
         return keys, fingerprints, ttls, failures
-
-    def _ttl_reader(self) -> TtlHeader | None:
-        """The :class:`TtlHeader` of ``ttl_header`` (kept while the name stays), ``None`` when unset."""
-        self._ttl_of = TtlHeader.of(self.ttl_header, self._ttl_of)
-        return self._ttl_of
-
-    def _identify(self, msg: Message, ttl_of: TtlHeader | None = None) -> tuple[str, Any, float | None]:
-        """``(key, fingerprint, ttl)`` of ``msg``, the ttl header read by ``ttl_of`` (else by a new
-        :class:`TtlHeader`); raises what the key strategy, the fingerprint or the ttl header
-        raise. The envelope is built only for a strategy or fingerprint that needs it: the
-        defaults (:data:`KAFKA_DEFAULT` finding its ``idempotency-key`` header,
-        :func:`body_fingerprint`) read the headers and the body straight from the record, as they
-        would from its envelope, since every consumed record is identified."""
-        headers: dict[str, Any] = dict(msg.headers() or ())  # as from_kafka() reads them
-        key = default_header_key(headers) if self.key_strategy is KAFKA_DEFAULT else None
-        fingerprint = self.fingerprint
-        if key is not None and (fingerprint is None or fingerprint is body_fingerprint):
-            fp = None if fingerprint is None else bytes_fingerprint(msg.value() or b"")
-        else:
-            envelope = from_kafka(msg)
-            key = self.key_strategy(envelope)
-            fp = None if fingerprint is None else fingerprint(envelope)
-        if ttl_of is None:
-            ttl_of = TtlHeader.of(self.ttl_header, None)
-        return key, fp, None if ttl_of is None else ttl_of(headers)
 
     def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,
                      ttl: Sequence[float | None] | None = None) -> Verdicts:
         """The dedupe verdicts for ``messages`` (their ``keys`` and ``fingerprints``): the batch
         engine (:func:`~dedupe_worker.decide_many`) calling the handler with each message that
-        must run, or the batch handler with all of them; ``ttl``: each message's ttl (from
-        its ``ttl_header``). A :class:`~dedupe_worker._engine.batch.Verdicts`: an ACK's Decision
+        must run, or the batch handler with all of them; ``ttl``: each message's retention (from
+        its ``ttl_header``). A :class:`~dedupe_worker._engine.Verdicts`: an ACK's Decision
         is built only if a hook asks for it."""
         batch = self.batch_handler
         run_batch = None if batch is None else (lambda chosen: batch([messages[i] for i in chosen]))
@@ -422,13 +391,48 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 _APPLIED, _DUPLICATE, _PREVIOUSLY_FAILED = Reason.APPLIED, Reason.DUPLICATE, Reason.PREVIOUSLY_FAILED
 
 
+def identify_records(options: ConsumerOptions) -> tuple[Identify[Any], Callable[[Message], Any]]:
+    """The engine's :class:`~dedupe_worker._engine.Identify` for the records of a consumer with
+    ``options``, and what it reads a record as. A record is read as its envelope
+    (:func:`~dedupe_worker._messages.envelope.from_kafka`), except under the default key strategy
+    and fingerprint, which read of an envelope only its headers and its body: then as
+    ``(record, headers)``, the envelope built only for a record without the ``idempotency-key``
+    header (the rest of the default chain). Every consumed record passes here, and the envelope
+    of each costs the duplicates' messages per second more than 10% (docs/performance.md,
+    bench.kafka_consumer); ``tests/test_kafka_identify.py`` holds both readings to the same answers."""
+    strategy, fingerprint = options.key_strategy or KAFKA_DEFAULT, options.fingerprint
+    if strategy is not KAFKA_DEFAULT or (fingerprint is not None and fingerprint is not body_fingerprint):
+        return Identify("kafka", strategy, fingerprint, ttl_header=options.ttl_header), from_kafka
+    return Identify("kafka", _default_key, None if fingerprint is None else _body_fingerprint,
+                    ttl_header=options.ttl_header, headers=_headers), _record
+
+
+def _record(msg: Message) -> tuple[Message, dict[str, Any]]:
+    return msg, dict(msg.headers() or ())  # as from_kafka() reads them
+
+
+def _default_key(record: tuple[Message, dict[str, Any]]) -> str:
+    """:data:`~dedupe_worker.keys.KAFKA_DEFAULT` of the record's envelope."""
+    key = default_header_key(record[1])
+    return KAFKA_DEFAULT(from_kafka(record[0])) if key is None else key
+
+
+def _body_fingerprint(record: tuple[Message, dict[str, Any]]) -> str:
+    """:func:`~dedupe_worker.keys.body_fingerprint` of the record's envelope."""
+    return bytes_fingerprint(record[0].value() or b"")
+
+
+#: The headers of a ``(record, headers)``.
+_headers = operator.itemgetter(1)
+
+
 _DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
 
 
 def _flows(state: PartitionState) -> bool:
     """Whether a partition's records are taken as they come: not paused, not rewound (a fetch from
-    before the rewind may still come), no offset settled behind a hold."""
-    return state.paused_until is None and state.rewound_to is None and not state.settled
+    before the rewind may still come), no offset decided behind a hold."""
+    return state.paused_until is None and state.rewound_to is None and not state.decided_behind
 
 
 def _first(letter: tuple[int, DeadLetter]) -> int:

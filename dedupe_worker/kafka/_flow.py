@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from .._engine.hooks import call_hook
+from .._engine import call_hook
 from ._positions import PartitionState
 
 __all__ = ["TP", "PartitionFlow", "tp_of"]

@@ -1,10 +1,10 @@
-"""Per-partition bookkeeping: what may be committed, where to rewind, what is already settled.
+"""Per-partition bookkeeping: what may be committed, where to rewind, what is already decided.
 
 Kafka only remembers one number per partition (the committed offset), so the consumer may commit
 an offset only when every message before it in that partition is decided: applied, duplicate or
 dead-lettered. The first undecided message of a partition is its *hold*: the partition is paused,
 rewound to it and resumed later. Messages after the hold that were decided in the same batch are
-remembered as *settled*, so their redelivery is not decided again (a dead-lettered message is not
+remembered as *decided behind* the hold, so their redelivery is not decided again (a dead-lettered message is not
 dead-lettered twice); this memory lives only in the process and is dropped on revoke or restart,
 after which a redelivery is simply decided again (the claim store answers DUPLICATE).
 """
@@ -55,7 +55,7 @@ class PartitionState:
     paused_until: float | None = None
     #: Offsets past the commit point already decided: ``None`` = done, a :class:`DeadLetter` =
     #: decided "dead-letter" but its delivery still has to succeed.
-    settled: dict[int, DeadLetter | None] = field(default_factory=dict)
+    decided_behind: dict[int, DeadLetter | None] = field(default_factory=dict)
     #: After a rewind: the offset the partition must deliver next (older fetches are dropped).
     rewound_to: int | None = None
     #: Handler errors seen so far per offset (for the dead-letter limit).
@@ -67,7 +67,7 @@ class PartitionState:
 
     def forget_below(self, offset: int) -> None:
         """Drop memory of offsets below ``offset`` (they are committed)."""
-        self.settled = {o: d for o, d in self.settled.items() if o >= offset}
+        self.decided_behind = {o: d for o, d in self.decided_behind.items() if o >= offset}
         self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
 
 
@@ -83,19 +83,19 @@ class PartitionPlan:
 
 def plan_partition(state: PartitionState, outcomes: Sequence[tuple[int, _Done | Hold]]) -> PartitionPlan:
     """Turn the outcomes of one partition's messages (in offset order) into a commit and a rewind,
-    updating ``state.settled`` for what was decided after the first hold."""
+    updating ``state.decided_behind`` for what was decided after the first hold."""
     commit: int | None = None
     rewind: tuple[int, Hold] | None = None
     for offset, outcome in outcomes:
         if isinstance(outcome, Hold):
             if outcome.dead_letter is not None:
-                state.settled[offset] = outcome.dead_letter
+                state.decided_behind[offset] = outcome.dead_letter
             if rewind is None:
                 rewind = (offset, outcome)
         elif rewind is None:
             commit = offset + 1
         else:
-            state.settled[offset] = None
+            state.decided_behind[offset] = None
     if commit is not None:
         state.forget_below(commit)
         state.holds = 0

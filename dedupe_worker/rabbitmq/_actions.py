@@ -17,13 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._engine import Action, Decision, Hooks, Reason, RetryPolicy
-from .._engine.dispatch import ACKED, Acted, Done, Tally, dispatch, report
-from .._engine.policy import backoff
+from .._engine import ACKED, Acted, Action, Decision, Done, Hooks, Reason, RetryPolicy, Tally, backoff, dispatch, report
 from .._messages.deadletter import ATTEMPTS, dead_letter_headers
 from .._republish import DEFERRALS, PublishFailed, Republisher, delay_queue, dlq
 
-__all__ = ["BrokerActions", "Item", "Stopping", "settled"]
+__all__ = ["BrokerActions", "Item", "Stopping", "answered"]
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +66,10 @@ def _where(message: Any) -> str:
     return f"delivery_tag={message.delivery_tag}"
 
 
-def settled(message: Any) -> bool:
+def answered(message: Any) -> bool:
     """Whether ``message`` was acked or rejected already (by a handler that should not have)."""
     if message.acknowledged:
-        log.warning("message delivery_tag=%s was settled by its handler; not acking it again",
+        log.warning("message delivery_tag=%s was acked or rejected by its handler; not acking it again",
                     message.delivery_tag)
         return True
     return False
@@ -80,7 +78,7 @@ def settled(message: Any) -> bool:
 class BrokerActions(Hooks, RetryPolicy):
     """Maps a decision to broker actions; mixed into the consumer. The retry and deferral options
     (``max_attempts``, ``retry_base``, ``retry_cap``, ``defer_base``, ``defer_cap``) and the hooks
-    are the ones every integration shares (:class:`~dedupe_worker._engine.RetryPolicy`,
+    are the ones every integration shares (:class:`~dedupe_worker.ConsumerOptions`,
     :class:`~dedupe_worker.Hooks`)."""
 
     #: Longest pause before prefetched messages are requeued while Redis is unreachable.
@@ -119,7 +117,7 @@ class BrokerActions(Hooks, RetryPolicy):
 
     # -- actions ---------------------------------------------------------------------------------
 
-    def _settle(self, item: Item, acked: bool = False) -> None:
+    def _act(self, item: Item, acked: bool = False) -> None:
         """Carry out the decision on ``item`` (``acked``: its ack was already sent) through
         :func:`~dedupe_worker._engine.dispatch.dispatch`: the broker step, then the hooks."""
         decision, message = item.decision, item.message
@@ -174,10 +172,10 @@ class BrokerActions(Hooks, RetryPolicy):
                       decision.token, queue, exc)
             self._pause(backoff(1, base=1.0, floor=0.5))
             self._publisher.declare(item.queue)
-            if not settled(item.message):
+            if not answered(item.message):
                 item.message.requeue()
             return False
-        if not settled(item.message):
+        if not answered(item.message):
             item.message.ack()
         return True
 
@@ -192,7 +190,7 @@ class BrokerActions(Hooks, RetryPolicy):
         self._pause(delay)
         for item in items:
             self._waiting.pop(item.message.delivery_tag, None)
-            if not settled(item.message):
+            if not answered(item.message):
                 item.message.requeue()
         requeued = Acted(Done.DEFERRED, delay)
         for item in items:  # each requeue is done: now its hooks
@@ -207,7 +205,7 @@ class BrokerActions(Hooks, RetryPolicy):
 
 class _ItemSteps:
     """The dispatch port of the consumer (:class:`~dedupe_worker._engine.dispatch.Broker`) for one
-    prefetched message; ``acked``: the batch's ``ack(multiple)`` settled it already."""
+    prefetched message; ``acked``: the batch's ``ack(multiple)`` acked it already."""
 
     __slots__ = ("acked", "actions", "item")
 
@@ -217,7 +215,7 @@ class _ItemSteps:
         self.acked = acked
 
     def ack(self, message: Any, decision: Decision) -> Acted:
-        if not self.acked and not settled(message):
+        if not self.acked and not answered(message):
             message.ack()
         return ACKED
 
@@ -226,7 +224,7 @@ class _ItemSteps:
 
     def retry(self, message: Any, decision: Decision) -> Acted:
         if isinstance(decision.error, Stopping):  # not an attempt: back to the queue as it came
-            if not settled(message):
+            if not answered(message):
                 message.requeue()
             return NOT_DONE
         return self.actions._retry(self.item, decision)

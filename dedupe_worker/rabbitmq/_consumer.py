@@ -1,7 +1,8 @@
 """The deduplicating kombu consumer: claim, run, then ack, defer, retry or dead-letter.
 
-Per message the consumer derives the key as ``key_strategy(from_kombu(message, queue))`` and the
-fingerprint as ``fingerprint(envelope)``, asks the engine (:func:`~dedupe_worker.decide_many`
+Per message the consumer identifies it (:class:`~dedupe_worker._engine.Identify`: the key as
+``key_strategy(from_kombu(message, queue))``, the fingerprint as ``fingerprint(envelope)``, the
+ttl from its ``ttl_header``), asks the engine (:func:`~dedupe_worker.decide_many`
 for the messages prefetched together, :func:`~dedupe_worker.decide` with ``batch=False``)
 and maps the verdict to broker actions:
 
@@ -35,6 +36,7 @@ handled again (the handler's half-done side effects are not undone).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
@@ -42,15 +44,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .._deduplicator import Deduplicator
-from .._engine import FLUSH_AFTER, Action, Pacing, Reason, decide, decide_many, refused
-from .._engine.dispatch import Tally
+from .._engine import Action, ConsumerOptions, Decision, Identify, Pacing, Reason, Tally, decide, decide_many, refused
 from .._errors import UndecodableMessage
 from .._extras import require
-from .._messages.envelope import Envelope, from_kombu
-from .._messages.ttl import TTL_HEADER, header_ttl
+from .._messages.envelope import from_kombu
 from .._operate.doctor import check_at_start
 from .._republish import Republisher
-from ..keys import RABBITMQ_DEFAULT, KeyStrategy, body_fingerprint
+from ..keys import RABBITMQ_DEFAULT
 from ._actions import BrokerActions, Item, Stopping
 
 require("kombu", "rabbitmq")
@@ -62,9 +62,9 @@ __all__ = ["DedupeConsumer", "Handler"]
 
 log = logging.getLogger(__name__)
 
-#: Keyword options of :class:`DedupeConsumer` (class attributes, so a subclass may set them too).
-OPTIONS = ("prefetch_count", "batch", "accept", "flush_after", "max_attempts", "retry_base", "retry_cap",
-           "defer_base", "defer_cap", "defer_wait", "outage_cap", "summary_interval", "ttl_header")
+#: Keyword options of :class:`DedupeConsumer` of its own (class attributes, so a subclass may set
+#: them too); the others are :class:`~dedupe_worker.ConsumerOptions`'.
+OPTIONS = ("prefetch_count", "batch", "accept", "outage_cap")
 
 #: ``handler(body, message)``: the decoded body and the kombu message, as kombu callbacks get them.
 Handler = Callable[[Any, Any], Any]
@@ -93,15 +93,6 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     batch: bool = True
     #: Content types (or kombu serializer names) the body may be decoded from; others are poison.
     accept: Sequence[str] = ("json", "text/plain", "application/octet-stream")
-    #: Seconds of handler time whose finished outcomes may wait to be stored together (see the
-    #: module doc); also the target run time of each claimed chunk.
-    flush_after: float = FLUSH_AFTER
-    #: Seconds between the summary lines logged at INFO while consuming (and one at shutdown).
-    summary_interval: float = 10.0
-    #: The header holding a message's ttl in seconds (its outcome is kept that long instead
-    #: of ``result_ttl``); a value that is not a positive number dead-letters the message
-    #: (``undecodable``, the reason naming the header). ``None``: not read.
-    ttl_header: str | None = TTL_HEADER
 
     def __init__(
         self,
@@ -110,21 +101,26 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         handler: Handler,
         deduplicator: Deduplicator,
         *,
-        key_strategy: KeyStrategy = RABBITMQ_DEFAULT,
-        fingerprint: Callable[[Envelope], Any] | None = body_fingerprint,
-        **options: Any,
+        options: ConsumerOptions | None = None,
+        **keywords: Any,
     ) -> None:
+        """``options``: the options every integration shares (:class:`~dedupe_worker.ConsumerOptions`;
+        ``key_strategy`` defaults to :data:`~dedupe_worker.keys.RABBITMQ_DEFAULT`), whole; each of
+        them, and each of :data:`OPTIONS`, may also be given as a keyword."""
         self.connection = connection
         self.queues = [q if isinstance(q, Queue) else Queue(q, durable=True)  # type: ignore[no-untyped-call]
                        for q in queues]
         self.handler = handler
         self.dedupe = deduplicator
-        self.key_strategy = key_strategy
-        self.fingerprint = fingerprint
-        for name, value in options.items():
-            if name not in OPTIONS:
-                raise TypeError(f"unknown option {name!r}; the options are {', '.join(OPTIONS)}")
-            setattr(self, name, value)
+        for name in OPTIONS:
+            if name in keywords:
+                setattr(self, name, keywords.pop(name))
+        #: The options every integration shares (``options`` with the keywords on top).
+        self.options = options = ConsumerOptions.of(options, others=OPTIONS, **keywords)
+        self.use(options)
+        #: Each message's key, fingerprint and ttl, or its refusal (read from its envelope).
+        self.identify: Identify[Any] = Identify("rabbitmq", options.key_strategy or RABBITMQ_DEFAULT,
+                                                options.fingerprint, ttl_header=options.ttl_header)
         self.should_stop = False
         #: Set while connected with the queues (and their .delay and .dlq) declared and consumed.
         self.ready = threading.Event()
@@ -134,8 +130,8 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
         self._publisher: Republisher | None = None
         self._outages = 0
         #: Handler timings carried from batch to batch, to size the claimed chunks.
-        self.pacing = Pacing(self.flush_after)
-        self.tally = Tally("rabbitmq consumer", self.summary_interval)
+        self.pacing = Pacing(options.flush_after)
+        self.tally = Tally("rabbitmq consumer", options.summary_interval)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -211,7 +207,7 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
     # -- one batch -------------------------------------------------------------------------------
 
     def handle(self, batch: Sequence[tuple[str, Any, BaseException | None]]) -> None:
-        """Decide and settle the messages received together; never raises for bad messages."""
+        """Decide the messages received together and act on each; never raises for bad messages."""
         if len(batch) == 1:  # prefetch 1, or one message ready: what follows, without the lists
             self._handle_one(*batch[0])
             return
@@ -232,16 +228,16 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             i.decision and i.decision.action is Action.ACK and not i.message.acknowledged for i in items)
         if acked:
             # One basic.ack(multiple) for the batch: every message delivered on this channel and
-            # not settled yet is in it (those delivered meanwhile have higher delivery tags).
+            # not acknowledged yet is in it (those delivered meanwhile have higher delivery tags).
             max(items, key=lambda i: int(i.message.delivery_tag)).message.ack(multiple=True)
         for item in items:
             if item.decision is None or item.decision.reason is not Reason.STORE_UNAVAILABLE:
-                self._settle(item, acked=acked)
+                self._act(item, acked=acked)
         if unavailable:
             self._requeue_later(unavailable)
 
     def _handle_one(self, queue: str, message: Any, error: BaseException | None) -> None:
-        """:meth:`handle` for a batch of one: decided by :func:`decide`, settled alone."""
+        """:meth:`handle` for a batch of one: decided by :func:`decide`, acted on alone."""
         item = self._prepare(queue, message, error)
         decision = item.decision
         if decision is None:
@@ -252,18 +248,15 @@ class DedupeConsumer(ConsumerMixin, BrokerActions):
             self._requeue_later([item])
         else:
             self._outages = 0
-            self._settle(item)
+            self._act(item)
 
     def _prepare(self, queue: str, message: Any, error: BaseException | None) -> Item:
         item = Item(queue, message)
-        try:
-            envelope = from_kombu(message, queue)
-            item.key = self.key_strategy(envelope)
-            item.fingerprint = self.fingerprint(envelope) if self.fingerprint else None
-            item.ttl = header_ttl(envelope.headers, self.ttl_header) if self.ttl_header else None
-        except Exception as exc:
-            item.decision = refused(exc, "rabbitmq")
+        found = self.identify(message, functools.partial(from_kombu, queue=queue))
+        if isinstance(found, Decision):
+            item.decision = found
             return item
+        item.key, item.fingerprint, item.ttl = found
         try:
             if error is not None:
                 raise error

@@ -190,7 +190,7 @@ class _KafkaReplay:
             remaining = self.producer.flush(self.delivery_timeout)
             if remaining:
                 log.error("%d deliveries not reported within %ss", remaining, self.delivery_timeout)
-        self._settle(pending)
+        self._count_and_commit(pending)
 
     def _start(self, item: _Pending, target: tuple[str | None, dict[str, Any]]) -> bool:
         """Produce what ``item``'s step needs (``target``: where a REPLAY goes); ``False`` when it
@@ -220,7 +220,7 @@ class _KafkaReplay:
         return target, {}
 
     def _produce(self, item: _Pending, topic: str, headers: list[tuple[str, Any]], **extra: Any) -> bool:
-        """Queue a copy of ``item``'s record; its delivery report settles ``item.ok``."""
+        """Queue a copy of ``item``'s record; its delivery report sets ``item.ok``."""
 
         def report(err: Any, _msg: Any) -> None:
             item.ok, item.error = err is None, str(err or "")
@@ -234,7 +234,7 @@ class _KafkaReplay:
         self.producer.poll(0)
         return True
 
-    def _settle(self, pending: list[_Pending]) -> None:
+    def _count_and_commit(self, pending: list[_Pending]) -> None:
         """Count every item and commit each partition up to its first failure."""
         commit: dict[int, int] = {}
         failed: set[int] = set()

@@ -1,7 +1,8 @@
 """The broker-neutral half of the replay: what to do with one dead-lettered message.
 
-For every message the replay derives the idempotency key exactly as the consumer does (the same
-key strategy applied to the same :class:`~dedupe_worker.Envelope`) and reads the key's state with
+For every message the replay derives the idempotency key exactly as the consumer does (the
+engine's :class:`~dedupe_worker._engine.Identify` with the same key strategy, applied to the same
+:class:`~dedupe_worker.Envelope`) and reads the key's state with
 ``inspect.lua`` (what :meth:`Deduplicator.status` runs; it changes nothing in Redis), together with
 the stored outcome's fingerprint: one pipelined round trip for a whole batch of messages
 (:meth:`Planner.judge_many`). The verdict:
@@ -58,7 +59,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._deduplicator import Deduplicator
-from .._errors import InvalidKey, StoreUnavailable, UndecodableMessage
+from .._engine import Identify, Identity
+from .._errors import InvalidKey, StoreUnavailable
 from .._messages.deadletter import ATTEMPTS, KEY, REPLAYED
 from .._messages.envelope import Envelope
 from .._protocol import (
@@ -152,6 +154,9 @@ class Planner:
                  key_only: bool = False) -> None:
         self.dedupe = dedupe
         self.key_strategy = key_strategy
+        #: The key as the consumer identifies it (the fingerprint is computed only when an outcome
+        #: is stored, the ttl is not read: the replay claims nothing).
+        self.identify: Identify[Envelope] = Identify(None, key_strategy, ttl_header=None)
         self.reasons = frozenset(reasons) if reasons else None
         self.fingerprint = fingerprint
         self.key_only = key_only
@@ -188,11 +193,8 @@ class Planner:
 
     def _before_lookup(self, envelope: Envelope, reason: str) -> tuple[Entry | None, str | None]:
         """The verdicts that need no Redis (filtered, no key, key mismatch); else ``(None, key)``."""
-        try:
-            key: str | None = self.key_strategy(envelope)
-            problem = ""
-        except (InvalidKey, UndecodableMessage) as exc:
-            key, problem = None, f"{type(exc).__name__}: {exc}"
+        found = self.identify(envelope)
+        key, problem = (found.key, "") if isinstance(found, Identity) else (None, found.detail)
         if self.reasons is not None and reason not in self.reasons:
             return Entry(key, Found.FILTERED, Step.LEAVE, reason, "reason not selected by --filter"), key
         if self.reasons is None and reason in HELD_BACK:

@@ -134,7 +134,7 @@ def _take(channel: Any, queue: str, count: int) -> list[tuple[Any, Any]]:
 def _replay_batch(channel: Any, queue: str, planner: Planner, batch: list[tuple[Any, Any]],
                   destination: Destination | None, publisher: Republisher | None, pacer: Pacer,
                   summary: Summary, held: list[int]) -> None:
-    """Judge ``batch``, publish its REPLAY copies and wait for their confirms, then settle every
+    """Judge ``batch``, publish its REPLAY copies and wait for their confirms, then finish every
     message in order: ack what was dropped or confirmed, hold the rest for the end of the run."""
     from .._republish import Copy
 

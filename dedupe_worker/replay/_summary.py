@@ -19,7 +19,7 @@ class ReplayOptions:
 
     ``limit`` bounds the messages *examined*; ``rate`` bounds republished messages per second;
     ``on_start`` is called once with the number of messages to examine (``None`` when unknown, as
-    for Kafka), ``on_entry`` after each message is settled, with the entry and its counter's name.
+    for Kafka), ``on_entry`` after each message is done with, with the entry and its counter's name.
     """
 
     dry_run: bool = False

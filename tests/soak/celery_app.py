@@ -37,7 +37,7 @@ class SoakTask(LedgerHooks, IdempotentTask):
     """IdempotentTask that records lease-lost and dead-letter verdicts in the ledger."""
 
 
-@app.task(base=SoakTask, bind=True, shared=False, name="soak.charge", defer_wait=0.5, defer_cap=2.0,
-          retry_base=0.2, retry_cap=2.0, max_attempts=8, idempotency_key=lambda op_id, **_: op_id)
+@app.task(base=SoakTask, bind=True, shared=False, name="soak.charge", dedupe_defer_wait=0.5, dedupe_defer_cap=2.0,
+          dedupe_retry_base=0.2, dedupe_retry_cap=2.0, dedupe_max_attempts=8, idempotency_key=lambda op_id, **_: op_id)
 def charge_task(self: IdempotentTask, op_id: str, amount: int) -> dict[str, Any]:
     return charge(op_id, amount)

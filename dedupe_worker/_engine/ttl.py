@@ -1,5 +1,5 @@
-"""A message's ttl read from a message header: how many seconds its outcome is
-kept (``ttl=`` of the engine) instead of the deduplicator's ``result_ttl``.
+"""A message's ttl read from a message header: how many seconds its outcome is kept (``ttl=`` of
+the engine) instead of the deduplicator's ``result_ttl``.
 
 One parser for every consumer (RabbitMQ, Kafka, FastStream, Dramatiq, Celery): the header
 ``x-dedupe-ttl`` (the name is configurable per consumer) holds a positive number of seconds as
@@ -7,8 +7,9 @@ text or bytes (``"3600"``, ``b"0.5"``: Kafka headers are bytes) or as any number
 carries (an AMQP integer of any width, a float, or a ``Decimal``: kombu decodes AMQP decimals so,
 and ``Decimal("5")`` is five seconds). A missing or empty header means ``result_ttl``. Any
 other value is bad input: :func:`header_ttl` raises :class:`~dedupe_worker.UndecodableMessage`,
-which the consumers turn into a dead-lettered message whose reason names the header and the value.
-Dead-lettered rather than run with ``result_ttl``: the sender asked for a ttl, and keeping
+which :class:`~dedupe_worker._engine.identify.Identify` turns into a refusal (a dead letter whose
+reason names the header and the value). Refused rather than run with ``result_ttl``: the sender
+asked for a ttl, and keeping
 the outcome for another length could drop it too early (a duplicate applied again) or keep it
 longer than the sender allows; a dead letter loses nothing and can be replayed once fixed.
 """
@@ -96,15 +97,6 @@ class TtlHeader:
         self.source = f"{name} header"
         #: Header names that are not this one in any case.
         self.others: set[Any] = set()
-
-    @classmethod
-    def of(cls, name: str | None, reader: TtlHeader | None) -> TtlHeader | None:
-        """The reader of header ``name``: ``reader`` when it reads that name, else a new one
-        (what a consumer keeps across messages, ``name`` being an option that may change);
-        ``None`` when ``name`` is unset (not read)."""
-        if not name:
-            return None
-        return reader if reader is not None and reader.name == name else cls(name)
 
     def __call__(self, headers: Mapping[str, Any] | None) -> float | None:
         if not headers:

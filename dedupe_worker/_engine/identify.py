@@ -1,0 +1,114 @@
+"""Identify once: a message as what the engine claims (key, fingerprint, ttl), or its refusal.
+
+Every integration and the replay turn what they consumed into an :class:`Identity` through one
+:class:`Identify` (built once per consumer from its options) and nothing else:
+
+=========================================  ===============  ==========================================
+the message                                the answer       its error (the dead letter's reason text)
+=========================================  ===============  ==========================================
+the key strategy finds no key              ``invalid_key``  :class:`~dedupe_worker.MissingKey`
+the strategy, the fingerprint or reading   ``invalid_key``  what it raised (a broken strategy never
+the message raises                                          stops the loop)
+a body the strategy cannot decode          ``undecodable``  :class:`~dedupe_worker.UndecodableMessage`
+(``field_key`` on a body that is not JSON)
+the ttl header is not a positive number    ``undecodable``  :class:`~dedupe_worker.UndecodableMessage`
+of seconds (see :mod:`.ttl`)                                naming the header and the value
+=========================================  ===============  ==========================================
+
+A refusal is the engine's verdict like any other (:func:`~dedupe_worker._engine.single.refused`,
+reported to the observers): the integration dead-letters it as it would a conflict. A key that is
+found but empty, too long or not text is refused one step later, by the claim, with the same
+``invalid_key``.
+
+What a message is read from is the integration's: an :class:`~dedupe_worker.Envelope` (RabbitMQ,
+Kafka, FastStream, the replay), or the call (Celery's task arguments and request, Dramatiq's
+actor, message and arguments). :class:`Identify` is given how to read it, and keeps the one
+:class:`~.ttl.TtlHeader` reader of its consumer.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from hashlib import sha256
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from .._protocol import content_hash
+from .decision import Decision, poison
+from .single import refused
+from .ttl import TTL_HEADER, TtlHeader
+
+__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint"]
+
+M = TypeVar("M")
+
+
+class Identity(NamedTuple):
+    """What one message is claimed as: its key, its payload fingerprint (``None``: no conflict
+    check) and the seconds its outcome is kept (``None``: the client's ``result_ttl``)."""
+
+    key: str
+    fingerprint: Any = None
+    ttl: float | None = None
+
+
+def body_fingerprint(envelope: Any) -> str:
+    """Fingerprint of a message: the hash of its body bytes (``envelope.body``)."""
+    return bytes_fingerprint(envelope.body)
+
+
+def bytes_fingerprint(body: bytes) -> str:
+    """:func:`body_fingerprint` of a message whose body is ``body`` (no envelope needed)."""
+    if type(body) is bytes:  # content_hash() without its text check (once per consumed message)
+        return sha256(body).hexdigest()[:32]
+    return content_hash(body)
+
+
+#: ``Identity(key, fingerprint, ttl)`` without the named tuple's ``__new__`` in Python (one a message).
+_identity = functools.partial(tuple.__new__, Identity)
+
+
+class Identify(Generic[M]):
+    """How one consumer identifies its messages: ``identify(message)`` is the message's
+    :class:`Identity`, or the refused :class:`~dedupe_worker.Decision` (see the module doc).
+
+    :param integration: named in the observers' verdict counts; ``None`` (the replay, which
+        decides nothing): a refusal is not reported.
+    :param key: ``message -> key`` (a key strategy over an envelope, or the integration's own).
+    :param fingerprint: ``message -> fingerprint``; ``None``: no conflict check.
+    :param ttl_header: the header holding the message's ttl in seconds; ``None``: not read.
+    :param headers: ``message -> headers`` the ttl header is read from; ``None``: its ``headers``.
+    :param default_ttl: ``message -> ttl`` when the header is absent (a task's or actor's own
+        option); ``None``: the client's ``result_ttl``.
+    """
+
+    __slots__ = ("default_ttl", "fingerprint", "headers", "integration", "key", "ttl_of")
+
+    def __init__(self, integration: str | None, key: Callable[[M], str],
+                 fingerprint: Callable[[M], Any] | None = None, *, ttl_header: str | None = TTL_HEADER,
+                 headers: Callable[[M], Mapping[str, Any] | None] | None = None,
+                 default_ttl: Callable[[M], float | None] | None = None) -> None:
+        self.integration = integration
+        self.key = key
+        self.fingerprint = fingerprint
+        #: The consumer's one reader of ``ttl_header`` (it remembers the other header names seen).
+        self.ttl_of = TtlHeader(ttl_header) if ttl_header else None
+        self.headers = headers
+        self.default_ttl = default_ttl
+
+    def __call__(self, message: Any, read: Callable[[Any], M] | None = None) -> Identity | Decision:
+        """The :class:`Identity` of ``message``, read first by ``read`` when given (``from_kafka``:
+        what reading raises is refused too), or its refusal (its ``error`` is what was raised).
+        Never raises."""
+        try:
+            if read is not None:
+                message = read(message)
+            key = self.key(message)
+            fingerprint = None if self.fingerprint is None else self.fingerprint(message)
+            ttl_of, headers = self.ttl_of, self.headers
+            ttl = None if ttl_of is None else ttl_of(message.headers if headers is None else headers(message))
+            if ttl is None and self.default_ttl is not None:
+                ttl = self.default_ttl(message)
+        except Exception as exc:  # MissingKey, UndecodableMessage (a bad ttl too), a broken strategy
+            return poison(exc) if self.integration is None else refused(exc, self.integration)
+        return _identity((key, fingerprint, ttl))
