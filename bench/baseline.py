@@ -1,0 +1,126 @@
+"""``make bench BASELINE=<ref>``: the benches against the current code and a git ref's, in one run.
+
+    python -m bench --baseline REF [--rounds N] [--only MODULE ...]
+
+The ref is checked out into a temporary git worktree (nothing of it is committed here), installed
+with the extras ``make install`` uses into its own venv, cached under ``.bench-baseline/<sha>/``
+(ignored by git), and the worktree removed. The bench code always comes from the current tree:
+both sides run the same ``bench.*`` module, from a folder holding only ``bench`` (so each side
+imports its own ``dedupe_worker``), with the same pinning, taking turns (current, baseline, current,
+baseline, ...) so a noisy neighbour hits both alike. Each figure the benches print is then shown
+for both sides, median and spread of the rounds, with the ratio and whether the current code is
+within 10% of the baseline: the rule docs/contributing.md sets for a fast path.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import tomllib
+
+from .charts import FIGURE, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".bench-baseline"
+#: Lower is better for these units; higher for msg/s.
+LOWER_IS_BETTER = ("µs", "ms", "s", "bytes")
+#: How much worse than the baseline a figure may be and still pass.
+TOLERANCE = 0.10
+
+
+def extras() -> str:
+    """The extras ``make install`` installs (the Makefile's ``EXTRAS``), and ``bench``."""
+    match = re.search(r"^EXTRAS\s*=\s*(\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    return f"{match[1]},bench" if match else "bench"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def baseline_python(ref: str) -> Path:
+    """The Python of a venv holding ``ref``'s ``dedupe_worker`` (installed once, then cached) and
+    the current tree's bench dependencies."""
+    sha = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+    venv = CACHE / sha[:12]
+    python = venv / "bin" / "python"
+    if (venv / ".installed").exists():
+        return python
+    bench_deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
+    with tempfile.TemporaryDirectory(prefix="dedupe-bench-baseline-") as tmp:
+        src = Path(tmp) / "src"
+        git("worktree", "add", "--detach", str(src), sha)
+        try:
+            print(f"installing {ref} ({sha[:12]}) into {venv}", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"{src}[{extras()}]", *bench_deps],
+                           check=True)
+        finally:
+            git("worktree", "remove", "--force", str(src))
+    (venv / ".installed").write_text(f"{ref} {sha}\n")
+    return python
+
+
+def bench_only_dir() -> Path:
+    """A folder holding only a link to the current ``bench`` package: run from there, a side
+    imports the ``dedupe_worker`` its venv holds, never the current tree's by the working folder."""
+    folder = Path(tempfile.mkdtemp(prefix="dedupe-bench-code-"))
+    (folder / "bench").symlink_to(ROOT / "bench")
+    return folder
+
+
+def figures(text: str) -> dict[str, tuple[float, str]]:
+    """Every figure in one bench's output (the lines :func:`bench.charts.parse` reads), by a label
+    naming its chart, row and column: ``(value, unit)``."""
+    found: dict[str, tuple[float, str]] = {}
+    for chart in parse(text, ""):
+        for label, values in chart.rows:
+            for series, value in zip(chart.series or [""], values, strict=False):
+                name = " | ".join(part for part in (chart.title.lstrip(": "), label, series) if part)
+                found[name] = (value, chart.unit)
+    for line in text.splitlines():  # and the figure lines alone in their unit, which make no chart
+        if match := FIGURE.match(line):
+            found[match["label"].strip()] = (float(match["value"].replace(",", "")), match["unit"])
+    return found
+
+
+def compare(current: Sequence[Mapping[str, tuple[float, str]]],
+            baseline: Sequence[Mapping[str, tuple[float, str]]]) -> list[tuple[str, str, list[float], list[float],
+                                                                             float, bool]]:
+    """For each figure both sides printed: ``(name, unit, current values, baseline values,
+    ratio of the medians current / baseline, passes)``; passes when the current median is at most
+    :data:`TOLERANCE` worse than the baseline's in the unit's direction."""
+    rows = []
+    names = [name for name in dict.fromkeys(n for run in current for n in run) if any(name in b for b in baseline)]
+    for name in names:
+        unit = next(run[name][1] for run in current if name in run)
+        ours = [run[name][0] for run in current if name in run]
+        theirs = [run[name][0] for run in baseline if name in run]
+        a, b = statistics.median(ours), statistics.median(theirs)
+        ratio = a / b if b else float("nan")
+        passes = ratio <= 1 + TOLERANCE if unit in LOWER_IS_BETTER else ratio >= 1 - TOLERANCE
+        rows.append((name, unit, ours, theirs, ratio, passes))
+    return rows
+
+
+def spread(values: Iterable[float]) -> str:
+    """``median [min-max]``."""
+    values = sorted(values)
+    return f"{statistics.median(values):,.1f} [{values[0]:,.1f}-{values[-1]:,.1f}]"
+
+
+def report(module: str, ref: str, current: Sequence[str], baseline: Sequence[str]) -> str:
+    """The comparison table of one bench's outputs, ``current`` and ``baseline`` runs in turn."""
+    rows = compare([figures(t) for t in current], [figures(t) for t in baseline])
+    lines = [f"\n[{module}] current vs {ref}: median [min-max] of {len(current)} and {len(baseline)} runs, "
+             f"taking turns; ratio = current / baseline; ok = within {TOLERANCE:.0%} of the baseline"]
+    for name, unit, ours, theirs, ratio, passes in rows:
+        lines.append(f"  {name:<60} {unit:<6} {spread(ours):>26}  {spread(theirs):>26}  "
+                     f"{ratio:5.2f}  {'ok' if passes else 'WORSE'}")
+    return "\n".join(lines)
