@@ -29,9 +29,12 @@ from .charts import FIGURE, parse
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".bench-baseline"
 #: Lower is better for these units; higher for msg/s.
-LOWER_IS_BETTER = ("µs", "ms", "s", "bytes")
+LOWER_IS_BETTER = ("µs", "ms", "s", "bytes", "x ref")
 #: How much worse than the baseline a figure may be and still pass.
 TOLERANCE = 0.10
+#: A figure of the same run each figure of its unit is also shown against, per bench: a shared
+#: machine moves whole runs up and down, and a ratio within one run cancels that.
+REFERENCES = {"bench.core": "raw EVALSHA round trip (trivial)", "bench.http_middleware": "2 PINGs"}
 
 
 def extras() -> str:
@@ -68,10 +71,12 @@ def baseline_python(ref: str) -> Path:
 
 
 def bench_only_dir() -> Path:
-    """A folder holding only a link to the current ``bench`` package: run from there, a side
-    imports the ``dedupe_worker`` its venv holds, never the current tree's by the working folder."""
+    """A folder holding only links to the current ``bench`` and ``tests`` (whose services start a
+    private cluster): run from there, a side imports the ``dedupe_worker`` its venv holds, never
+    the current tree's by the working folder."""
     folder = Path(tempfile.mkdtemp(prefix="dedupe-bench-code-"))
-    (folder / "bench").symlink_to(ROOT / "bench")
+    for package in ("bench", "tests"):
+        (folder / package).symlink_to(ROOT / package)
     return folder
 
 
@@ -88,6 +93,17 @@ def figures(text: str) -> dict[str, tuple[float, str]]:
         if match := FIGURE.match(line):
             found[match["label"].strip()] = (float(match["value"].replace(",", "")), match["unit"])
     return found
+
+
+def relative(runs: Sequence[Mapping[str, tuple[float, str]]], reference: str) -> list[dict[str, tuple[float, str]]]:
+    """Each run's figures in the unit of ``reference`` as multiples of that run's ``reference``."""
+    out = []
+    for run in runs:
+        if reference in run:
+            base, unit = run[reference]
+            out.append({name: (value / base, "x ref") for name, (value, u) in run.items()
+                        if u == unit and name != reference and base})
+    return out
 
 
 def compare(current: Sequence[Mapping[str, tuple[float, str]]],
@@ -112,15 +128,20 @@ def compare(current: Sequence[Mapping[str, tuple[float, str]]],
 def spread(values: Iterable[float]) -> str:
     """``median [min-max]``."""
     values = sorted(values)
-    return f"{statistics.median(values):,.1f} [{values[0]:,.1f}-{values[-1]:,.1f}]"
+    digits = 2 if values[-1] < 10 else 1 if values[-1] < 1000 else 0
+    return f"{statistics.median(values):,.{digits}f} [{values[0]:,.{digits}f}-{values[-1]:,.{digits}f}]"
 
 
 def report(module: str, ref: str, current: Sequence[str], baseline: Sequence[str]) -> str:
     """The comparison table of one bench's outputs, ``current`` and ``baseline`` runs in turn."""
-    rows = compare([figures(t) for t in current], [figures(t) for t in baseline])
+    ours, theirs = [figures(t) for t in current], [figures(t) for t in baseline]
+    rows = compare(ours, theirs)
+    if reference := REFERENCES.get(module):
+        rows += compare(relative(ours, reference), relative(theirs, reference))
     lines = [f"\n[{module}] current vs {ref}: median [min-max] of {len(current)} and {len(baseline)} runs, "
-             f"taking turns; ratio = current / baseline; ok = within {TOLERANCE:.0%} of the baseline"]
-    for name, unit, ours, theirs, ratio, passes in rows:
-        lines.append(f"  {name:<60} {unit:<6} {spread(ours):>26}  {spread(theirs):>26}  "
+             f"taking turns; ratio = current / baseline; ok = within {TOLERANCE:.0%} of the baseline"
+             + (f"; 'x ref': as a multiple of the same run's {reference!r}" if reference else "")]
+    for name, unit, mine, base, ratio, passes in rows:
+        lines.append(f"  {name:<60} {unit:<6} {spread(mine):>26}  {spread(base):>26}  "
                      f"{ratio:5.2f}  {'ok' if passes else 'WORSE'}")
     return "\n".join(lines)

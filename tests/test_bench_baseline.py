@@ -5,7 +5,7 @@ drop 10%, and no more."""
 from __future__ import annotations
 
 from bench import core
-from bench.baseline import compare, extras, figures, report
+from bench.baseline import compare, extras, figures, relative, report
 
 
 def core_output(scale: float, with_scripts: bool = True) -> str:
@@ -42,3 +42,9 @@ def test_a_figure_only_one_side_prints_is_left_out() -> None:
 
 def test_the_baseline_gets_the_extras_make_install_does() -> None:
     assert extras().endswith(",bench") and "celery" in extras().split(",")
+
+
+def test_relative_is_each_run_against_its_own_reference() -> None:
+    runs = [{"raw": (100.0, "µs"), "run": (230.0, "µs"), "memory": (136.0, "bytes")},
+            {"raw": (200.0, "µs"), "run": (460.0, "µs")}]
+    assert relative(runs, "raw") == [{"run": (2.3, "x ref")}, {"run": (2.3, "x ref")}]
