@@ -24,7 +24,7 @@ from pathlib import Path
 
 import tomllib
 
-from .charts import FIGURE, parse
+from .charts import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".bench-baseline"
@@ -32,6 +32,10 @@ CACHE = ROOT / ".bench-baseline"
 LOWER_IS_BETTER = ("µs", "ms", "s", "bytes", "x ref")
 #: How much worse than the baseline a figure may be and still pass.
 TOLERANCE = 0.10
+#: Figures anywhere in a line: a label, two or more spaces, a number and a unit (as
+#: :data:`bench.charts.FIGURE`, and again after it on the same line).
+FIGURES = re.compile(r"(?:^|(?<=\s))(?P<label>[^\s\d(].*?\S)\s{2,}(?P<value>-?[\d,]+(?:\.\d+)?)\s*"
+                     r"(?P<unit>µs|ms|msg/s|bytes)\b(?!/)")
 #: A figure of the same run each figure of its unit is also shown against, per bench: a shared
 #: machine moves whole runs up and down, and a ratio within one run cancels that.
 REFERENCES = {"bench.core": "raw EVALSHA round trip (trivial)", "bench.http_middleware": "2 PINGs"}
@@ -81,17 +85,26 @@ def bench_only_dir() -> Path:
 
 
 def figures(text: str) -> dict[str, tuple[float, str]]:
-    """Every figure in one bench's output (the lines :func:`bench.charts.parse` reads), by a label
-    naming its chart, row and column: ``(value, unit)``."""
+    """Every figure in one bench's output, ``(value, unit)`` by its label: the tables
+    :func:`bench.charts.parse` reads (labelled by column too) and each figure of a line (one whose
+    label starts with ``+`` labelled by the line's first figure too)."""
     found: dict[str, tuple[float, str]] = {}
     for chart in parse(text, ""):
+        if not (chart.title or chart.series):  # figure lines: read below, with their subject
+            continue
         for label, values in chart.rows:
             for series, value in zip(chart.series or [""], values, strict=False):
                 name = " | ".join(part for part in (chart.title.lstrip(": "), label, series) if part)
                 found[name] = (value, chart.unit)
+    subject = ""
     for line in text.splitlines():  # and the figure lines alone in their unit, which make no chart
-        if match := FIGURE.match(line):
-            found[match["label"].strip()] = (float(match["value"].replace(",", "")), match["unit"])
+        for n, match in enumerate(FIGURES.finditer(line)):
+            label = match["label"].strip()
+            if label.startswith("+"):  # "app  N msg/s  + dedupe  M msg/s": the app's, with dedupe
+                label = f"{subject} {label}"
+            elif n == 0:
+                subject = label
+            found[label] = (float(match["value"].replace(",", "")), match["unit"])
     return found
 
 

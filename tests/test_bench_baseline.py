@@ -22,6 +22,15 @@ def test_figures_are_the_printed_lines() -> None:
     assert found["Redis memory per completed key"] == (136.0, "bytes")
 
 
+def test_a_second_figure_on_a_line_is_labelled_by_the_first() -> None:
+    found = figures("  faststream      2062 msg/s   + dedupe     1208 msg/s      +343 µs/msg   ratio 0.59\n"
+                    "              + round trips     1166 msg/s (ratio 0.57)\n"
+                    "  dramatiq        3709 msg/s   + dedupe     1357 msg/s      +467 µs/msg\n")
+    assert found == {"faststream": (2062.0, "msg/s"), "faststream + dedupe": (1208.0, "msg/s"),
+                     "faststream + round trips": (1166.0, "msg/s"), "dramatiq": (3709.0, "msg/s"),
+                     "dramatiq + dedupe": (1357.0, "msg/s")}
+
+
 def test_time_may_grow_ten_percent_rate_may_drop_ten_percent() -> None:
     rows = {name: (ratio, passes) for name, _, _, _, ratio, passes in compare(
         [{"t": (109.0, "µs"), "r": (91.0, "msg/s")}, {"t": (111.0, "µs"), "r": (89.0, "msg/s")},
