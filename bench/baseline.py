@@ -35,7 +35,7 @@ TOLERANCE = 0.10
 #: Figures anywhere in a line: a label, two or more spaces, a number and a unit (as
 #: :data:`bench.charts.FIGURE`, and again after it on the same line).
 FIGURES = re.compile(r"(?:^|(?<=\s))(?P<label>[^\s\d(].*?\S)\s{2,}(?P<value>-?[\d,]+(?:\.\d+)?)\s*"
-                     r"(?P<unit>µs|ms|msg/s|bytes)\b(?!/)")
+                     r"(?P<unit>µs|ms|msg/s|tasks/s|bytes)\b(?!/)")
 #: A figure of the same run each figure of its unit is also shown against, per bench: a shared
 #: machine moves whole runs up and down, and a ratio within one run cancels that.
 REFERENCES = {"bench.core": "raw EVALSHA round trip (trivial)", "bench.http_middleware": "2 PINGs"}
