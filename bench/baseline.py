@@ -32,10 +32,10 @@ CACHE = ROOT / ".bench-baseline"
 LOWER_IS_BETTER = ("µs", "ms", "s", "bytes", "x ref")
 #: How much worse than the baseline a figure may be and still pass.
 TOLERANCE = 0.10
-#: Figures anywhere in a line: a label, two or more spaces, a number and a unit (as
-#: :data:`bench.charts.FIGURE`, and again after it on the same line).
-FIGURES = re.compile(r"(?:^|(?<=\s))(?P<label>[^\s\d(].*?\S)\s{2,}(?P<value>-?[\d,]+(?:\.\d+)?)\s*"
-                     r"(?P<unit>µs|ms|msg/s|tasks/s|bytes)\b(?!/)")
+#: Figures in a line: a label, two or more spaces, a number and a unit (as
+#: :data:`bench.charts.FIGURE`), and after it those whose label starts with ``+``.
+FIGURES = re.compile(r"(?:^|(?<=\s))(?P<label>[^\s(].*?\S)\s{2,}(?P<value>-?[\d,]+(?:\.\d+)?)\s*"
+                     r"(?P<unit>µs|ms|msg/s|tasks/s|bytes)\b")
 #: A figure of the same run each figure of its unit is also shown against, per bench: a shared
 #: machine moves whole runs up and down, and a ratio within one run cancels that.
 REFERENCES = {"bench.core": "raw EVALSHA round trip (trivial)", "bench.http_middleware": "2 PINGs"}
@@ -104,6 +104,8 @@ def figures(text: str) -> dict[str, tuple[float, str]]:
                 label = f"{subject} {label}"
             elif n == 0:
                 subject = label
+            else:  # after a line's figure, only a "+" one: the rest are its notes
+                continue
             found[label] = (float(match["value"].replace(",", "")), match["unit"])
     return found
 
