@@ -96,14 +96,20 @@ def figures(text: str) -> dict[str, tuple[float, str]]:
             for series, value in zip(chart.series or [""], values, strict=False):
                 name = " | ".join(part for part in (chart.title.lstrip(": "), label, series) if part)
                 found[name] = (value, chart.unit)
-    subject = ""
+    subject, heading, heading_indent = "", "", 0
     for line in text.splitlines():  # and the figure lines alone in their unit, which make no chart
-        for n, match in enumerate(FIGURES.finditer(line)):
+        indent = len(line) - len(line.lstrip())
+        if heading and indent <= heading_indent:
+            heading = ""
+        matches = list(FIGURES.finditer(line))
+        if not matches and indent and line.strip():  # "  handler returns at once", then its figures indented
+            heading, heading_indent = line.strip(), indent
+        for n, match in enumerate(matches):
             label = match["label"].strip()
             if label.startswith("+"):  # "app  N msg/s  + dedupe  M msg/s": the app's, with dedupe
                 label = f"{subject} {label}"
             elif n == 0:
-                subject = label
+                subject = label = f"{heading}: {label}" if heading else label
             else:  # after a line's figure, only a "+" one: the rest are its notes
                 continue
             found[label] = (float(match["value"].replace(",", "")), match["unit"])

@@ -57,3 +57,12 @@ def test_relative_is_each_run_against_its_own_reference() -> None:
     runs = [{"raw": (100.0, "µs"), "run": (230.0, "µs"), "memory": (136.0, "bytes")},
             {"raw": (200.0, "µs"), "run": (460.0, "µs")}]
     assert relative(runs, "raw") == [{"run": (2.3, "x ref")}, {"run": (2.3, "x ref")}]
+
+
+def test_figures_under_an_indented_heading_carry_it() -> None:
+    found = figures("  handler returns at once\n    sync run(), sequential   2,107 msg/s  (baseline)\n"
+                    "  handler waits 1 ms on I/O\n    sync run(), sequential     605 msg/s  (baseline)\n"
+                    "  app                 56.7 µs/request\n")
+    assert found == {"handler returns at once: sync run(), sequential": (2107.0, "msg/s"),
+                     "handler waits 1 ms on I/O: sync run(), sequential": (605.0, "msg/s"),
+                     "app": (56.7, "µs")}
