@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="bench.core: seconds per case")
     parser.add_argument("--charts", default=str(CHARTS), metavar="DIR",
                         help="write SVG charts of the figures here ('' for none; default docs/img)")
-    parser.add_argument("--baseline", metavar="REF",
-                        help="also run every bench against this git ref's code, taking turns")
+    parser.add_argument("--baseline", nargs="?", const=baseline.RELEASE_BEFORE, metavar="REF",
+                        help="also run every bench against this git ref's code, taking turns "
+                             f"(without REF: {baseline.RELEASE_BEFORE}, this release's main before its changes)")
     parser.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each side per bench")
     parser.add_argument("--baseline-env", nargs="*", default=[], metavar="NAME=VALUE",
                         help="with --baseline: set in the baseline side's environment (--baseline . "

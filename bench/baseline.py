@@ -1,6 +1,6 @@
 """``make bench BASELINE=<ref>``: the benches against the current code and a git ref's, in one run.
 
-    python -m bench --baseline REF [--rounds N] [--only MODULE ...]
+    python -m bench --baseline [REF] [--rounds N] [--only MODULE ...]
 
 The ref is checked out into a temporary git worktree (nothing of it is committed here), installed
 with the extras ``make install`` uses into its own venv, cached under ``.bench-baseline/<sha>/``
@@ -27,6 +27,8 @@ import tomllib
 from .charts import parse
 
 ROOT = Path(__file__).resolve().parent.parent
+#: ``--baseline`` without a ref: this release's main before issue 37's changes were merged.
+RELEASE_BEFORE = "b977d1e"
 CACHE = ROOT / ".bench-baseline"
 #: Lower is better for these units; higher for msg/s.
 LOWER_IS_BETTER = ("µs", "ms", "s", "bytes", "x ref")
