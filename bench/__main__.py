@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, each against a baseline (and the peers) measured in the same run.
 
     python -m bench [--pin same|split|both|none] [--only MODULE ...] [--seconds S] [--charts DIR]
-                    [--baseline REF [--rounds N]]
+                    [--baseline [REF] [--rounds N] [--baseline-env NAME=VALUE ...]]
 
 Where Redis and the client run changes a round trip 3x on a small machine, so every run says
 where they ran and only numbers from one placement are compared with each other:
@@ -163,18 +163,20 @@ def compared(args: argparse.Namespace, module: str, *, outputs: list[tuple[str, 
     if not args.baseline:
         return int(run(module, outputs=outputs, **how) != 0)
     python = sys.executable if args.baseline == "." else str(baseline.baseline_python(args.baseline))
-    cwd, env = baseline.bench_only_dir(), dict(pair.split("=", 1) for pair in args.baseline_env)
+    env = dict(pair.split("=", 1) for pair in args.baseline_env)
     texts: dict[str, list[str]] = {"current": [], "baseline": []}
     failures = 0
-    for n in range(args.rounds):
-        for side, exe, side_env in (("current", sys.executable, None), ("baseline", python, env)):
-            print(f"\n--- {module}: {side} ({args.baseline if side == 'baseline' else 'this tree'}), "
-                  f"round {n + 1} of {args.rounds}", flush=True)
-            side_outputs: list[tuple[str, str, str]] = []
-            failures += run(module, outputs=side_outputs, python=exe, cwd=cwd, env=side_env, **how) != 0
-            texts[side] += [text for _, _, text in side_outputs]
-            if side == "current" and n == 0:
-                outputs += side_outputs
+    with tempfile.TemporaryDirectory(prefix="dedupe-bench-code-") as tmp:
+        cwd = baseline.link_bench(Path(tmp))
+        for n in range(args.rounds):
+            for side, exe, side_env in (("current", sys.executable, None), ("baseline", python, env)):
+                print(f"\n--- {module}: {side} ({args.baseline if side == 'baseline' else 'this tree'}), "
+                      f"round {n + 1} of {args.rounds}", flush=True)
+                side_outputs: list[tuple[str, str, str]] = []
+                failures += run(module, outputs=side_outputs, python=exe, cwd=cwd, env=side_env, **how) != 0
+                texts[side] += [text for _, _, text in side_outputs]
+                if side == "current" and n == 0:
+                    outputs += side_outputs
     name = " ".join([args.baseline, *args.baseline_env])
     print(baseline.report(module, name, texts["current"], texts["baseline"]), flush=True)
     return failures

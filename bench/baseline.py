@@ -5,8 +5,8 @@
 The ref is checked out into a temporary git worktree (nothing of it is committed here), installed
 with the extras ``make install`` uses into its own venv, cached under ``.bench-baseline/<sha>/``
 (ignored by git), and the worktree removed. The bench code always comes from the current tree:
-both sides run the same ``bench.*`` module, from a folder holding only ``bench`` (so each side
-imports its own ``dedupe_worker``), with the same pinning, taking turns (current, baseline, current,
+both sides run the same ``bench.*`` module, from a folder holding only ``bench`` and ``tests`` (so
+each side imports its own ``dedupe_worker``), with the same pinning, taking turns (current, baseline, current,
 baseline, ...) so a noisy neighbour hits both alike. Each figure the benches print is then shown
 for both sides, median and spread of the rounds, with the ratio and whether the current code is
 within 10% of the baseline: the rule docs/contributing.md sets for a fast path.
@@ -76,11 +76,10 @@ def baseline_python(ref: str) -> Path:
     return python
 
 
-def bench_only_dir() -> Path:
-    """A folder holding only links to the current ``bench`` and ``tests`` (whose services start a
-    private cluster): run from there, a side imports the ``dedupe_worker`` its venv holds, never
-    the current tree's by the working folder."""
-    folder = Path(tempfile.mkdtemp(prefix="dedupe-bench-code-"))
+def link_bench(folder: Path) -> Path:
+    """``folder``, given links to the current ``bench`` and ``tests`` (whose services start a
+    private cluster) and nothing else: run from there, a side imports the ``dedupe_worker`` its
+    venv holds, never the current tree's by the working folder."""
     for package in ("bench", "tests"):
         (folder / package).symlink_to(ROOT / package)
     return folder
