@@ -36,8 +36,6 @@ from .eviction import check_store_async
 __all__ = ["AsyncClaimClient"]
 
 
-
-
 class AsyncClaimClient(ClientCore):
     """The claim protocol's client on ``redis.asyncio``; options as
     :class:`~dedupe_worker.ClaimClient`'s, and the same guarantees: while a key's records
@@ -50,8 +48,9 @@ class AsyncClaimClient(ClientCore):
     :param redis_client: a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``. Its
         pool must allow as many connections as coroutines that call at once, or queue them
         (``BlockingConnectionPool``, as :meth:`from_url` builds).
-    :param allow_eviction: as for the sync client: off, the first claim raises
-        :class:`~dedupe_worker.EvictionPolicyError` on a Redis that may evict our records.
+
+    The ``allow_eviction`` option works as for the sync client: off, the first claim raises
+    :class:`~dedupe_worker.EvictionPolicyError` on a Redis that may evict our records.
     """
 
     store: AsyncRedisStore
