@@ -7,6 +7,8 @@ STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
 # Where `make bench` runs Redis and the client: same, split, both (core both ways) or none.
 PIN ?= both
+# `make bench BASELINE=<git ref>`: every bench also against that ref's code, taking turns (bench/baseline.py).
+BASELINE ?=
 # The fault-injection soak (tests/soak): seconds of traffic and faults, seed, integrations.
 SOAK_DURATION ?= 1200
 SOAK_SEED ?= 1
@@ -63,7 +65,7 @@ soak: $(STAMP)
 	$(BIN)/python -m tests.soak --duration $(SOAK_DURATION) --seed $(SOAK_SEED) --integrations $(SOAK_INTEGRATIONS)
 
 bench: $(STAMP)
-	$(BIN)/python -m bench --pin $(PIN)
+	$(BIN)/python -m bench --pin $(PIN) $(if $(BASELINE),--baseline $(BASELINE))
 
 demo: $(STAMP)
 	$(BIN)/dedupe-worker demo

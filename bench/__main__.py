@@ -1,6 +1,7 @@
 """``make bench``: every benchmark, each against a baseline (and the peers) measured in the same run.
 
     python -m bench [--pin same|split|both|none] [--only MODULE ...] [--seconds S] [--charts DIR]
+                    [--baseline [REF] [--rounds N] [--baseline-env NAME=VALUE ...]]
 
 Where Redis and the client run changes a round trip 3x on a small machine, so every run says
 where they ran and only numbers from one placement are compared with each other:
@@ -17,6 +18,12 @@ Each bench's output is echoed as it comes and, at the end, drawn as SVG bar char
 the date and the machine. A private server is used for pinned runs so that the shared Redis other
 processes use is never re-pinned. Without ``taskset``, ``redis-server`` or a second vCPU the run falls back to ``none``
 and says so.
+
+With ``--baseline REF`` (``make bench BASELINE=REF``) each bench runs ``--rounds`` times against the
+current code and as often against ``REF``'s, taking turns, and each figure is printed for both
+with their ratio (:mod:`bench.baseline`); the charts then show the current code's first round.
+``--baseline .`` is the current code again, which with ``--baseline-env DEDUPE_PURE_PYTHON=1``
+measures the accelerators on against off.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from . import baseline
 from .charts import bench_charts, stamp
 
 BENCHES = ("bench.core", "bench.held_connection", "bench.lua_cost", "bench.asyncio_paths", "bench.celery_tasks",
@@ -81,9 +90,10 @@ def start_redis(cpu: int) -> tuple[subprocess.Popen[bytes], str]:
 CHARTS = Path(__file__).resolve().parent.parent / "docs" / "img"
 
 
-def echoed(cmd: list[str]) -> tuple[int, str]:
+def echoed(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run ``cmd``, echoing its output as it comes; its exit status and its output."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=cwd,
+                            env={**os.environ, **env} if env else None)
     assert proc.stdout is not None
     lines = []
     for line in proc.stdout:
@@ -94,12 +104,14 @@ def echoed(cmd: list[str]) -> tuple[int, str]:
 
 
 def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extra: list[str],
-        outputs: list[tuple[str, str, str]] | None = None) -> int:
-    """Run one bench; its output is appended to ``outputs`` as ``(module, placement, output)``."""
+        outputs: list[tuple[str, str, str]] | None = None, python: str = sys.executable,
+        cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """Run one bench with ``python`` in ``cwd`` (and ``env`` added to the environment); its output
+    is appended to ``outputs`` as ``(module, placement, output)``."""
     if module == "bench.single_cpu" and not shutil.which("valgrind"):
         print(f"\n{module} skipped: it counts instructions with valgrind, which is not installed", flush=True)
         return 0
-    cmd = [sys.executable, "-m", module, *extra]
+    cmd = [python, "-m", module, *extra]
     if label and module in TAKES_LABEL:
         cmd += ["--label", label]
     if redis_url and module in TAKES_REDIS_URL:
@@ -109,10 +121,10 @@ def run(module: str, *, cpu: int | None, label: str, redis_url: str | None, extr
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
     print(f"\n$ {' '.join(cmd)}\n  placement: {label}", flush=True)
-    code, text = echoed(cmd)
+    code, text = echoed(cmd, cwd, env)
     if module == "bench.kafka_cpu" and shutil.which("valgrind"):  # and its instructions: no neighbour disturbs them
         print(f"\n$ {' '.join(cmd)} --callgrind", flush=True)
-        more, extra_text = echoed([*cmd, "--callgrind"])
+        more, extra_text = echoed([*cmd, "--callgrind"], cwd, env)
         code, text = code or more, text + extra_text
     if outputs is not None:
         outputs.append((module, label, text))
@@ -127,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="bench.core: seconds per case")
     parser.add_argument("--charts", default=str(CHARTS), metavar="DIR",
                         help="write SVG charts of the figures here ('' for none; default docs/img)")
+    parser.add_argument("--baseline", nargs="?", const=baseline.RELEASE_BEFORE, metavar="REF",
+                        help="also run every bench against this git ref's code, taking turns "
+                             f"(without REF: {baseline.RELEASE_BEFORE}, this release's main before its changes)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each side per bench")
+    parser.add_argument("--baseline-env", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="with --baseline: set in the baseline side's environment (--baseline . "
+                             "--baseline-env DEDUPE_PURE_PYTHON=1: the accelerators on against off)")
     args = parser.parse_args(argv)
     outputs: list[tuple[str, str, str]] = []
     try:
@@ -135,6 +154,32 @@ def main(argv: list[str] | None = None) -> int:
         if args.charts and outputs:
             written = bench_charts(outputs, Path(args.charts), stamp())
             print(f"\ncharts: {len(written)} written to {args.charts}", flush=True)
+
+
+def compared(args: argparse.Namespace, module: str, *, outputs: list[tuple[str, str, str]],
+             **how: Any) -> int:
+    """Run one bench (:func:`run`); with ``--baseline``, ``--rounds`` times against each side taking
+    turns, then print the figures side by side. The number of runs that failed."""
+    if not args.baseline:
+        return int(run(module, outputs=outputs, **how) != 0)
+    python = sys.executable if args.baseline == "." else str(baseline.baseline_python(args.baseline))
+    env = dict(pair.split("=", 1) for pair in args.baseline_env)
+    texts: dict[str, list[str]] = {"current": [], "baseline": []}
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="dedupe-bench-code-") as tmp:
+        cwd = baseline.link_bench(Path(tmp))
+        for n in range(args.rounds):
+            for side, exe, side_env in (("current", sys.executable, None), ("baseline", python, env)):
+                print(f"\n--- {module}: {side} ({args.baseline if side == 'baseline' else 'this tree'}), "
+                      f"round {n + 1} of {args.rounds}", flush=True)
+                side_outputs: list[tuple[str, str, str]] = []
+                failures += run(module, outputs=side_outputs, python=exe, cwd=cwd, env=side_env, **how) != 0
+                texts[side] += [text for _, _, text in side_outputs]
+                if side == "current" and n == 0:
+                    outputs += side_outputs
+    name = " ".join([args.baseline, *args.baseline_env])
+    print(baseline.report(module, name, texts["current"], texts["baseline"]), flush=True)
+    return failures
 
 
 def _run_all(args: argparse.Namespace, outputs: list[tuple[str, str, str]]) -> int:
@@ -151,8 +196,8 @@ def _run_all(args: argparse.Namespace, outputs: list[tuple[str, str, str]]) -> i
             if module == "bench.lua_cost":  # it resets the server's statistics: private servers only
                 print("\nbench.lua_cost skipped: it runs only on the private redis-server of a pinned run")
                 continue
-            failures += run(module, cpu=None, label="unpinned, shared Redis", redis_url=None,
-                            extra=core_extra if module == "bench.core" else [], outputs=outputs) != 0
+            failures += compared(args, module, cpu=None, label="unpinned, shared Redis", redis_url=None,
+                                 extra=core_extra if module == "bench.core" else [], outputs=outputs)
         return 1 if failures else 0
     redis_cpu, other_cpu = cpus[0], cpus[1]
     placements = {"same": (redis_cpu, f"Redis and client on vCPU {redis_cpu} (taskset)"),
@@ -164,8 +209,8 @@ def _run_all(args: argparse.Namespace, outputs: list[tuple[str, str, str]]) -> i
                 ("split",) if pin == "both" else (pin,)
             for name in chosen:
                 cpu, label = placements[name]
-                failures += run(module, cpu=cpu, label=label, redis_url=url,
-                                extra=core_extra if module == "bench.core" else [], outputs=outputs) != 0
+                failures += compared(args, module, cpu=cpu, label=label, redis_url=url,
+                                     extra=core_extra if module == "bench.core" else [], outputs=outputs)
     finally:
         server.kill()
         server.wait(10)

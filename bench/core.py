@@ -26,8 +26,6 @@ import redis
 
 from bench.peers import celery_eager_cases, payload, powertools_cases, powertools_records
 from dedupe_worker import Deduplicator
-from dedupe_worker._transport.script_flow import script_text, takes_flags
-from dedupe_worker._transport.scripts import load_script
 
 TRIVIAL = "return 1"
 
@@ -65,6 +63,24 @@ def completed_key_memory(d: Deduplicator, client: redis.Redis) -> float:
     return float(sum(client.memory_usage(k) or 0 for k in (stem + ":started", stem, stem + ":result")))
 
 
+def raw_script_shas(client: redis.Redis) -> tuple[str, str] | None:
+    """The SHAs of claim.lua and complete.lua as our path sends them, loaded here: on Redis 7+ our
+    own path calls the Functions library (FCALL), so the EVALSHA scripts need not be on the server.
+    None for code from before the ``_protocol`` package (``make bench BASELINE=70ba3a8``)."""
+    try:
+        from dedupe_worker._transport.script_flow import script_text, takes_flags
+        from dedupe_worker._transport.scripts import load_script
+    except ImportError:  # the modules' home before the _transport package
+        try:
+            from dedupe_worker._protocol.script_flow import script_text, takes_flags  # type: ignore[no-redef]
+            from dedupe_worker._protocol.scripts import load_script  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    flags = takes_flags(client.info("server"))
+    claim, complete = (client.script_load(script_text(load_script(name), flags)) for name in ("claim", "complete"))
+    return claim, complete
+
+
 def measure(url: str, seconds: float) -> tuple[dict[str, float], dict[str, float]]:
     """``(messages per second, client CPU seconds per message)`` of every case, and ``memory``."""
     client = redis.Redis.from_url(url)
@@ -86,14 +102,12 @@ def measure(url: str, seconds: float) -> tuple[dict[str, float], dict[str, float
         held.read_response()
         return 1
 
-    # Loaded here: on Redis 7+ our own path calls the Functions library (FCALL), so the EVALSHA
-    # scripts need not be on the server.
-    flags = takes_flags(client.info("server"))
-    claim_sha, complete_sha = (client.script_load(script_text(load_script(name), flags))
-                               for name in ("claim", "complete"))
+    shas = raw_script_shas(client)
 
     def raw_scripts(i: int) -> int:
         """The same two scripts, called straight from redis-py: what run() costs without us."""
+        assert shas is not None
+        claim_sha, complete_sha = shas
         stem = f"{ns}:{{raw-{i}}}"
         started, result = stem + ":started", stem + ":result"
         token = client.evalsha(claim_sha, 3, started, stem, result, 30000, 600000, "", "")[1]
@@ -128,7 +142,8 @@ def measure(url: str, seconds: float) -> tuple[dict[str, float], dict[str, float
         return 1
 
     cpu: dict[str, float] = {}
-    m = rates({"raw": raw, "raw held": raw_held, "scripts": raw_scripts, "run": run_path, "run fp": run_fingerprint,
+    m = rates({"raw": raw, "raw held": raw_held, **({"scripts": raw_scripts} if shas else {}), "run": run_path,
+               "run fp": run_fingerprint,
                "dup": duplicate, "pipe": raw_pipeline, "batch": batch_path,
                **powertools_cases(client, ns), **celery_eager_cases(url, ns)}, seconds, cpu=cpu)
     m["powertools records"] = float(powertools_records(client, ns))
@@ -161,10 +176,11 @@ def report(m: dict[str, float], cpu: dict[str, float], label: str) -> str:
         f"[{label}]  per message: wall (client CPU); ratios are times, lower is faster unless noted",
         f"  raw EVALSHA round trip (trivial)  {us('raw')}  (client.evalsha: the baseline below)",
         f"  the same on a held connection     {us('raw held')}  (no pool get/release: the floor)",
-        f"  raw claim.lua+complete.lua        {us('scripts')}  = {two_raw / m['scripts']:.2f}x two raw round trips",
+        *([f"  raw claim.lua+complete.lua        {us('scripts')}  = {two_raw / m['scripts']:.2f}x two raw round trips"]
+          if "scripts" in m else []),
         f"  run(), first seen                 {us('run')}  = {two_raw / m['run']:.2f}x two raw round trips "
-        f"(target <= 1.3x); {m['raw held'] / 2 / m['run']:.2f}x two on a held connection; "
-        f"{m['scripts'] / m['run']:.2f}x the raw scripts",
+        f"(target <= 1.3x); {m['raw held'] / 2 / m['run']:.2f}x two on a held connection"
+        + (f"; {m['scripts'] / m['run']:.2f}x the raw scripts" if "scripts" in m else ""),
         f"  run() with a fingerprint          {us('run fp')}  = {two_raw / m['run fp']:.2f}x two raw round trips",
         f"  Powertools idempotent_function    {us('powertools')}  -> run() is "
         f"{m['run'] / m['powertools']:.2f}x as fast, with a fingerprint {m['run fp'] / m['powertools']:.2f}x "

@@ -201,7 +201,7 @@ def shard_scaling(bootstrap: str, topic: str, count: int, rounds: int, shards: i
             usec = statistics.median(values)
             rate = statistics.median(s.rate for s in client_side[name])
             cpu = statistics.median(s.cpu for s in client_side[name])
-            print(f"  cluster of {shards}, batch 500, {name}: {rate:,.0f} msg/s, client CPU {cpu:.1f} µs/msg; "
+            print(f"  cluster of {shards}, batch 500, {name}  {rate:,.0f} msg/s, client CPU {cpu:.1f} µs/msg; "
                   f"Redis main-thread CPU per message (all primaries) {usec:.1f} µs, so each shard's core "
                   f"sustains {1e6 / usec:,.0f} msg/s (median of {len(values)})", flush=True)
 
