@@ -335,7 +335,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         fingerprints: list[Any] = [None] * count
         ttls: list[float | None] = [None] * count
         failures: list[tuple[int, Decision]] = []
-        identify, read = self.identify, self.read
+        # its bound __call__: called as a method, not through the instance's call slot (per record)
+        identify, read = self.identify.__call__, self.read
         for n, msg in enumerate(messages):
             found = identify(msg, read)
             if isinstance(found, Identity):
