@@ -399,9 +399,10 @@ def identify_records(options: ConsumerOptions) -> tuple[Identify[Any], Callable[
     and fingerprint, which read of an envelope only its headers and its body: then the reading is
     the record's ``(key, fingerprint, headers)`` (:func:`_record`), the envelope built only for a
     record without the ``idempotency-key`` header (the rest of the default chain), and ``Identify``
-    takes each from it by position. Every consumed record passes here: an envelope, or a call per
-    part, costs the duplicates' messages per second more than 10% (docs/performance.md, "Kafka
-    duplicates, issue 37"); ``tests/test_kafka_identify.py`` holds both readings to the same answers."""
+    takes each from it by position. Every consumed record passes here: its envelope costs the
+    duplicates' messages per second more than 10%, and a Python call per part adds to every record
+    (docs/performance.md, "Kafka duplicates, issue 37"); ``tests/test_kafka_identify.py`` holds both
+    readings to the same answers."""
     strategy, fingerprint = options.key_strategy or KAFKA_DEFAULT, options.fingerprint
     if strategy is not KAFKA_DEFAULT or (fingerprint is not None and fingerprint is not body_fingerprint):
         return Identify("kafka", strategy, fingerprint, ttl_header=options.ttl_header), from_kafka
