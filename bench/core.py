@@ -71,7 +71,7 @@ def raw_script_shas(client: redis.Redis) -> tuple[str, str] | None:
     try:
         from dedupe_worker._transport.script_flow import script_text, takes_flags
         from dedupe_worker._transport.scripts import load_script
-    except ImportError:
+    except ImportError:  # the modules' home before the _transport package
         try:
             from dedupe_worker._protocol.script_flow import script_text, takes_flags  # type: ignore[no-redef]
             from dedupe_worker._protocol.scripts import load_script  # type: ignore[no-redef]

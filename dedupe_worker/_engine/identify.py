@@ -82,7 +82,7 @@ class Identify(Generic[M]):
         option); ``None``: the client's ``result_ttl``.
     """
 
-    __slots__ = ("default_ttl", "fingerprint", "headers", "integration", "key", "ttl_of")
+    __slots__ = ("_ttl", "default_ttl", "fingerprint", "headers", "integration", "key", "ttl_of")
 
     def __init__(self, integration: str | None, key: Callable[[M], str],
                  fingerprint: Callable[[M], Any] | None = None, *, ttl_header: str | None = TTL_HEADER,
@@ -93,6 +93,9 @@ class Identify(Generic[M]):
         self.fingerprint = fingerprint
         #: The consumer's one reader of ``ttl_header`` (it remembers the other header names seen).
         self.ttl_of = TtlHeader(ttl_header) if ttl_header else None
+        # called as its bound __call__: the interpreter runs a bound method in its own loop, an
+        # instance through its type's call slot (once per message, docs/performance.md)
+        self._ttl = None if self.ttl_of is None else self.ttl_of.__call__
         self.headers = headers
         self.default_ttl = default_ttl
 
@@ -105,7 +108,7 @@ class Identify(Generic[M]):
                 message = read(message)
             key = self.key(message)
             fingerprint = None if self.fingerprint is None else self.fingerprint(message)
-            ttl_of, headers = self.ttl_of, self.headers
+            ttl_of, headers = self._ttl, self.headers
             ttl = None if ttl_of is None else ttl_of(message.headers if headers is None else headers(message))
             if ttl is None and self.default_ttl is not None:
                 ttl = self.default_ttl(message)

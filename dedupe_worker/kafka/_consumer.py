@@ -335,7 +335,8 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
         fingerprints: list[Any] = [None] * count
         ttls: list[float | None] = [None] * count
         failures: list[tuple[int, Decision]] = []
-        identify, read = self.identify, self.read
+        # its bound __call__: called as a method, not through the instance's call slot (per record)
+        identify, read = self.identify.__call__, self.read
         for n, msg in enumerate(messages):
             found = identify(msg, read)
             if isinstance(found, Identity):
@@ -395,35 +396,43 @@ def identify_records(options: ConsumerOptions) -> tuple[Identify[Any], Callable[
     """The engine's :class:`~dedupe_worker._engine.Identify` for the records of a consumer with
     ``options``, and what it reads a record as. A record is read as its envelope
     (:func:`~dedupe_worker._messages.envelope.from_kafka`), except under the default key strategy
-    and fingerprint, which read of an envelope only its headers and its body: then as
-    ``(record, headers)``, the envelope built only for a record without the ``idempotency-key``
-    header (the rest of the default chain). Every consumed record passes here, and the envelope
-    of each costs the duplicates' messages per second more than 10% (docs/performance.md,
-    bench.kafka_consumer); ``tests/test_kafka_identify.py`` holds both readings to the same answers."""
+    and fingerprint, which read of an envelope only its headers and its body: then the reading is
+    the record's ``(key, fingerprint, headers)`` (:func:`_record`), the envelope built only for a
+    record without the ``idempotency-key`` header (the rest of the default chain), and ``Identify``
+    takes each from it by position. Every consumed record passes here: its envelope costs the
+    duplicates' messages per second more than 10%, and a Python call per part adds to every record
+    (docs/performance.md, "Kafka duplicates, issue 37"); ``tests/test_kafka_identify.py`` holds both
+    readings to the same answers."""
     strategy, fingerprint = options.key_strategy or KAFKA_DEFAULT, options.fingerprint
     if strategy is not KAFKA_DEFAULT or (fingerprint is not None and fingerprint is not body_fingerprint):
         return Identify("kafka", strategy, fingerprint, ttl_header=options.ttl_header), from_kafka
-    return Identify("kafka", _default_key, None if fingerprint is None else _body_fingerprint,
-                    ttl_header=options.ttl_header, headers=_headers), _record
+    if fingerprint is None:
+        return Identify("kafka", _key, None, ttl_header=options.ttl_header, headers=_headers), _unfingerprinted
+    return Identify("kafka", _key, _fingerprint, ttl_header=options.ttl_header, headers=_headers), _record
 
 
-def _record(msg: Message) -> tuple[Message, dict[str, Any]]:
-    return msg, dict(msg.headers() or ())  # as from_kafka() reads them
+def _record(msg: Message) -> tuple[str, str, dict[str, Any]]:
+    """``(key, fingerprint, headers)`` of a record under the defaults: the key as
+    :data:`~dedupe_worker.keys.KAFKA_DEFAULT` reads its envelope, the fingerprint as
+    :func:`~dedupe_worker.keys.body_fingerprint` does, the headers as ``from_kafka()`` reads them."""
+    headers = dict(msg.headers() or ())
+    key = default_header_key(headers)
+    if key is None:
+        key = KAFKA_DEFAULT(from_kafka(msg))
+    return key, bytes_fingerprint(msg.value() or b""), headers
 
 
-def _default_key(record: tuple[Message, dict[str, Any]]) -> str:
-    """:data:`~dedupe_worker.keys.KAFKA_DEFAULT` of the record's envelope."""
-    key = default_header_key(record[1])
-    return KAFKA_DEFAULT(from_kafka(record[0])) if key is None else key
+def _unfingerprinted(msg: Message) -> tuple[str, None, dict[str, Any]]:
+    """:func:`_record` of a consumer without a fingerprint (``None`` in its place)."""
+    headers = dict(msg.headers() or ())
+    key = default_header_key(headers)
+    if key is None:
+        key = KAFKA_DEFAULT(from_kafka(msg))
+    return key, None, headers
 
 
-def _body_fingerprint(record: tuple[Message, dict[str, Any]]) -> str:
-    """:func:`~dedupe_worker.keys.body_fingerprint` of the record's envelope."""
-    return bytes_fingerprint(record[0].value() or b"")
-
-
-#: The headers of a ``(record, headers)``.
-_headers = operator.itemgetter(1)
+#: The key, fingerprint and headers of a :func:`_record` reading.
+_key, _fingerprint, _headers = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 
 _DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
