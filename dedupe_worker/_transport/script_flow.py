@@ -316,7 +316,7 @@ class ScriptFlows:
         transition runs twice. ``wait=(replicas, timeout_ms)`` adds ``WAIT`` to the same round
         trip and raises :class:`NotDurable` (with the replies) when fewer replicas acknowledged.
         """
-        if len(calls) == 1 and wait is None:
+        if len(calls) == 1 and wait is None:  # the runners drive :meth:`call` itself for one call
             return [(yield from self.call(*calls[0]))]
         if not calls:
             return []

@@ -137,7 +137,10 @@ class ScriptRunner:
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several FCALLs or EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
         <dedupe_worker._transport.script_flow.ScriptFlows.call_all>`)."""
-        return drive(self.flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
+        flows = self.flows
+        if len(calls) == 1 and wait is None:  # a single message's round trip: one generator less
+            return [drive(flows.call(*calls[0]), self._send)]
+        return drive(flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
 
     def call_streamed(self, calls: Sequence[Call], first: int, deliver: Callable[[Any], None]) -> list[Any]:
         """:meth:`call_all` (without ``WAIT``) in one write, where each reply of ``calls[first:]``
