@@ -70,7 +70,8 @@ def opened(dedupe: ClaimCodec) -> Run | None:
     """A :class:`Run` made current for the handlers about to run, when ``dedupe`` has
     ``outcomes`` or its store records outcomes on the claim's row (the SQL store), else ``None``,
     nothing done; :func:`closed` ends it."""
-    if outcomes_of(dedupe) is None and not getattr(getattr(dedupe, "store", None), "outcomes_on_row", False):
+    if (getattr(dedupe, "outcomes", None) is None  # outcomes_of, inline: every message asks
+            and not getattr(getattr(dedupe, "store", None), "outcomes_on_row", False)):
         return None
     run = Run(dedupe)
     run.reset = bind_run(run)

@@ -165,9 +165,8 @@ def attributes(claim: Claim, integration: str | None = None) -> dict[str, Any]:
 
 
 def handled_flow(handler: Callable[[], Any], claim: Claim, integration: str) -> Flow[Any]:
-    """The handler's value, timed and in a ``dedupe.handler`` span when observers are enabled."""
-    if not observer.enabled:
-        return (yield Handler(handler))
+    """The handler's value, timed and in a ``dedupe.handler`` span (:func:`execute_flow` yields
+    the plain :class:`Handler` itself when observers are disabled: one generator less a message)."""
     with observer.span("dedupe.handler", attributes(claim, integration)):
         began = time.perf_counter()
         try:
@@ -191,7 +190,10 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
             if found is not None:
                 return found
         try:
-            value = yield from handled_flow(handler, claim, integration)
+            if observer.enabled:
+                value = yield from handled_flow(handler, claim, integration)
+            else:
+                value = yield Handler(handler)
             if run is not None and run.joined:  # atomic() inside a transaction it did not open: did that commit?
                 uncommitted = yield from recorded.uncommitted_flow(claim, run)
                 if uncommitted is not None:
@@ -208,7 +210,8 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
             raise
         return (yield from stored_flow(dedupe, claim, value, integration))
     finally:
-        recorded.closed(run)
+        if run is not None:
+            recorded.closed(run)
         unbind(reset)
         renewer.untrack(stem, token)
 

@@ -161,6 +161,8 @@ class ClaimCodec:
             stem = self.layout.stem(stored)
             if not isinstance(key, str):
                 key = key.decode("utf-8", "backslashreplace")
+        if fingerprint is None:
+            return key, stem, "", original
         if type(fingerprint) is str and len(fingerprint) <= 64:
             return key, stem, fingerprint, original
         return key, stem, request_fingerprint(fingerprint), original

@@ -130,13 +130,16 @@ class Steps(Generic[T]):
     performed, called (sync) or awaited (asyncio)::
 
         for perform, effect in steps:
-            with steps:
+            try:
                 steps.value = perform(effect)
+            except BaseException as exc:
+                steps.error = exc
         return steps.result
 
-    ``with steps`` catches the effect's exception (``BaseException``: a cancelled handler's claim
-    is settled too) and keeps it to throw into the flow at the next step. An exception the flow
-    does not catch leaves the loop as the driver's own."""
+    The driver keeps the effect's exception (``BaseException``: a cancelled handler's claim is
+    settled too) in :attr:`error`, thrown into the flow at the next step. An exception the flow
+    does not catch leaves the loop as the driver's own. (A ``try`` rather than ``with steps``:
+    the loop runs for every effect of every message, and a context manager is two calls more.)"""
 
     __slots__ = ("error", "flow", "perform", "result", "value")
 
@@ -160,13 +163,6 @@ class Steps(Generic[T]):
             self.error = None  # no cycle: the driver's frame -> self -> the error -> its traceback
         return self.perform[type(effect)], effect
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
-        self.error = error
-        return error is not None
-
 
 def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> T:
     """Run ``flow`` to its end, performing each effect it yields with ``perform[type(effect)]``
@@ -175,8 +171,10 @@ def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[An
     statements."""
     steps = Steps(flow, perform)
     for call, effect in steps:
-        with steps:
+        try:
             steps.value = call(effect)
+        except BaseException as exc:
+            steps.error = exc
     return steps.result
 
 
@@ -185,8 +183,10 @@ async def drive_async(flow: Generator[Any, Any, T],
     """:func:`drive` with each effect's call awaited: only the ``await`` differs."""
     steps = Steps(flow, perform)
     for call, effect in steps:
-        with steps:
+        try:
             steps.value = await call(effect)
+        except BaseException as exc:
+            steps.error = exc
     return steps.result
 
 

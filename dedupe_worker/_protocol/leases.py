@@ -92,7 +92,10 @@ class LeaseBook:
         settled with :meth:`settle_group`.)"""
         live = self.live
         if live:  # else ``leases`` is not even iterated: a batch's are in groups
-            self.settling.update(lease for lease in leases if lease in live)
+            settling = self.settling
+            for lease in leases:  # a loop, not a generator: usually one message's one lease
+                if lease in live:
+                    settling.add(lease)
 
     def due(self) -> list[Lease]:
         """The leases to renew now."""
