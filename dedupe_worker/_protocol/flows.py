@@ -127,14 +127,7 @@ class Steps(Generic[T]):
     yields ``(perform, effect)`` for the next effect, ``perform`` being that effect's entry in the
     client's table (``ClientCore.performers``); when the flow returns, iteration stops and
     :attr:`result` holds its value. Around each effect the driver writes only how it is
-    performed, called (sync) or awaited (asyncio)::
-
-        for perform, effect in steps:
-            try:
-                steps.value = perform(effect)
-            except BaseException as exc:
-                steps.error = exc
-        return steps.result
+    performed, called (:func:`drive`) or awaited (:func:`drive_async`).
 
     The driver keeps the effect's exception (``BaseException``: a cancelled handler's claim is
     settled too) in :attr:`error`, thrown into the flow at the next step. An exception the flow
@@ -166,9 +159,10 @@ class Steps(Generic[T]):
 
 def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> T:
     """Run ``flow`` to its end, performing each effect it yields with ``perform[type(effect)]``
-    called (blocking); an effect's exception is thrown into the flow (:class:`Steps`). The one
-    driver of every flow of the package: the protocol's, the HTTP layer's claim, ``atomic()``'s
-    statements."""
+    called (blocking); an effect's exception is thrown into the flow (:class:`Steps`). The driver
+    of the flows above the transport: the protocol's, the HTTP layer's claim, ``atomic()``'s
+    statements. (The transport's script flows keep their own loop, which throws only
+    ``Exception`` in: see ``_transport/script_flow.drive``.)"""
     steps = Steps(flow, perform)
     for call, effect in steps:
         try:
