@@ -109,7 +109,8 @@ class Deduplicator(DeduplicatorCore, ClaimClient):
         ``fail_open``) and whatever ``fn`` raised (the claim is released, or for
         ``permanent_errors`` the failure stored).
         """
-        return _engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, ttl=ttl, **kwargs)
+        return _decision.outcome(self._drive(_engine.decide_flow(  # type: ignore[no-any-return]
+            self, key, _engine.handler_of(fn, args, kwargs), fingerprint, wait, "run", ttl)))
 
     def apply(self, claim: Claim, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`.

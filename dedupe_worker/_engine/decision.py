@@ -83,7 +83,10 @@ _ACTION = {
 HANDLER_RAN = frozenset({Reason.HANDLER_ERROR, Reason.PERMANENT_FAILURE, Reason.UNSERIALIZABLE_RESULT})
 
 
-@dataclass(frozen=True)
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, init=False)
 class Decision:
     """The verdict on one message. ``value`` is the handler's (or the stored) result; ``error`` is
     what :func:`outcome` raises, set on every verdict but APPLIED and DUPLICATE; ``retry_after``
@@ -94,6 +97,13 @@ class Decision:
     value: Any = None
     error: BaseException | None = None
     retry_after: float = 0.0
+
+    def __init__(self, reason: Reason, claim: Claim | None = None, value: Any = None,
+                 error: BaseException | None = None, retry_after: float = 0.0) -> None:
+        # One per message: its __dict__ built whole, as Claim's (the frozen dataclass __init__
+        # sets each field with object.__setattr__); the fields and defaults are the ones above.
+        _set(self, "__dict__", {"reason": reason, "claim": claim, "value": value, "error": error,
+                                "retry_after": retry_after})
 
     @property
     def action(self) -> Action:

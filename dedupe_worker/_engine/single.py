@@ -11,6 +11,14 @@ round trips and the handler call, and never do I/O themselves. :func:`decide`, :
 functions of the same names drive the same flows on an event loop, awaiting ``async def``
 handlers. A verdict is therefore decided by the same lines on both.
 
+The flows are flat on the common path (``bench.core``'s ``run`` cases): :func:`decide_flow` yields
+the claim's round trip itself and answers a duplicate in its own frame; an acquired claim runs
+:func:`execute_flow`, which calls the handler (or yields it, on asyncio) and yields the outcome's
+round trip itself, as ``ClientCore.complete_flow`` does. Every other case (the
+store's first check, replicas to wait for, ``wait``, observers, a reclaimed key's committed row,
+``atomic()`` in a joined transaction, a handler's failure, a finishing write retried, Redis down)
+enters its sub-flow only when it arises, from the same flow.
+
 Crash story, one message: the outcome is stored in the round trip right after the handler
 returns, while its lease is still renewed. A crash inside the handler, or between its return and
 that round trip, leaves the claim held until its lease runs out; the next delivery then runs the
@@ -34,7 +42,7 @@ from .._errors import (
     ResultNotSerializable,
     StoreUnavailable,
 )
-from .._protocol import Claim, ClientCore, Flow, Handler, bind, unbind
+from .._protocol import Claim, ClientCore, Flow, Handler, Outcome, Request, bind, unbind
 from .._transport import ClaimClient
 from ..observe._base import current as observer
 from . import recorded
@@ -47,6 +55,7 @@ __all__ = ["ClientOptions", "decide", "decide_flow", "execute", "execute_flow", 
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_ACQUIRED, _IN_PROGRESS = Outcome.ACQUIRED, Outcome.IN_PROGRESS
 
 
 class ClientOptions(Protocol):
@@ -143,19 +152,12 @@ def not_stored(dedupe: ClientOptions, claim: Claim,
     return Decision(Reason.STORE_UNAVAILABLE, claim, error=exc, retry_after=dedupe.lease)
 
 
-def stored_flow(dedupe: ClientCore, claim: Claim, value: Any, integration: str) -> Flow[Decision]:
-    """Store ``value`` as ``claim``'s outcome (one round trip) and return the verdict."""
-    try:
-        if observer.enabled:
-            with observer.span("dedupe.complete", attributes(claim, integration)):
-                began = time.perf_counter()
-                yield from dedupe.complete_flow(claim, value, None)
-                observer.round_trip("complete", time.perf_counter() - began)
-        else:
-            yield from dedupe.complete_flow(claim, value, None)
-    except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
-        return not_stored(dedupe, claim, exc)
-    return Decision(Reason.APPLIED, claim, value)
+def observed_complete_flow(dedupe: ClientCore, claim: Claim, value: Any, integration: str) -> Flow[None]:
+    """``complete_flow`` in a ``dedupe.complete`` span, its round trip timed (observers enabled)."""
+    with observer.span("dedupe.complete", attributes(claim, integration)):
+        began = time.perf_counter()
+        yield from dedupe.complete_flow(claim, value, None)
+        observer.round_trip("complete", time.perf_counter() - began)
 
 
 def attributes(claim: Claim, integration: str | None = None) -> dict[str, Any]:
@@ -165,8 +167,7 @@ def attributes(claim: Claim, integration: str | None = None) -> dict[str, Any]:
 
 
 def handled_flow(handler: Callable[[], Any], claim: Claim, integration: str) -> Flow[Any]:
-    """The handler's value, timed and in a ``dedupe.handler`` span (:func:`execute_flow` yields
-    the plain :class:`Handler` itself when observers are disabled: one generator less a message)."""
+    """The handler's value, timed and in a ``dedupe.handler`` span (observers enabled)."""
     with observer.span("dedupe.handler", attributes(claim, integration)):
         began = time.perf_counter()
         try:
@@ -180,7 +181,13 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
     """Run ``handler`` for an ACQUIRED claim, lease renewed and ``current_claim()`` set, and store
     its outcome. The handler's exceptions become the verdict's ``error``; a ``BaseException``
     (``KeyboardInterrupt``, ``SystemExit``, asyncio's ``CancelledError``) releases the claim and
-    propagates."""
+    propagates.
+
+    One frame on the common path: the handler is called here where the driver would call it
+    anyway (``calls_handlers``, the sync client), else yielded, and the outcome's round trip is
+    yielded here as ``ClientCore.complete_flow`` yields it; the cases
+    that need more (a reclaimed key's committed row, an ``atomic()`` block that joined a
+    transaction, a failure to settle, observers) enter their sub-flows only when they arise."""
     renewer, stem, token = dedupe.renewer, claim.stem, claim.token
     renewer.track(stem, token)
     reset, run = bind(claim), recorded.opened(dedupe)
@@ -192,6 +199,8 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
         try:
             if observer.enabled:
                 value = yield from handled_flow(handler, claim, integration)
+            elif dedupe.calls_handlers:
+                value = handler()
             else:
                 value = yield Handler(handler)
             if run is not None and run.joined:  # atomic() inside a transaction it did not open: did that commit?
@@ -208,7 +217,19 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
         except BaseException as exc:
             yield from settle_failure_flow(dedupe, claim, exc)
             raise
-        return (yield from stored_flow(dedupe, claim, value, integration))
+        try:  # the outcome stored in the round trip right after the handler returned
+            if observer.enabled:
+                yield from observed_complete_flow(dedupe, claim, value, integration)
+            else:  # ClientCore.complete_flow's steps, in this frame
+                send, problem = dedupe.complete_send(claim, value, None)
+                try:
+                    replies = yield send
+                except StoreUnavailable as exc:
+                    replies = yield from dedupe.finish_again_flow(exc, (send.calls,))
+                dedupe.completed(claim, replies[0][0], problem)
+        except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
+            return not_stored(dedupe, claim, exc)
+        return Decision(Reason.APPLIED, claim, value)
     finally:
         if run is not None:
             recorded.closed(run)
@@ -230,26 +251,54 @@ def refused(error: BaseException, integration: str) -> Decision:
     return decision
 
 
+def not_begun_flow(dedupe: ClientCore, exc: InvalidKey | StoreUnavailable, key: str | bytes,
+                   handler: Callable[[], Any]) -> Flow[Decision]:
+    """The verdict when ``key`` could not be claimed: POISON for a bad key, else Redis's outage
+    (:func:`unavailable_flow`: deferred, or under ``fail_open`` the handler run unclaimed)."""
+    if isinstance(exc, InvalidKey):
+        return poison(exc)
+    return (yield from unavailable_flow(dedupe, exc, ((key, handler),)))[0]
+
+
 def begin_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any,
                wait: float, ttl: float | None = None) -> Flow[Claim | Decision]:
     """The claim (carrying ``ttl``), or the verdict when there is none: a bad key, or Redis down."""
     try:
         return (yield from dedupe.begin_flow(key, fingerprint, wait, ttl))
-    except InvalidKey as exc:
-        return poison(exc)
-    except StoreUnavailable as exc:
-        return (yield from unavailable_flow(dedupe, exc, ((key, handler),)))[0]
+    except (InvalidKey, StoreUnavailable) as exc:
+        return (yield from not_begun_flow(dedupe, exc, key, handler))
 
 
 def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any = None,
                 wait: float = 0.0, integration: str = "run", ttl: float | None = None) -> Flow[Decision]:
     """Claim ``key``, run ``handler`` if acquired, store its outcome (kept ``ttl`` seconds, else
-    ``result_ttl``), and return the verdict."""
-    if not observer.enabled:
-        begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait, ttl)
-        if type(begun) is Decision:
-            return begun
-        return verdict_of(begun) or (yield from execute_flow(dedupe, begun, handler, integration))  # type: ignore[arg-type]
+    ``result_ttl``), and return the verdict.
+
+    The claim is made in this frame, as ``ClientCore.begin_flow`` makes it: its :class:`Send`
+    yielded as it is, and only the general cases (the store's first check, replicas to wait for,
+    ``wait`` on a held key, a bad key, Redis down) enter a sub-flow. A duplicate is answered
+    without another frame; an acquired claim runs :func:`execute_flow`. With observers enabled,
+    :func:`observed_flow` adds their spans around the same steps."""
+    if observer.enabled:
+        return (yield from observed_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
+    try:
+        prepared, send = dedupe.claim_send(key, fingerprint, ttl)
+        replies = (yield send) if send.wait is None and dedupe.store_checked else (
+            yield from dedupe.claim_round_trip(send.calls))
+        claim = dedupe.claimed(prepared, replies[0], ttl)
+        if wait > 0 and claim.outcome is _IN_PROGRESS:
+            claim = yield from dedupe.wait_flow(Request(*prepared), claim, time.monotonic() + wait)
+    except (InvalidKey, StoreUnavailable) as exc:
+        return (yield from not_begun_flow(dedupe, exc, key, handler))
+    if claim.outcome is not _ACQUIRED:
+        return verdict_of(claim)  # type: ignore[return-value]
+    return (yield from execute_flow(dedupe, claim, handler, integration))
+
+
+def observed_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any], fingerprint: Any,
+                  wait: float, integration: str, ttl: float | None) -> Flow[Decision]:
+    """:func:`decide_flow` with observers enabled: the claim in a ``dedupe.claim`` span (its
+    round trip timed), the verdict reported to them."""
     with observer.span("dedupe.claim", {"dedupe.integration": integration}) as span:
         began = time.perf_counter()
         begun = yield from begin_flow(dedupe, key, handler, fingerprint, wait, ttl)
@@ -280,8 +329,8 @@ def run(dedupe: ClaimClient, key: str | bytes, fn: Callable[..., T], /, *args: A
         fingerprint: Any = None, wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
     """:func:`decide` for ``fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker._engine.decision.outcome`."""
-    return outcome(decide(dedupe, key, handler_of(fn, args, kwargs),  # type: ignore[no-any-return]
-                          fingerprint=fingerprint, wait=wait, ttl=ttl))
+    return outcome(dedupe._drive(decide_flow(dedupe, key, handler_of(fn, args, kwargs),  # type: ignore[no-any-return]
+                                             fingerprint, wait, "run", ttl)))
 
 
 def handler_of(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:

@@ -8,6 +8,8 @@ from typing import Any
 
 __all__ = ["OMITTED", "Claim", "Omitted", "Outcome", "State", "Stored"]
 
+_set = object.__setattr__
+
 
 class Outcome(enum.Enum):
     """Every claim ends as exactly one of these."""
@@ -91,13 +93,13 @@ class Claim:
     def __init__(self, key: str, outcome: Outcome, token: int = 0, result: Any = None, retry_after: float = 0.0,
                  failed: bool = False, error: Any = None, stem: str = "", fingerprint: str = "",
                  reclaimed: bool = False, ttl: float | None = None) -> None:
-        # One per message on every path: filling __dict__ at once is half the cost of the frozen
+        # One per message on every path: a __dict__ built whole costs a fraction of the frozen
         # dataclass __init__ (one object.__setattr__ per field); the fields and defaults are the
         # ones declared above, and the instance stays frozen (docs/performance.md, bench.core's
-        # batch case).
-        self.__dict__.update(key=key, outcome=outcome, token=token, result=result, retry_after=retry_after,
-                             failed=failed, error=error, stem=stem, fingerprint=fingerprint,
-                             reclaimed=reclaimed, ttl=ttl)
+        # batch and run cases).
+        _set(self, "__dict__", {"key": key, "outcome": outcome, "token": token, "result": result,
+                                "retry_after": retry_after, "failed": failed, "error": error, "stem": stem,
+                                "fingerprint": fingerprint, "reclaimed": reclaimed, "ttl": ttl})
 
     @property
     def acquired(self) -> bool:

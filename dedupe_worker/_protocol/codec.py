@@ -18,7 +18,7 @@ from .fingerprint import request_fingerprint
 from .layout import HASHED_PREFIX, KeyLayout, plain_ascii
 from .serialization import JsonSerializer, Packer, Serializer, TooLarge, decoded_limit, unpack
 
-__all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Request", "ttl_ms"]
+__all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Prepared", "Request", "ttl_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,10 @@ class Request(NamedTuple):
     stem: str
     fingerprint: str
     original: str
+
+
+#: :class:`Request`'s fields as a plain tuple, as :meth:`ClaimCodec.prepare` returns them.
+Prepared = tuple[str, str, str, str]
 
 
 class ClaimCodec:
@@ -149,7 +153,7 @@ class ClaimCodec:
         """Check ``key`` and prepare its claim; raises :class:`InvalidKey`."""
         return Request(*self.prepare(key, fingerprint))
 
-    def prepare(self, key: str | bytes, fingerprint: Any = None) -> tuple[str, str, str, str]:
+    def prepare(self, key: str | bytes, fingerprint: Any = None) -> Prepared:
         """:meth:`request`'s fields as a plain tuple ``(key, stem, fingerprint, original)``: what a
         batch keeps in its columns, without a :class:`Request` per key."""
         if (type(key) is str and key.isascii() and 0 < len(key) <= self._plain_limit and plain_ascii(key)

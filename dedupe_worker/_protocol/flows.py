@@ -35,6 +35,7 @@ Effects (the result the driver sends back):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -46,7 +47,7 @@ from .._errors import ClaimError, LeaseLost, ResultNotSerializable, StoreUnavail
 from .._settings import ClientKeywords, ClientOptions, DedupeSettings, options_in_query
 from .calls import Call, CallFailed, ClaimItem, KeyState, NotDurable, StoreCalls, StreamCut, acquired_in, key_state
 from .claim import Claim, Outcome, Stored
-from .codec import ClaimCodec, Request
+from .codec import ClaimCodec, Prepared, Request, ttl_ms
 from .layout import KeyLayout
 from .leases import Lease, lost_in_round, round_failed, round_of
 from .retry import FinishRetry
@@ -123,38 +124,38 @@ Flow = Generator[Effect, Any, T]
 class Steps(Generic[T]):
     """The driver loop, written once for both drivers (httpx keeps two; this is the shared part).
 
-    Iterating advances ``flow`` with the last effect's value, or throws its exception in, and
-    yields ``(perform, effect)`` for the next effect, ``perform`` being that effect's entry in the
-    client's table (``ClientCore.performers``); when the flow returns, iteration stops and
+    Each :meth:`next` advances ``flow`` with the last effect's value, or throws its exception in,
+    keeps the effect it yields in :attr:`effect` and returns how to perform it, that effect's
+    entry in the client's table (``ClientCore.performers``); once the flow returns, ``None``, and
     :attr:`result` holds its value. Around each effect the driver writes only how it is
     performed, called (:func:`drive`) or awaited (:func:`drive_async`).
 
     The driver keeps the effect's exception (``BaseException``: a cancelled handler's claim is
     settled too) in :attr:`error`, thrown into the flow at the next step. An exception the flow
-    does not catch leaves the loop as the driver's own. (A ``try`` rather than ``with steps``:
-    the loop runs for every effect of every message, and a context manager is two calls more.)"""
+    does not catch leaves the loop as the driver's own. (A method called in a ``while`` rather
+    than an iterator, and a ``try`` rather than ``with steps``: the loop runs for every effect of
+    every message, and the iterator protocol and a context manager each cost calls more.)"""
 
-    __slots__ = ("error", "flow", "perform", "result", "value")
+    __slots__ = ("effect", "error", "flow", "perform", "result", "value")
 
     def __init__(self, flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> None:
         self.flow = flow
         self.perform = perform
         self.value: Any = None
         self.error: BaseException | None = None
+        self.effect: Any = None
         self.result: T
 
-    def __iter__(self) -> Steps[T]:
-        return self
-
-    def __next__(self) -> tuple[Callable[[Any], Any], Effect]:
+    def next(self) -> Callable[[Any], Any] | None:
         try:
             effect = self.flow.send(self.value) if self.error is None else self.flow.throw(self.error)
         except StopIteration as stop:
             self.result = stop.value
-            raise
+            return None
         finally:
             self.error = None  # no cycle: the driver's frame -> self -> the error -> its traceback
-        return self.perform[type(effect)], effect
+        self.effect = effect
+        return self.perform[type(effect)]
 
 
 def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[Any], Any]]) -> T:
@@ -164,9 +165,9 @@ def drive(flow: Generator[Any, Any, T], perform: Mapping[type[Any], Callable[[An
     statements. (The transport's script flows keep their own loop, which throws only
     ``Exception`` in: see ``_transport/script_flow.drive``.)"""
     steps = Steps(flow, perform)
-    for call, effect in steps:
+    while (call := steps.next()) is not None:
         try:
-            steps.value = call(effect)
+            steps.value = call(steps.effect)
         except BaseException as exc:
             steps.error = exc
     return steps.result
@@ -176,15 +177,15 @@ async def drive_async(flow: Generator[Any, Any, T],
                       perform: Mapping[type[Any], Callable[[Any], Awaitable[Any]]]) -> T:
     """:func:`drive` with each effect's call awaited: only the ``await`` differs."""
     steps = Steps(flow, perform)
-    for call, effect in steps:
+    while (call := steps.next()) is not None:
         try:
-            steps.value = await call(effect)
+            steps.value = await call(steps.effect)
         except BaseException as exc:
             steps.error = exc
     return steps.result
 
 
-_IN_PROGRESS = Outcome.IN_PROGRESS
+_ACQUIRED, _DUPLICATE, _IN_PROGRESS = Outcome.ACQUIRED, Outcome.DUPLICATE, Outcome.IN_PROGRESS
 #: A renewal round's answer: when it began, and the leases found lost.
 Renewed = tuple[float, list[Lease]]
 
@@ -334,13 +335,34 @@ class ClientCore(ClaimCodec):
 
     # -- claims ---------------------------------------------------------------------------------
 
+    def claim_send(self, key: str | bytes, fingerprint: Any, ttl: float | None) -> tuple[Prepared, Send]:
+        """One key's claim, ready to send: its request's fields (:meth:`~.codec.ClaimCodec.prepare`)
+        and the :class:`Send` of its ``claim.lua`` call, with the store's ``durability``. Raises
+        :class:`~dedupe_worker.InvalidKey`. Sent as it is (``(yield send)``) when
+        :meth:`sends_alone` says so, else through :meth:`claim_round_trip`."""
+        prepared = self.prepare(key, fingerprint)
+        store = self.store
+        return prepared, Send(store.claim_calls((prepared[1:],), self._lease_ms,
+                                                self._retention_ms if ttl is None else self.retention_ms(ttl)),
+                              store.durability)
+
+    def claim_round_trip(self, calls: list[Call]) -> Flow[list[list[Any]]]:
+        """A claim's round trip in the general case: the store checked first (once), and with
+        ``durability`` the claims given back when too few replicas acknowledged (:meth:`round_trip`)."""
+        if not self.store_checked:
+            yield CHECK_STORE
+        return (yield from self.round_trip((calls,)))
+
     def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float, ttl: float | None = None) -> Flow[Claim]:
         """``begin``: one claim (one round trip), and with ``wait`` the wait on a held key. The
-        claim carries ``ttl`` (seconds its outcome is kept; ``None``: ``result_ttl``)."""
-        request = self.request(key, fingerprint)
-        claim = (yield from self.claims_flow((request,), ttl))[0]
+        claim carries ``ttl`` (seconds its outcome is kept; ``None``: ``result_ttl``). The engine's
+        ``decide_flow`` makes its claim with the same steps, in its own frame."""
+        prepared, send = self.claim_send(key, fingerprint, ttl)
+        replies = (yield send) if send.wait is None and self.store_checked else (
+            yield from self.claim_round_trip(send.calls))
+        claim = self.claimed(prepared, replies[0], ttl)
         if wait > 0 and claim.outcome is _IN_PROGRESS:
-            return (yield from self.wait_flow(request, claim, time.monotonic() + wait))
+            return (yield from self.wait_flow(Request(*prepared), claim, time.monotonic() + wait))
         return claim
 
     def begin_many_flow(self, keys: Sequence[str | bytes], fingerprints: Sequence[Any] | None,
@@ -374,10 +396,8 @@ class ClientCore(ClaimCodec):
     def claims_flow(self, requests: Sequence[Request], ttl: float | None = None) -> Flow[list[Claim]]:
         """Claim ``requests`` in one round trip; the claims carry ``ttl`` (their outcomes'
         retention), and the started keys are kept at least that long (:meth:`retention_ms`)."""
-        if not self.store_checked:
-            yield CHECK_STORE
-        replies = yield from self.round_trip((self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
-                                                    self._lease_ms, self.retention_ms(ttl)),))
+        replies = yield from self.claim_round_trip(self.store.claim_calls([(r[1], r[2], r[3]) for r in requests],
+                                                                          self._lease_ms, self.retention_ms(ttl)))
         return self.claims_from(requests, replies[0], ttl)
 
     # -- settling a batch and claiming the next chunk -------------------------------------------
@@ -396,6 +416,25 @@ class ClientCore(ClaimCodec):
         claims = self.with_ttl(self._claims(requests, flat), ttl)
         _log_claims(claims)
         return claims
+
+    def claimed(self, prepared: Prepared, flat: Sequence[Any], ttl: float | None) -> Claim:
+        """The claim of one key (``prepared``, :meth:`claim_send`'s) from its four values of
+        ``claim.lua``'s reply, carrying ``ttl`` (logged at DEBUG): :meth:`claims_from` for one
+        message, the stored value of a completed duplicate read here too."""
+        code, token, status, value = flat
+        if code == 1:
+            claim = Claim(prepared[0], _ACQUIRED, token, None, 0.0, False, None, prepared[1], prepared[2],
+                          status == 1, ttl)
+        elif code == 2 and status == b"c":
+            claim = Claim(prepared[0], _DUPLICATE, token, self.stored_result(prepared[0], token, value), 0.0, False,
+                          None, prepared[1], prepared[2], False, ttl)
+        else:
+            claim = self.claim_of(Request(*prepared), code, token, status, value)
+            if ttl is not None:
+                claim = dataclasses.replace(claim, ttl=ttl)
+        if log.isEnabledFor(logging.DEBUG):
+            _log_claims([claim])
+        return claim
 
     def settle_and_claim_raw_flow(self, outcomes: Sequence[tuple[Claim, Stored, bytes]], releases: Sequence[Claim],
                                   claims: Sequence[ClaimItem], ttl: float | None = None
@@ -511,16 +550,40 @@ class ClientCore(ClaimCodec):
 
     def complete_flow(self, claim: Claim, value: Any, ttl: float | None) -> Flow[None]:
         """``complete``: store ``value`` if ``claim``'s token still owns the key; raises
-        :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted)."""
+        :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted).
+        One frame: the round trip is yielded here, and only a failed one enters
+        :meth:`finish_again_flow` (what :meth:`finishing_flow` does for ``fail`` and ``release``);
+        the engine's ``execute_flow`` takes the same steps in its own frame."""
+        send, problem = self.complete_send(claim, value, ttl)
+        try:
+            replies = yield send
+        except StoreUnavailable as exc:
+            replies = yield from self.finish_again_flow(exc, (send.calls,))
+        self.completed(claim, replies[0][0], problem)
+
+    def complete_send(self, claim: Claim, value: Any, ttl: float | None) -> tuple[Send, ResultNotSerializable | None]:
+        """:meth:`complete_flow`'s round trip, ready to send: ``value`` encoded (:meth:`encode`),
+        the lease checked (:class:`LeaseLost` when renewal found it lost) and settled with the
+        renewer (its renewals stop counting against it), the :class:`Send` of its
+        ``complete.lua`` call, and the :class:`ResultNotSerializable` to raise once it is stored."""
         status, data, problem = self.encode(claim, value)
         stem, token = claim.stem, claim.token
-        if self.renewer.is_lost(stem, token):
+        renewer = self.renewer
+        if renewer.is_lost(stem, token):
             raise LeaseLost(claim.key, token)
-        calls = self.store.complete_calls(((stem, token, status, data),),
-                                          self.result_ttl_ms(claim.ttl if ttl is None else ttl))
-        stored = yield from self.finishing_flow(((stem, token),), (calls,))
-        if not self.owns(claim, stored[0][0]):
-            raise LeaseLost(claim.key, token)
+        if ttl is None:
+            ttl = claim.ttl
+        store = self.store
+        calls = store.complete_calls(((stem, token, status, data),),
+                                     self._result_ttl_ms if ttl is None else ttl_ms(ttl))
+        renewer.settle(((stem, token),))
+        return Send(calls, store.durability), problem
+
+    def completed(self, claim: Claim, stored: Any, problem: ResultNotSerializable | None) -> None:
+        """After ``complete.lua`` answered ``stored`` for ``claim``: :class:`LeaseLost` unless the
+        outcome is ours (:meth:`owns`), else the ``problem`` :meth:`complete_send` gave, if any."""
+        if not self.owns(claim, stored):
+            raise LeaseLost(claim.key, claim.token)
         if problem is not None:
             raise problem
 

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from .._deduplicator import DeduplicatorCore
 from .._engine.decision import outcome
+from .._engine.single import decide_flow, handler_of
 from .._protocol import Claim
 from .._transport import AsyncClaimClient
 from . import _engine as engine
@@ -47,7 +48,8 @@ class AsyncDeduplicator(DeduplicatorCore, AsyncClaimClient):
         ``fail_open``) and whatever ``fn`` raised (the claim released, or for
         ``permanent_errors`` the failure stored). Cancelling the caller releases the claim.
         """
-        return await engine.run(self, key, fn, *args, fingerprint=fingerprint, wait=wait, ttl=ttl, **kwargs)
+        return outcome(await self._drive_async(decide_flow(  # type: ignore[no-any-return]
+            self, key, handler_of(fn, args, kwargs), fingerprint, wait, "run", ttl)))
 
     async def apply(self, claim: Claim, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Await ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`."""

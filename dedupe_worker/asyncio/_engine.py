@@ -63,8 +63,8 @@ async def run(dedupe: AsyncClaimClient, key: str | bytes, fn: Callable[..., Awai
               fingerprint: Any = None, wait: float = 0.0, ttl: float | None = None, **kwargs: Any) -> T:
     """:func:`decide` for ``await fn(*args, **kwargs)``, its verdict turned into the value or the
     exception by :func:`~dedupe_worker._engine.outcome`."""
-    return outcome(await decide(dedupe, key, handler_of(fn, args, kwargs),  # type: ignore[no-any-return]
-                                fingerprint=fingerprint, wait=wait, ttl=ttl))
+    return outcome(await dedupe._drive_async(decide_flow(  # type: ignore[no-any-return]
+        dedupe, key, handler_of(fn, args, kwargs), fingerprint, wait, "run", ttl)))
 
 
 async def decide_many(dedupe: AsyncClaimClient, items: Sequence[AsyncItem], *,
