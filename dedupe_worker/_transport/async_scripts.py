@@ -109,7 +109,8 @@ class AsyncScriptRunner:
 
     async def _drive(self, flow: Generator[Any, Any, Any]) -> Any:
         """Run ``flow``: each request carried by :meth:`_send`, its reply sent back into the flow,
-        an exception thrown into it (:func:`~dedupe_worker._transport.script_flow.drive` with await)."""
+        an exception thrown into it (:func:`~dedupe_worker._transport.script_flow.drive` with
+        await, which says why it is not the protocol's driver)."""
         reply: Any = None
         error: Exception | None = None
         try:
@@ -220,10 +221,23 @@ class AsyncScriptRunner:
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
-        return await self._drive(self.flows.call(name, keys, args))
+        return (await self.call_all(((name, keys, args),)))[0]
 
     async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several FCALLs or EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
         ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and ``NotDurable``
-        (with the replies) when fewer replicas acknowledged."""
-        return await self._drive(self.flows.call_all(calls, wait))  # type: ignore[no-any-return]
+        (with the replies) when fewer replicas acknowledged. The first request is sent here, the
+        flow driven only when its reply needs more (as the sync runner's :meth:`call_all
+        <dedupe_worker._transport.scripts.ScriptRunner.call_all>`)."""
+        flows = self.flows
+        request = flows.request(calls, wait)
+        if request is None:
+            return await self._drive(flows.call_all(calls, wait))  # type: ignore[no-any-return]
+        try:
+            reply = await self._send(request)
+        except Exception as exc:  # the flow decides what it means
+            reply = exc
+        else:
+            if type(request) is tuple:
+                return [reply]
+        return await self._drive(flows.call_all(calls, wait, reply))  # type: ignore[no-any-return]

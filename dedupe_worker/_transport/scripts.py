@@ -132,12 +132,25 @@ class ScriptRunner:
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
-        return drive(self.flows.call(name, keys, args), self._send)
+        return self.call_all(((name, keys, args),))[0]
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several FCALLs or EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
-        <dedupe_worker._transport.script_flow.ScriptFlows.call_all>`)."""
-        return drive(self.flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
+        <dedupe_worker._transport.script_flow.ScriptFlows.call_all>`): its first request sent
+        here, the flow driven only when the reply needs more (:meth:`ScriptFlows.request
+        <dedupe_worker._transport.script_flow.ScriptFlows.request>`)."""
+        flows = self.flows
+        request = flows.request(calls, wait)
+        if request is None:
+            return drive(flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
+        try:
+            reply = self.path.execute(request) if type(request) is tuple else self.path.execute_many(request)
+        except Exception as exc:  # the flow decides what it means
+            reply = exc
+        else:
+            if type(request) is tuple:
+                return [reply]
+        return drive(flows.call_all(calls, wait, reply), self._send)  # type: ignore[no-any-return]
 
     def call_streamed(self, calls: Sequence[Call], first: int, deliver: Callable[[Any], None]) -> list[Any]:
         """:meth:`call_all` (without ``WAIT``) in one write, where each reply of ``calls[first:]``
