@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .._protocol import Call
 from .async_direct import DirectSender
-from .script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Library, ScriptFlows
+from .script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, ScriptFlows, carried
 from .scripts import load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
@@ -145,17 +145,8 @@ class AsyncScriptRunner:
                     return await self._pipeline(request)
                 finally:
                     self._in_flight -= 1
-            if type(request) is str:
-                return await self.client.script_load(request)
-            if isinstance(request, Library):
-                if isinstance(self.client, RedisCluster):
-                    return await self.client.execute_command("FUNCTION", "LOAD", "REPLACE", request.text,
-                                                             target_nodes=RedisCluster.PRIMARIES)
-                return await self.client.execute_command(  # type: ignore[no-untyped-call]
-                    "FUNCTION", "LOAD", "REPLACE", request.text)
-            if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
-                return await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
-            return await self.client.info("server")
+            method, args, options = carried(request, self.is_cluster)
+            return await getattr(self.client, method)(*args, **options)
         except (AttributeError, TypeError) as exc:
             torn = torn_connection(exc)
             if torn is None:

@@ -203,7 +203,7 @@ class HeldConnection:
         is a whole reply and keeps the connection; any other failure drops it.
 
         Why the policy only after a failure: around every attempt it costs a closure and a few
-        calls a round trip (``python -m bench.held_connection``)."""
+        calls a round trip (``python -m bench.core``)."""
         first = [failure]
 
         def attempt() -> Any:

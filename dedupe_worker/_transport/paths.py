@@ -147,7 +147,7 @@ class HeldPath(PoolPath):
 
     def execute_many(self, commands: Sequence[Command]) -> list[Any]:
         replies = self._held.execute_many(list(commands))
-        return replies if replies is not BUSY else super().execute_many(commands)  # type: ignore[no-any-return]
+        return replies if replies is not BUSY else super().execute_many(commands)
 
     def execute_streamed(self, commands: Sequence[Command], deliver: Callable[[int, Any], None]) -> bool:
         return self._held.execute_streamed(list(commands), deliver) is not BUSY

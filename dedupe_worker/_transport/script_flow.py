@@ -164,6 +164,20 @@ class Library:
     text: str
 
 
+def carried(request: Any, cluster: bool) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """How a runner's client (sync or asyncio: the same method names) carries a request that is
+    not a command or a round trip: the method, its arguments and options. ``SCRIPT LOAD`` of a
+    text (redis-py sends it to every primary of a cluster itself), ``FUNCTION LOAD REPLACE`` of a
+    :class:`Library`, and :data:`INFO`, on every primary of a cluster (one mid-upgrade may mix
+    versions)."""
+    if type(request) is str:
+        return "script_load", (request,), {}
+    primaries: dict[str, Any] = {"target_nodes": "primaries"} if cluster else {}
+    if isinstance(request, Library):
+        return "execute_command", ("FUNCTION", "LOAD", "REPLACE", request.text), primaries
+    return "info", ("server",), primaries
+
+
 def function_missing(reply: Any) -> bool:
     """Whether ``reply`` says the function called is not loaded (``FUNCTION FLUSH``, a restart
     without persistence): the call ran nothing."""
@@ -291,7 +305,7 @@ class ScriptFlows:
         A driver sends it itself and hands the outcome (the reply, or the exception sending it
         raised) to :meth:`call_all` as ``sent``, which goes on from there; a lone call's reply
         is its result, so the flow is only needed for anything else. Why: a round trip that
-        needs nothing more then runs no generator (``python -m bench.held_connection``)."""
+        needs nothing more then runs no generator (``python -m bench.core``)."""
         if self.sha is None or not calls:
             return None
         if len(calls) == 1 and wait is None:
