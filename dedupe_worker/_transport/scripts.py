@@ -134,7 +134,7 @@ class ScriptRunner:
         try:
             if type(request) is tuple:  # a lone call: its reply is the result
                 return [self.path.execute(request)]
-            reply = self.path.execute_many(request)
+            reply: Any = self.path.execute_many(request)
         except Exception as exc:  # the flow decides what it means
             reply = exc
         return drive(flows.call_all(calls, wait, reply), self._send)  # type: ignore[no-any-return]
