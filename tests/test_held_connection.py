@@ -296,3 +296,35 @@ async def test_with_the_accelerators_off_every_client_takes_redis_pys_path(
     assert DirectSender.for_client(aclient) is not None and path_for(client).held is not None
     client.close()
     await aclient.aclose()
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_failed_attempt_is_retried_as_the_connection_policy_says(redis_url: str, namespace: str,
+                                                                   retries: int) -> None:
+    """The retry policy is entered after a failed first attempt: it decides as if it had run
+    that attempt itself (one retry allowed: the call succeeds; none: it fails, and the next
+    call takes a connection again)."""
+    client = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), retries))
+    d = Deduplicator(client, namespace=namespace)
+    assert d.run("warm-up", lambda: 0) == 0
+    held = d.store.scripts.held
+    assert held is not None and held._holder is not None
+    connection = held._holder.connection
+    send = connection.send_packed_command
+    failures = [redis.ConnectionError("a blip")]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return send(*args, **kwargs)
+
+    connection.send_packed_command = flaky
+    if retries:
+        assert d.run("blip", lambda: 1) == 1
+    else:
+        with pytest.raises(StoreUnavailable):
+            d.begin("blip")
+        assert d.run("blip", lambda: 2) == 2
+    assert failures == []
+    d.close()
+    client.close()

@@ -50,7 +50,6 @@ path.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import sys
 import weakref
@@ -183,13 +182,29 @@ class DirectSender:
         pack = self._pack
         packed = ([b"".join([pack(command) for command in commands])] if pack is not None
                   else connection.pack_commands(commands))
+        try:
+            return await self._exchange(connection, packed, len(commands))
+        except Exception as exc:
+            return await self._retried(connection, packed, len(commands), exc)
+
+    async def _retried(self, connection: Any, packed: Any, count: int, failure: Exception) -> list[Any]:
+        """After a first attempt that raised ``failure``: the connection's retry policy, its first
+        attempt being that failure (so the policy decides whether to try again, exactly as around
+        every attempt), every later one :meth:`_exchange`; a connection or timeout error
+        disconnects, and the next attempt reconnects. Why the policy only after a failure, as the
+        sync held connection does: around every attempt it costs a coroutine, a closure and a
+        few calls a round trip (``python -m bench.asyncio_paths``)."""
+        first = [failure]
+
+        async def attempt() -> list[Any]:
+            if first:
+                raise first.pop()
+            return await self._exchange(connection, packed, count)
 
         async def failed(_error: Exception) -> None:
             await connection.disconnect()
 
-        # a partial, not a coroutine function awaiting _exchange: one coroutine less per round trip
-        return await connection.retry.call_with_retry(  # type: ignore[no-any-return]
-            functools.partial(self._exchange, connection, packed, len(commands)), failed)
+        return await connection.retry.call_with_retry(attempt, failed)  # type: ignore[no-any-return]
 
     async def _exchange(self, connection: Any, packed: Any, count: int) -> list[Any]:
         """``send_packed_command``, then ``count`` replies (:meth:`_read`), each within the

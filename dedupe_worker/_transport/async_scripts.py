@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .._protocol import Call
 from .async_direct import DirectSender
-from .script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, Library, ScriptFlows
+from .script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, ScriptFlows, carried
 from .scripts import load_script
 
 __all__ = ["AsyncRedis", "AsyncScriptRunner"]
@@ -109,7 +109,8 @@ class AsyncScriptRunner:
 
     async def _drive(self, flow: Generator[Any, Any, Any]) -> Any:
         """Run ``flow``: each request carried by :meth:`_send`, its reply sent back into the flow,
-        an exception thrown into it (:func:`~dedupe_worker._transport.script_flow.drive` with await)."""
+        an exception thrown into it (:func:`~dedupe_worker._transport.script_flow.drive` with
+        await, which says why it is not the protocol's driver)."""
         reply: Any = None
         error: Exception | None = None
         try:
@@ -144,17 +145,8 @@ class AsyncScriptRunner:
                     return await self._pipeline(request)
                 finally:
                     self._in_flight -= 1
-            if type(request) is str:
-                return await self.client.script_load(request)
-            if isinstance(request, Library):
-                if isinstance(self.client, RedisCluster):
-                    return await self.client.execute_command("FUNCTION", "LOAD", "REPLACE", request.text,
-                                                             target_nodes=RedisCluster.PRIMARIES)
-                return await self.client.execute_command(  # type: ignore[no-untyped-call]
-                    "FUNCTION", "LOAD", "REPLACE", request.text)
-            if isinstance(self.client, RedisCluster):  # every primary: versions may be mixed
-                return await self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
-            return await self.client.info("server")
+            method, args, options = carried(request, self.is_cluster)
+            return await getattr(self.client, method)(*args, **options)
         except (AttributeError, TypeError) as exc:
             torn = torn_connection(exc)
             if torn is None:
@@ -220,10 +212,23 @@ class AsyncScriptRunner:
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
-        return await self._drive(self.flows.call(name, keys, args))
+        return (await self.call_all(((name, keys, args),)))[0]
 
     async def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several FCALLs or EVALSHAs in one pipelined round trip, replies in the order of ``calls``; with
         ``wait=(replicas, timeout_ms)``, ``WAIT`` in the same pipeline and ``NotDurable``
-        (with the replies) when fewer replicas acknowledged."""
-        return await self._drive(self.flows.call_all(calls, wait))  # type: ignore[no-any-return]
+        (with the replies) when fewer replicas acknowledged. The first request is sent here, the
+        flow driven only when its reply needs more (as the sync runner's :meth:`call_all
+        <dedupe_worker._transport.scripts.ScriptRunner.call_all>`)."""
+        flows = self.flows
+        request = flows.request(calls, wait)
+        if request is None:
+            return await self._drive(flows.call_all(calls, wait))  # type: ignore[no-any-return]
+        try:
+            reply = await self._send(request)
+        except Exception as exc:  # the flow decides what it means
+            reply = exc
+        else:
+            if type(request) is tuple:
+                return [reply]
+        return await self._drive(flows.call_all(calls, wait, reply))  # type: ignore[no-any-return]

@@ -35,6 +35,7 @@ pool path, without a held connection or the compiled module: the plain path, whi
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -127,34 +128,31 @@ class HeldConnection:
         """Send one command and return its reply, or :data:`BUSY` when another caller holds the
         connection. Retries as the client would (its connection's ``retry`` policy); raises what
         redis-py raises."""
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(False):
             return BUSY
         try:
             connection = self._take()
             packed = [self._pack(args)] if self._pack is not None else connection.pack_command(*args)
-
-            def send() -> Any:
-                connection.send_packed_command(packed)
-                return connection.read_response()
-
-            return self._with_retry(connection, send)
+            try:
+                return _exchange(connection, packed)
+            except BaseException as exc:
+                return self._retried(connection, exc, functools.partial(_exchange, connection, packed))
         finally:
             self._lock.release()
 
     def execute_many(self, commands: list[Command]) -> Any:
         """Send ``commands`` in one write and read every reply, an error reply as its exception
         object (like a pipeline with ``raise_on_error=False``); :data:`BUSY` as :meth:`execute`."""
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(False):
             return BUSY
         try:
             connection = self._take()
             packed = self._packed(connection, commands)
-
-            def send() -> list[Any]:
-                connection.send_packed_command(packed)
-                return [_read(connection) for _ in commands]
-
-            return self._with_retry(connection, send)
+            try:
+                return _exchange_many(connection, packed, len(commands))
+            except BaseException as exc:
+                return self._retried(connection, exc,
+                                     functools.partial(_exchange_many, connection, packed, len(commands)))
         finally:
             self._lock.release()
 
@@ -167,17 +165,15 @@ class HeldConnection:
         was handed on nothing is sent again: a connection error then drops the connection and is
         raised (the replies not read are lost: those commands may have run or not). If
         ``deliver`` raises, the connection is dropped unless every reply was read."""
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.acquire(False):
             return BUSY
         try:
             connection = self._take()
             packed = self._packed(connection, commands)
-
-            def send() -> Any:
-                connection.send_packed_command(packed)
-                return _read(connection)
-
-            reply = self._with_retry(connection, send)
+            try:
+                reply = _exchange_many(connection, packed, 1)[0]
+            except BaseException as exc:
+                reply = self._retried(connection, exc, functools.partial(_exchange_many, connection, packed, 1))[0]
             read = 1
             try:
                 for i in range(len(commands)):
@@ -196,15 +192,27 @@ class HeldConnection:
     def _packed(self, connection: Any, commands: list[Command]) -> list[bytes]:
         """``commands`` as the bytes of one write."""
         if self._pack is not None:
-            return [b"".join(self._pack(c) for c in commands)]
+            return [b"".join([self._pack(c) for c in commands])]
         return connection.pack_commands(commands)  # type: ignore[no-any-return]
 
-    def _with_retry(self, connection: Any, send: Any) -> Any:
-        """``send()`` under the connection's retry policy, as redis-py runs a command: a
-        connection or timeout error disconnects (the next attempt reconnects). An error reply is
-        a whole reply and keeps the connection; any other failure drops it."""
+    def _retried(self, connection: Any, failure: BaseException, send: Callable[[], Any]) -> Any:
+        """After a first attempt that raised ``failure``: the connection's retry policy, run as
+        redis-py runs a command, its first attempt being that failure (so the policy decides
+        whether to try again, exactly as around every attempt) and every later one ``send()``.
+        A connection or timeout error disconnects (the next attempt reconnects). An error reply
+        is a whole reply and keeps the connection; any other failure drops it.
+
+        Why the policy only after a failure: around every attempt it costs a closure and a few
+        calls a round trip (``python -m bench.core``)."""
+        first = [failure]
+
+        def attempt() -> Any:
+            if first:
+                raise first.pop()
+            return send()
+
         try:
-            return connection.retry.call_with_retry(send, lambda _error: connection.disconnect())
+            return connection.retry.call_with_retry(attempt, lambda _error: connection.disconnect())
         except ResponseError:
             raise
         except BaseException:
@@ -280,6 +288,18 @@ def direct_packer(connection: Any) -> Any:
         except Exception:  # refuses part of the probe: not this one
             continue
     return None
+
+
+def _exchange(connection: Any, packed: list[bytes]) -> Any:
+    """Send one packed command on ``connection`` and read its reply (an error reply raised)."""
+    connection.send_packed_command(packed)
+    return connection.read_response()
+
+
+def _exchange_many(connection: Any, packed: list[bytes], count: int) -> list[Any]:
+    """Send packed commands on ``connection`` and read ``count`` replies (see :func:`_read`)."""
+    connection.send_packed_command(packed)
+    return [_read(connection) for _ in range(count)]
 
 
 def _read(connection: Any) -> Any:

@@ -139,20 +139,18 @@ class HeldPath(PoolPath):
     def __init__(self, client: redis.Redis, held: HeldConnection) -> None:
         super().__init__(client)
         self.held = held
+        self._held = held
 
     def execute(self, command: Command) -> Any:
-        assert self.held is not None
-        reply = self.held.execute(*command)
-        return super().execute(command) if reply is BUSY else reply
+        reply = self._held.execute(*command)
+        return reply if reply is not BUSY else super().execute(command)
 
     def execute_many(self, commands: Sequence[Command]) -> list[Any]:
-        assert self.held is not None
-        replies = self.held.execute_many(list(commands))
-        return super().execute_many(commands) if replies is BUSY else replies
+        replies = self._held.execute_many(list(commands))
+        return replies if replies is not BUSY else super().execute_many(commands)
 
     def execute_streamed(self, commands: Sequence[Command], deliver: Callable[[int, Any], None]) -> bool:
-        assert self.held is not None
-        return self.held.execute_streamed(list(commands), deliver) is not BUSY
+        return self._held.execute_streamed(list(commands), deliver) is not BUSY
 
 
 def path_for(client: Any) -> RedisPath:

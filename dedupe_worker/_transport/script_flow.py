@@ -80,6 +80,9 @@ INFO: Any = _Info()
 #: An operation: yields requests, receives replies, returns its result.
 Flow = Generator[Any, Any, Any]
 
+#: ``sent`` of :meth:`ScriptFlows.call_all` when the driver sent nothing yet.
+UNSENT: Any = object()
+
 
 def checked(calls: Sequence[Call], replies: list[Any], wait: tuple[int, int] | None, acked: Any) -> list[Any]:
     """The replies of a pipelined round trip once every ``NOSCRIPT`` was retried: raise
@@ -161,6 +164,20 @@ class Library:
     text: str
 
 
+def carried(request: Any, cluster: bool) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """How a runner's client (sync or asyncio: the same method names) carries a request that is
+    not a command or a round trip: the method, its arguments and options. ``SCRIPT LOAD`` of a
+    text (redis-py sends it to every primary of a cluster itself), ``FUNCTION LOAD REPLACE`` of a
+    :class:`Library`, and :data:`INFO`, on every primary of a cluster (one mid-upgrade may mix
+    versions)."""
+    if type(request) is str:
+        return "script_load", (request,), {}
+    primaries: dict[str, Any] = {"target_nodes": "primaries"} if cluster else {}
+    if isinstance(request, Library):
+        return "execute_command", ("FUNCTION", "LOAD", "REPLACE", request.text), primaries
+    return "info", ("server",), primaries
+
+
 def function_missing(reply: Any) -> bool:
     """Whether ``reply`` says the function called is not loaded (``FUNCTION FLUSH``, a restart
     without persistence): the call ran nothing."""
@@ -204,6 +221,8 @@ class ScriptFlows:
         self.functions = False
         #: How many times this runner loaded the library or the scripts (tests count reloads).
         self.loads = 0
+        #: Each script's function in :attr:`library`.
+        self.function = {name: f"{self.library}_{name}" for name in source}
 
     def resolve(self) -> Flow:
         """Ask ``INFO server`` (an error reply: no flags) and choose the texts and SHAs, and
@@ -223,7 +242,7 @@ class ScriptFlows:
         """The command that runs script ``name`` (once :attr:`sha` is known): ``FCALL`` of its
         function, or ``EVALSHA``."""
         if self.functions:
-            return ("FCALL", f"{self.library}_{name}", len(keys), *keys, *args)
+            return ("FCALL", self.function[name], len(keys), *keys, *args)
         assert self.sha is not None
         return ("EVALSHA", self.sha[name], len(keys), *keys, *args)
 
@@ -279,15 +298,38 @@ class ScriptFlows:
         """:attr:`sha`, asking ``INFO server`` the first time."""
         return self.sha if self.sha is not None else (yield from self.resolve())
 
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Flow:
+    def request(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> Any:
+        """What :meth:`call_all` ``(calls, wait)`` sends first, once :attr:`sha` is known (else
+        ``None``): a lone call's command, or the commands (and ``WAIT``) as one list.
+
+        A driver sends it itself and hands the outcome (the reply, or the exception sending it
+        raised) to :meth:`call_all` as ``sent``, which goes on from there; a lone call's reply
+        is its result, so the flow is only needed for anything else. Why: a round trip that
+        needs nothing more then runs no generator (``python -m bench.core``)."""
+        if self.sha is None or not calls:
+            return None
+        if len(calls) == 1 and wait is None:
+            name, keys, args = calls[0]
+            return self.command(name, keys, args)
+        commands = [self.command(*call) for call in calls]
+        if wait is not None:
+            commands.append(("WAIT", *wait))
+        return commands
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], sent: Any = UNSENT) -> Flow:
         """One FCALL or EVALSHA of script ``name``, loaded again on ``NOSCRIPT`` or function not
-        found; every Redis failure raised as :class:`StoreUnavailable`."""
+        found; every Redis failure raised as :class:`StoreUnavailable`. ``sent``: the outcome of
+        its command, sent by the driver (see :meth:`request`)."""
         try:
-            if self.sha is None:
+            if sent is UNSENT and self.sha is None:
                 yield from self.resolve()
             fcall = self.functions
             try:
-                return (yield self.command(name, keys, args))
+                if sent is UNSENT:
+                    return (yield self.command(name, keys, args))
+                if isinstance(sent, BaseException):
+                    raise sent
+                return sent
             except ResponseError as exc:
                 if not self.ran_nothing(exc, fcall):
                     raise
@@ -308,23 +350,28 @@ class ScriptFlows:
             replies[i] = yield self.command(*calls[i])
         return bool(retry)
 
-    def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> Flow:
+    def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None, sent: Any = UNSENT) -> Flow:
         """Several FCALLs or EVALSHAs, each ``(name, keys, args)``, in one pipelined round trip; replies in
         the order of ``calls``. Redis runs them one after the other, each atomically.
 
         Only the calls that failed with ``NOSCRIPT`` (which ran nothing) are sent again, so no
         transition runs twice. ``wait=(replicas, timeout_ms)`` adds ``WAIT`` to the same round
         trip and raises :class:`NotDurable` (with the replies) when fewer replicas acknowledged.
+        ``sent``: the outcome of :meth:`request`, sent by the driver.
         """
         if len(calls) == 1 and wait is None:
-            return [(yield from self.call(*calls[0]))]
+            name, keys, args = calls[0]
+            return [(yield from self.call(name, keys, args, sent))]
         if not calls:
             return []
         try:
-            if self.sha is None:
-                yield from self.resolve()
-            commands = [self.command(*call) for call in calls]
-            replies: list[Any] = yield commands + ([("WAIT", *wait)] if wait is not None else [])
+            if sent is UNSENT:
+                if self.sha is None:
+                    yield from self.resolve()
+                sent = yield self.request(calls, wait)
+            elif isinstance(sent, BaseException):
+                raise sent
+            replies: list[Any] = sent
             acked: Any = replies.pop() if wait is not None else None
             reloaded = yield from self.retry_noscript(calls, replies)
             if wait is not None and (reloaded or isinstance(acked, Exception)):
@@ -336,7 +383,13 @@ class ScriptFlows:
 
 def drive(flow: Flow, send: Any) -> Any:
     """Run ``flow`` with ``send(request) -> reply`` (the sync driver's loop; the asyncio one is
-    the same with ``await``): a reply is sent into the flow, an exception thrown into it."""
+    the same with ``await``): a reply is sent into the flow, an exception thrown into it.
+
+    A loop of its own, not :func:`~dedupe_worker._protocol.flows.drive`: the requests are of the
+    few kinds above, carried by one ``send`` (no table of performers, no ``Steps``), and only an
+    ``Exception`` is thrown in: a ``KeyboardInterrupt`` or a cancellation leaves the flow at once
+    (the connection it interrupted is dropped by the transport). The runners run it only when a
+    round trip needs more than its first request (:meth:`ScriptFlows.request`)."""
     reply: Any = None
     error: Exception | None = None
     try:

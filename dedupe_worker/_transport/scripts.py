@@ -34,11 +34,12 @@ from .._protocol import Call, StreamCut
 from .held import BUSY
 from .paths import path_for
 from .script_flow import (
+    INFO,
     LOAD_ORDER,
     SCRIPT_NAMES,
     SENDER_SCRIPTS,
-    Library,
     ScriptFlows,
+    carried,
     checked,
     drive,
     failed,
@@ -99,25 +100,12 @@ class ScriptRunner:
             return self.path.execute(request)
         if type(request) is list:
             return self.path.execute_many(request)
-        if type(request) is str:
-            return self.client.script_load(request)
-        if isinstance(request, Library):
-            if isinstance(self.client, RedisCluster):
-                return self.client.execute_command(  # type: ignore[no-untyped-call]
-                    "FUNCTION", "LOAD", "REPLACE", request.text, target_nodes=RedisCluster.PRIMARIES)
-            return self.client.execute_command("FUNCTION", "LOAD", "REPLACE", request.text)  # type: ignore[no-untyped-call]
-        return self._server_info()
-
-    def _server_info(self) -> Any:
-        """``INFO server``: of every primary on a cluster (one mid-upgrade may mix versions),
-        through the held connection when it is free (a runner on it takes no second one)."""
-        if isinstance(self.client, RedisCluster):
-            return self.client.info("server", target_nodes=RedisCluster.PRIMARIES)
-        if self.held is not None:
+        if request is INFO and self.held is not None:  # a runner on the held connection takes no second one
             reply = self.held.execute("INFO", "server")
             if reply is not BUSY:
                 return _parsed_info(reply)
-        return self.client.info("server")
+        method, args, options = carried(request, self.is_cluster)
+        return getattr(self.client, method)(*args, **options)
 
     def command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         """The command that runs script ``name`` on this server (``FCALL`` or ``EVALSHA``), for
@@ -132,12 +120,24 @@ class ScriptRunner:
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One FCALL or EVALSHA of script ``name``; all ``keys`` must share a hash slot on a cluster."""
-        return drive(self.flows.call(name, keys, args), self._send)
+        return self.call_all(((name, keys, args),))[0]
 
     def call_all(self, calls: Sequence[Call], wait: tuple[int, int] | None = None) -> list[Any]:
         """Several FCALLs or EVALSHAs in one pipelined round trip (see :meth:`ScriptFlows.call_all
-        <dedupe_worker._transport.script_flow.ScriptFlows.call_all>`)."""
-        return drive(self.flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
+        <dedupe_worker._transport.script_flow.ScriptFlows.call_all>`): its first request sent
+        here, the flow driven only when the reply needs more (:meth:`ScriptFlows.request
+        <dedupe_worker._transport.script_flow.ScriptFlows.request>`)."""
+        flows = self.flows
+        request = flows.request(calls, wait)
+        if request is None:
+            return drive(flows.call_all(calls, wait), self._send)  # type: ignore[no-any-return]
+        try:
+            if type(request) is tuple:  # a lone call: its reply is the result
+                return [self.path.execute(request)]
+            reply: Any = self.path.execute_many(request)
+        except Exception as exc:  # the flow decides what it means
+            reply = exc
+        return drive(flows.call_all(calls, wait, reply), self._send)  # type: ignore[no-any-return]
 
     def call_streamed(self, calls: Sequence[Call], first: int, deliver: Callable[[Any], None]) -> list[Any]:
         """:meth:`call_all` (without ``WAIT``) in one write, where each reply of ``calls[first:]``
