@@ -287,12 +287,13 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         body = functools.partial(self._body, request, args, kwargs)
         # On a worker, a copy of work in flight waits a little on the key before re-sending itself:
         # it returns the holder's result within a round trip of its completion.
-        wait = 0.0 if request.is_eager or request.called_directly else self.defer_wait
+        offline = request.is_eager or request.called_directly  # no broker to defer to
+        wait = 0.0 if offline else self.defer_wait
         try:
             decision = decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait,
                               integration="celery", ttl=ttl)
         except EvictionPolicyError as exc:
-            if request.is_eager or request.called_directly:
+            if offline:
                 raise  # no message to lose: the caller gets the error
             # The worker checked at start; the policy changed since. Failing would consume the
             # message (early acks) or spend its attempts: defer it until Redis is fixed.
