@@ -25,8 +25,8 @@ from .._errors import InvalidKey
 from .._settings import DedupeSettings
 from ..keys import fingerprint_of
 
-__all__ = ["SETTINGS", "AppSettings", "Call", "bind_arguments", "call_fingerprint", "call_key", "consumer_options", "deduplicator_for",
-           "derive_fingerprint", "derive_key", "key_and_fingerprint"]
+__all__ = ["SETTINGS", "AppSettings", "Call", "bind_arguments", "call_fingerprint", "call_key", "consumer_options",
+           "deduplicator_for", "derive_fingerprint", "derive_key", "key_and_fingerprint"]
 
 #: Task attribute / app setting -> field of :class:`DedupeSettings` it falls back to.
 SETTINGS = {

@@ -69,7 +69,15 @@ from .._engine import (
 from .._errors import EvictionPolicyError
 from .._protocol import current_claim, ttl_ms
 from ._duplicates import log_duplicate
-from ._options import AppSettings, Call, call_fingerprint, call_key, consumer_options, deduplicator_for, deprecated_names
+from ._options import (
+    AppSettings,
+    Call,
+    call_fingerprint,
+    call_key,
+    consumer_options,
+    deduplicator_for,
+    deprecated_names,
+)
 from ._send import send_once
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask"]
