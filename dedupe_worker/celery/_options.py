@@ -46,9 +46,10 @@ SETTINGS = {
     "dedupe_sql_table": "sql_table",
 }
 
+
 class AppSettings:
     """``app.conf.get(name)`` of one app, as Celery answers it, for the settings read on every
-    call (``dedupe_ttl``, ``dedupe_on_send``) without Celery's full lookup each time.
+    call (``dedupe_ttl``, ``dedupe_on_send``, ``dedupe_send_ttl``) without Celery's full lookup each time.
 
     A value set on the app (``app.conf.dedupe_ttl = 60``, ``app.conf.update(...)``), which
     Celery keeps in ``conf.changes``, is seen by the next call. What lies below it
