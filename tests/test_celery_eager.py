@@ -20,6 +20,7 @@ from dedupe_worker import (
     ResultNotSerializable,
 )
 from dedupe_worker.celery import IdempotentTask
+from dedupe_worker.celery._options import AppSettings
 
 from . import celery_fixtures
 from .celery_fixtures import PermanentError, effects, make_app
@@ -190,6 +191,28 @@ def test_settings_come_from_task_then_app_then_environment(
     assert own_again is own  # same settings, same process: one Deduplicator, one renewer thread
     for app in apps:
         app.close()
+
+
+def test_per_call_settings_see_the_app_changed_since_the_last_call() -> None:
+    class Config:
+        dedupe_on_send = True
+
+    app = Celery("per-call", set_as_current=False)
+    app.config_from_object(Config)
+    settings = AppSettings(app.conf)
+    assert (settings.get("dedupe_on_send"), settings.get("dedupe_ttl")) == (True, None)
+    app.conf.dedupe_ttl = 13  # set on the app: the next call sees it
+    app.conf.update(dedupe_on_send=False)
+    assert (settings.get("dedupe_on_send"), settings.get("dedupe_ttl")) == (False, 13)
+    app.conf.dedupe_ttl = 14
+    assert settings.get("dedupe_ttl") == 14
+    app.conf.add_defaults({"dedupe_send_ttl": 5})  # another layer below: read again
+    assert settings.get("dedupe_send_ttl") == 5
+    named = Celery("per-call-ns", set_as_current=False)
+    named.config_from_object({"CELERY_DEDUPE_TTL": 21}, namespace="CELERY")
+    assert AppSettings(named.conf).get("dedupe_ttl") == named.conf.get("dedupe_ttl") == 21
+    app.close()
+    named.close()
 
 
 def test_crash_safety_defaults() -> None:

@@ -25,8 +25,8 @@ from .._errors import InvalidKey
 from .._settings import DedupeSettings
 from ..keys import fingerprint_of
 
-__all__ = ["SETTINGS", "Call", "bind_arguments", "call_fingerprint", "call_key", "consumer_options", "deduplicator_for",
-           "derive_fingerprint", "derive_key", "key_and_fingerprint"]
+__all__ = ["SETTINGS", "AppSettings", "Call", "bind_arguments", "call_fingerprint", "call_key", "consumer_options",
+           "deduplicator_for", "derive_fingerprint", "derive_key", "key_and_fingerprint"]
 
 #: Task attribute / app setting -> field of :class:`DedupeSettings` it falls back to.
 SETTINGS = {
@@ -45,6 +45,40 @@ SETTINGS = {
     "dedupe_sql_dsn": "sql_dsn",
     "dedupe_sql_table": "sql_table",
 }
+
+
+class AppSettings:
+    """``app.conf.get(name)`` of one app, as Celery answers it, for the settings read on every
+    call (``dedupe_ttl``, ``dedupe_on_send``, ``dedupe_send_ttl``) without Celery's full lookup each time.
+
+    A value set on the app (``app.conf.dedupe_ttl = 60``, ``app.conf.update(...)``), which
+    Celery keeps in ``conf.changes``, is seen by the next call. What lies below it
+    (``config_from_object``, ``add_defaults``: read once a task asks and again whenever
+    ``add_defaults`` layers another map) is not read again: change those before the first call.
+    A configuration with a namespace (``config_from_object(..., namespace="CELERY")``) spells a
+    name more than one way, so it is asked in full every time.
+    """
+
+    __slots__ = ("_below", "conf")
+
+    def __init__(self, conf: Any) -> None:
+        self.conf = conf
+        self._below: dict[tuple[str, int], Any] = {}
+
+    def get(self, name: str) -> Any:
+        conf = self.conf
+        changes = getattr(conf, "changes", None)
+        if changes is None or getattr(conf, "prefix", None):
+            return conf.get(name)
+        if name in changes:
+            return changes[name]
+        layer = (name, len(conf.maps))
+        try:
+            return self._below[layer]
+        except KeyError:
+            value = self._below[layer] = conf.get(name)
+            return value
+
 
 _cache: dict[tuple[Any, ...], Deduplicator] = {}
 _cache_lock = threading.Lock()

@@ -82,7 +82,7 @@ def sends_deduplicated(task: Any, options: dict[str, Any]) -> bool:
     if value is None:
         value = getattr(task, "dedupe_on_send", None)
     if value is None:
-        value = task.app.conf.get("dedupe_on_send")
+        value = task._app_settings.get("dedupe_on_send")
     return bool(value)
 
 
@@ -91,7 +91,7 @@ def send_ttl(task: Any) -> float:
     lease plus :data:`EXPECTED_QUEUE_TIME`."""
     value = getattr(task, "dedupe_send_ttl", None)
     if value is None:
-        value = task.app.conf.get("dedupe_send_ttl")
+        value = task._app_settings.get("dedupe_send_ttl")
     if value is None:
         value = task.deduplicator.lease + EXPECTED_QUEUE_TIME
     return float(value)

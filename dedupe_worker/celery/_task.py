@@ -69,7 +69,15 @@ from .._engine import (
 from .._errors import EvictionPolicyError
 from .._protocol import current_claim, ttl_ms
 from ._duplicates import log_duplicate
-from ._options import Call, call_fingerprint, call_key, consumer_options, deduplicator_for, deprecated_names
+from ._options import (
+    AppSettings,
+    Call,
+    call_fingerprint,
+    call_key,
+    consumer_options,
+    deduplicator_for,
+    deprecated_names,
+)
 from ._send import send_once
 
 __all__ = ["DEFERRALS_HEADER", "IdempotentTask"]
@@ -253,6 +261,11 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
                         headers=self._ttl_headers, default_ttl=self._default_ttl)
 
     @functools.cached_property
+    def _app_settings(self) -> AppSettings:
+        """``app.conf``'s answers for the settings read on every call (see :class:`.AppSettings`)."""
+        return AppSettings(self.app.conf)
+
+    @functools.cached_property
     def _run_signature(self) -> inspect.Signature | None:
         try:
             return inspect.signature(self.run)
@@ -275,26 +288,27 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
         request = self.request
         found = self.identify(Call.of(self, args, kwargs, self._header(request, self.idempotency_header), request))
         if isinstance(found, Decision):
-            return self._act(found, "")
+            return self._act(found, "", request)
         key, fingerprint, ttl = found
         request.dedupe_key = key
         request.fencing_token = None
         body = functools.partial(self._body, request, args, kwargs)
         # On a worker, a copy of work in flight waits a little on the key before re-sending itself:
         # it returns the holder's result within a round trip of its completion.
-        wait = 0.0 if request.is_eager or request.called_directly else self.defer_wait
+        offline = request.is_eager or request.called_directly  # no broker to defer to
+        wait = 0.0 if offline else self.defer_wait
         try:
             decision = decide(self.deduplicator, key, body, fingerprint=fingerprint, wait=wait,
                               integration="celery", ttl=ttl)
         except EvictionPolicyError as exc:
-            if request.is_eager or request.called_directly:
+            if offline:
                 raise  # no message to lose: the caller gets the error
             # The worker checked at start; the policy changed since. Failing would consume the
             # message (early acks) or spend its attempts: defer it until Redis is fixed.
             log.error("Redis may evict our records, deferring task=%s id=%s key=%s token=0: %s", self.name,
                       request.id, key, exc)
             decision = Decision(Reason.STORE_UNAVAILABLE, error=exc)
-        return self._act(decision, key)
+        return self._act(decision, key, request)
 
     def _body(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         claim = current_claim()
@@ -303,13 +317,13 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
                   request.fencing_token)
         return self.run(*args, **kwargs)
 
-    def _act(self, decision: Decision, key: str) -> Any:
+    def _act(self, decision: Decision, key: str, request: Any) -> Any:
         """Act on the engine's verdict through :func:`~dedupe_worker._engine.dispatch.dispatch`
         (hooks after the action): return the value, re-send the task, or raise. A duplicate is
         also logged at INFO (Celery's own line calls it a success like any other)."""
         if decision.reason is Reason.DUPLICATE:
-            log_duplicate(self.deduplicator, f"task={self.name} id={self.request.id}", key, decision)
-        dispatch(_TaskSteps(self, key), self, self.request, key, decision)
+            log_duplicate(self.deduplicator, f"task={self.name} id={request.id}", key, decision)
+        dispatch(_TaskSteps(self, key, request.is_eager or request.called_directly), self, request, key, decision)
         return outcome(decision)
 
     def defer(self, decision: Decision, key: str) -> Acted:
@@ -378,8 +392,8 @@ class IdempotentTask(celery.Task, Hooks, RetryPolicy):  # type: ignore[misc]
     def _default_ttl(self, call: Call) -> float | None:
         """Seconds a call's outcome is kept when its message carries no ttl header: ``dedupe_ttl``,
         else ``app.conf.dedupe_ttl``, else ``None`` (``dedupe_result_ttl``)."""
-        option = self.dedupe_ttl if self.dedupe_ttl is not None else self.app.conf.get("dedupe_ttl")
-        return parse_ttl(option, f"dedupe_ttl of {self.name}")
+        option = self.dedupe_ttl if self.dedupe_ttl is not None else self._app_settings.get("dedupe_ttl")
+        return None if option is None else parse_ttl(option, f"dedupe_ttl of {self.name}")
 
     @staticmethod
     def _header(request: Any, name: str) -> Any:
@@ -398,10 +412,10 @@ class _TaskSteps:
 
     __slots__ = ("key", "offline", "task")
 
-    def __init__(self, task: IdempotentTask, key: str) -> None:
+    def __init__(self, task: IdempotentTask, key: str, offline: bool) -> None:
         self.task = task
         self.key = key
-        self.offline = task.request.is_eager or task.request.called_directly
+        self.offline = offline
 
     def ack(self, request: Any, decision: Decision) -> Acted:
         return ACKED  # acks_late: Celery acks once the task returns the value
