@@ -40,7 +40,6 @@ from .._engine import (
     Done,
     Hooks,
     Identify,
-    Identity,
     Pacing,
     Reason,
     RetryPolicy,
@@ -328,22 +327,11 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
     def _identities(self, messages: Sequence[Message]) -> tuple[list[str], list[Any], list[float | None],
                                                                 list[tuple[int, Decision]]]:
-        """:attr:`identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
-        in all three at a message refused), and the ``(position, refusal)`` of the refused."""
-        count = len(messages)
-        keys: list[Any] = [None] * count
-        fingerprints: list[Any] = [None] * count
-        ttls: list[float | None] = [None] * count
-        failures: list[tuple[int, Decision]] = []
-        # its bound __call__: called as a method, not through the instance's call slot (per record)
-        identify, read = self.identify.__call__, self.read
-        for n, msg in enumerate(messages):
-            found = identify(msg, read)
-            if isinstance(found, Identity):
-                keys[n], fingerprints[n], ttls[n] = found
-            else:
-                failures.append((n, found))
-        return keys, fingerprints, ttls, failures
+        """:attr:`identify` of each of ``messages``, in columns (:meth:`Identify.many
+        <dedupe_worker._engine.Identify.many>`): keys, fingerprints, ttls (``None`` in all three at
+        a message refused), and the ``(position, refusal)`` of the refused."""
+        keys, fingerprints, ttls, failures = self.identify.many(messages, self.read)
+        return keys, fingerprints, [None] * len(messages) if ttls is None else ttls, failures
 
     def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,
                      ttl: Sequence[float | None] | None = None) -> Verdicts:
