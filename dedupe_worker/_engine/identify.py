@@ -39,7 +39,7 @@ from .decision import Decision, poison
 from .single import refused
 from .ttl import TTL_HEADER, TtlHeader
 
-__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint"]
+__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint", "bytes_fingerprints"]
 
 M = TypeVar("M")
 
@@ -63,6 +63,11 @@ def bytes_fingerprint(body: bytes) -> str:
     if type(body) is bytes:  # content_hash() without its text check (once per consumed message)
         return sha256(body).hexdigest()[:32]
     return content_hash(body)
+
+
+def bytes_fingerprints(bodies: Sequence[bytes]) -> list[str]:
+    """:func:`bytes_fingerprint` of each of ``bodies``, without a Python call each (a batch's)."""
+    return [sha256(body).hexdigest()[:32] if type(body) is bytes else content_hash(body) for body in bodies]
 
 
 #: ``Identity(key, fingerprint, ttl)`` without the named tuple's ``__new__`` in Python (one a message).
@@ -119,7 +124,8 @@ class Identify(Generic[M]):
 
     def many(self, messages: Sequence[Any], read: Callable[[Any], M] | None = None) -> Columns:
         """What :meth:`__call__` answers for each of ``messages`` (read first by ``read`` when
-        given), in columns: keys, fingerprints, ttls (``None`` for all: no message has a ttl), and
+        given; a ``read`` with a ``many`` method reads them all at once by it, as ``map(read,
+        messages)`` would), in columns: keys, fingerprints, ttls (``None`` for all: no message has a ttl), and
         the ``(position, refusal)`` of the refused (``None`` in their keys, fingerprints and ttls).
 
         Each step runs over the whole batch (``map``: no Python call of ours and no
@@ -130,7 +136,8 @@ class Identify(Generic[M]):
         (docs/performance.md, "Kafka duplicates, issue 37")."""
         count = len(messages)
         try:
-            readings = messages if read is None else list(map(read, messages))
+            read_all = getattr(read, "many", None)
+            readings = messages if read is None else read_all(messages) if read_all else list(map(read, messages))
             keys = list(map(self.key, readings))
             fingerprints = [None] * count if self.fingerprint is None else list(map(self.fingerprint, readings))
             ttls = None
