@@ -49,9 +49,9 @@ from .._engine import (
     report,
     verdicts_flow,
 )
+from .._engine.identify import bytes_fingerprints
 from .._messages.envelope import from_kafka
 from .._operate.doctor import check_at_start
-from .._engine.identify import bytes_fingerprints
 from ..keys import DEFAULT_HEADER, KAFKA_DEFAULT, body_fingerprint, default_header_key
 from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
@@ -427,8 +427,9 @@ class _Records:
                     key = default_header_key(headers[n])
                     keys[n] = KAFKA_DEFAULT(from_kafka(messages[n])) if key is None else key
         if not self.fingerprinted:
-            return list(zip(keys, [None] * len(messages), headers))
-        return list(zip(keys, bytes_fingerprints([body or b"" for body in map(read_value, messages)]), headers))
+            return list(zip(keys, [None] * len(messages), headers, strict=True))
+        return list(zip(keys, bytes_fingerprints([body or b"" for body in map(read_value, messages)]), headers,
+                        strict=True))
 
 
 #: The key, fingerprint and headers of a :class:`_Records` reading.
