@@ -29,7 +29,8 @@ actor, message and arguments). :class:`Identify` is given how to read it, and ke
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from hashlib import sha256
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -38,7 +39,7 @@ from .decision import Decision, poison
 from .single import refused
 from .ttl import TTL_HEADER, TtlHeader
 
-__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint"]
+__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint", "bytes_fingerprints"]
 
 M = TypeVar("M")
 
@@ -62,6 +63,11 @@ def bytes_fingerprint(body: bytes) -> str:
     if type(body) is bytes:  # content_hash() without its text check (once per consumed message)
         return sha256(body).hexdigest()[:32]
     return content_hash(body)
+
+
+def bytes_fingerprints(bodies: Sequence[bytes]) -> list[str]:
+    """:func:`bytes_fingerprint` of each of ``bodies``, without a Python call each (a batch's)."""
+    return [sha256(body).hexdigest()[:32] if type(body) is bytes else content_hash(body) for body in bodies]
 
 
 #: ``Identity(key, fingerprint, ttl)`` without the named tuple's ``__new__`` in Python (one a message).
@@ -115,3 +121,54 @@ class Identify(Generic[M]):
         except Exception as exc:  # MissingKey, UndecodableMessage (a bad ttl too), a broken strategy
             return poison(exc) if self.integration is None else refused(exc, self.integration)
         return _identity((key, fingerprint, ttl))
+
+    def many(self, messages: Sequence[Any], read: Callable[[Any], M] | None = None) -> Columns:
+        """What :meth:`__call__` answers for each of ``messages`` (read first by ``read`` when
+        given; a ``read`` with a ``many`` method reads them all at once by it, as ``map(read,
+        messages)`` would), in columns: keys, fingerprints, ttls (``None`` for all: no message has a ttl), and
+        the ``(position, refusal)`` of the refused (``None`` in their keys, fingerprints and ttls).
+
+        Each step runs over the whole batch (``map``: no Python call of ours and no
+        :class:`Identity` a message), the ttl header looked for in every message at once
+        (:meth:`~.ttl.TtlHeader.many`). When a step raises, the batch is identified again message by
+        message, so each refusal is that message's own: a key strategy or fingerprint may then be
+        called twice for a message. Every consumed record of a batch consumer passes here
+        (docs/performance.md, "Kafka duplicates, issue 37")."""
+        count = len(messages)
+        try:
+            read_all = getattr(read, "many", None)
+            readings = messages if read is None else read_all(messages) if read_all else list(map(read, messages))
+            keys = list(map(self.key, readings))
+            fingerprints = [None] * count if self.fingerprint is None else list(map(self.fingerprint, readings))
+            ttls = None
+            if self.ttl_of is not None:
+                ttls = self.ttl_of.many(list(map(_headers_of if self.headers is None else self.headers, readings)))
+            if self.default_ttl is not None:
+                default = self.default_ttl
+                ttls = [default(message) for message in readings] if ttls is None else [
+                    default(message) if ttl is None else ttl for message, ttl in zip(readings, ttls, strict=True)]
+        except Exception:  # one message's refusal: each is identified on its own
+            return self._each(messages, read)
+        return keys, fingerprints, ttls, []
+
+    def _each(self, messages: Sequence[Any], read: Callable[[Any], M] | None) -> Columns:
+        """:meth:`many`, message by message."""
+        count = len(messages)
+        keys: list[Any] = [None] * count
+        fingerprints: list[Any] = [None] * count
+        ttls: list[float | None] = [None] * count
+        failures: list[tuple[int, Decision]] = []
+        for n, message in enumerate(messages):
+            found = self(message, read)
+            if isinstance(found, Identity):
+                keys[n], fingerprints[n], ttls[n] = found
+            else:
+                failures.append((n, found))
+        return keys, fingerprints, ttls, failures
+
+
+#: :meth:`Identify.many`'s answer: keys, fingerprints, ttls (``None``: none), ``(position, refusal)``.
+Columns = tuple[list[Any], list[Any], "list[float | None] | None", list[tuple[int, Decision]]]
+
+#: A message's headers, where its ``headers`` attribute holds them.
+_headers_of = operator.attrgetter("headers")

@@ -16,7 +16,8 @@ longer than the sender allows; a dead letter loses nothing and can be replayed o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import chain
 from numbers import Number
 from typing import Any
 
@@ -117,3 +118,11 @@ class TtlHeader:
             else:
                 return None
         return parse_ttl(value, self.source)
+
+    def many(self, headers: Sequence[Mapping[str, Any] | None]) -> list[float | None] | None:
+        """``[self(h) for h in headers]``, or ``None`` when no message holds the header: one set
+        test for a batch whose header names are all known (not ours), each message's own reading
+        otherwise (it raises what :meth:`__call__` raises)."""
+        if self.others.issuperset(chain.from_iterable(filter(None, headers))):
+            return None
+        return [self(one) for one in headers]

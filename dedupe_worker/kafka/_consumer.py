@@ -40,7 +40,6 @@ from .._engine import (
     Done,
     Hooks,
     Identify,
-    Identity,
     Pacing,
     Reason,
     RetryPolicy,
@@ -50,9 +49,10 @@ from .._engine import (
     report,
     verdicts_flow,
 )
+from .._engine.identify import bytes_fingerprints
 from .._messages.envelope import from_kafka
 from .._operate.doctor import check_at_start
-from ..keys import KAFKA_DEFAULT, body_fingerprint, bytes_fingerprint, default_header_key
+from ..keys import DEFAULT_HEADER, KAFKA_DEFAULT, body_fingerprint, default_header_key
 from ._deadletter import DELIVERY_TIMEOUT, DeadLetter, DeadLetterProducer, producer_config
 from ._flow import TP, PartitionFlow
 from ._hooks import ConsumerHooks
@@ -328,22 +328,11 @@ class DedupeKafkaConsumer(PartitionFlow, ConsumerHooks, RetryPolicy):
 
     def _identities(self, messages: Sequence[Message]) -> tuple[list[str], list[Any], list[float | None],
                                                                 list[tuple[int, Decision]]]:
-        """:attr:`identify` of each of ``messages``, in columns: keys, fingerprints, ttls (``None``
-        in all three at a message refused), and the ``(position, refusal)`` of the refused."""
-        count = len(messages)
-        keys: list[Any] = [None] * count
-        fingerprints: list[Any] = [None] * count
-        ttls: list[float | None] = [None] * count
-        failures: list[tuple[int, Decision]] = []
-        # its bound __call__: called as a method, not through the instance's call slot (per record)
-        identify, read = self.identify.__call__, self.read
-        for n, msg in enumerate(messages):
-            found = identify(msg, read)
-            if isinstance(found, Identity):
-                keys[n], fingerprints[n], ttls[n] = found
-            else:
-                failures.append((n, found))
-        return keys, fingerprints, ttls, failures
+        """:attr:`identify` of each of ``messages``, in columns (:meth:`Identify.many
+        <dedupe_worker._engine.Identify.many>`): keys, fingerprints, ttls (``None`` in all three at
+        a message refused), and the ``(position, refusal)`` of the refused."""
+        keys, fingerprints, ttls, failures = self.identify.many(messages, self.read)
+        return keys, fingerprints, [None] * len(messages) if ttls is None else ttls, failures
 
     def decide_batch(self, keys: Sequence[str], fingerprints: Sequence[Any], messages: Sequence[Message], *,
                      ttl: Sequence[float | None] | None = None) -> Verdicts:
@@ -397,42 +386,57 @@ def identify_records(options: ConsumerOptions) -> tuple[Identify[Any], Callable[
     ``options``, and what it reads a record as. A record is read as its envelope
     (:func:`~dedupe_worker._messages.envelope.from_kafka`), except under the default key strategy
     and fingerprint, which read of an envelope only its headers and its body: then the reading is
-    the record's ``(key, fingerprint, headers)`` (:func:`_record`), the envelope built only for a
-    record without the ``idempotency-key`` header (the rest of the default chain), and ``Identify``
-    takes each from it by position. Every consumed record passes here: its envelope costs the
-    duplicates' messages per second more than 10%, and a Python call per part adds to every record
-    (docs/performance.md, "Kafka duplicates, issue 37"); ``tests/test_kafka_identify.py`` holds both
-    readings to the same answers."""
+    the record's ``(key, fingerprint, headers)`` (:class:`_Records`, a batch's at once), the
+    envelope built only for a record without the ``idempotency-key`` header (the rest of the default
+    chain), and ``Identify`` takes each from it by position. Every consumed record passes here: its
+    envelope costs the duplicates' messages per second more than 10%, and a Python call per record
+    adds to every record (docs/performance.md, "Kafka duplicates, issue 37");
+    ``tests/test_kafka_identify.py`` holds both readings to the same answers."""
     strategy, fingerprint = options.key_strategy or KAFKA_DEFAULT, options.fingerprint
     if strategy is not KAFKA_DEFAULT or (fingerprint is not None and fingerprint is not body_fingerprint):
         return Identify("kafka", strategy, fingerprint, ttl_header=options.ttl_header), from_kafka
-    if fingerprint is None:
-        return Identify("kafka", _key, None, ttl_header=options.ttl_header, headers=_headers), _unfingerprinted
-    return Identify("kafka", _key, _fingerprint, ttl_header=options.ttl_header, headers=_headers), _record
+    return (Identify("kafka", _key, None if fingerprint is None else _fingerprint, ttl_header=options.ttl_header,
+                     headers=_headers), _Records(fingerprint is not None))
 
 
-def _record(msg: Message) -> tuple[str, str, dict[str, Any]]:
-    """``(key, fingerprint, headers)`` of a record under the defaults: the key as
+class _Records:
+    """``(key, fingerprint, headers)`` of records under the defaults: the key as
     :data:`~dedupe_worker.keys.KAFKA_DEFAULT` reads its envelope, the fingerprint as
-    :func:`~dedupe_worker.keys.body_fingerprint` does, the headers as ``from_kafka()`` reads them."""
-    headers = dict(msg.headers() or ())
-    key = default_header_key(headers)
-    if key is None:
-        key = KAFKA_DEFAULT(from_kafka(msg))
-    return key, bytes_fingerprint(msg.value() or b""), headers
+    :func:`~dedupe_worker.keys.body_fingerprint` does (``None`` when not ``fingerprinted``), the
+    headers as ``from_kafka()`` reads them. :meth:`many` reads a batch (what :class:`Identify`
+    asks for), each step over all of its records; a record alone is read as a batch of one."""
+
+    __slots__ = ("fingerprinted",)
+
+    def __init__(self, fingerprinted: bool) -> None:
+        self.fingerprinted = fingerprinted
+
+    def __call__(self, msg: Message) -> tuple[str, str | None, dict[str, Any]]:
+        return self.many([msg])[0]
+
+    def many(self, messages: Sequence[Message]) -> list[tuple[str, str | None, dict[str, Any]]]:
+        # confluent-kafka's records: its methods called unbound (no bound method made a record)
+        read_headers, read_value = ((Message.headers, Message.value) if set(map(type, messages)) == _MESSAGE
+                                    else (_headers_call, _value_call))
+        headers = [dict(pairs) if pairs else {} for pairs in map(read_headers, messages)]
+        keys: list[Any] = [value.decode("utf-8", "backslashreplace") if type(value) is bytes and value else None
+                           for value in [one.get(DEFAULT_HEADER) for one in headers]]
+        if None in keys:  # not a non-empty bytes header: the rest of the default chain
+            for n, key in enumerate(keys):
+                if key is None:
+                    key = default_header_key(headers[n])
+                    keys[n] = KAFKA_DEFAULT(from_kafka(messages[n])) if key is None else key
+        if not self.fingerprinted:
+            return list(zip(keys, [None] * len(messages), headers, strict=True))
+        return list(zip(keys, bytes_fingerprints([body or b"" for body in map(read_value, messages)]), headers,
+                        strict=True))
 
 
-def _unfingerprinted(msg: Message) -> tuple[str, None, dict[str, Any]]:
-    """:func:`_record` of a consumer without a fingerprint (``None`` in its place)."""
-    headers = dict(msg.headers() or ())
-    key = default_header_key(headers)
-    if key is None:
-        key = KAFKA_DEFAULT(from_kafka(msg))
-    return key, None, headers
-
-
-#: The key, fingerprint and headers of a :func:`_record` reading.
+#: The key, fingerprint and headers of a :class:`_Records` reading.
 _key, _fingerprint, _headers = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+#: A record's headers and body (any object with the ``Message`` methods).
+_headers_call, _value_call = operator.methodcaller("headers"), operator.methodcaller("value")
+_MESSAGE = {Message}
 
 
 _DEAD_LETTERED = Acted(Done.DEAD_LETTERED)
