@@ -198,12 +198,6 @@ class _Batch:
         """Check the keys into their stems (an invalid one decided at once) and queue the first
         copy of each key, its later copies set aside behind it."""
         codec, keys, fingerprints, queue = self.dedupe, self.given_keys, self.fingerprints, self.queue
-        stems = codec.plain_stems(keys)
-        if stems is not None and len(set(stems)) == len(stems):  # the common batch: plain keys, each once
-            self.texts, self.stems = list(keys), stems  # type: ignore[arg-type]  # plain: every key is a str
-            self.fps = codec.sent_fingerprints(fingerprints, len(keys))
-            queue.extend(range(len(keys) - 1, -1, -1))  # taken from the end
-            return
         first: dict[str, int] = {}  # stem -> index of its first copy
         texts, stems, fps, origs = self.texts, self.stems, self.fps, self.origs
         for i, key in enumerate(keys):

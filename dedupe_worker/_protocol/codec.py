@@ -22,8 +22,6 @@ __all__ = ["KEY_HARD_LIMIT", "ClaimCodec", "Prepared", "Request", "ttl_ms"]
 
 log = logging.getLogger(__name__)
 
-_STR = {str}
-
 #: Keys longer than this many UTF-8 bytes are refused outright instead of hashed: almost surely a bug.
 KEY_HARD_LIMIT = 8192
 
@@ -172,35 +170,6 @@ class ClaimCodec:
         if type(fingerprint) is str and len(fingerprint) <= 64:
             return key, stem, fingerprint, original
         return key, stem, request_fingerprint(fingerprint), original
-
-    def plain_stems(self, keys: Sequence[Any]) -> list[str] | None:
-        """The stems of a batch whose keys are all plain (what :meth:`prepare` builds without its
-        general checks: ASCII ``str``, not empty nor too long, no character the layout hashes, no
-        ``sha256:`` prefix), checked in one pass over them joined; ``None`` when one is not (then
-        :meth:`prepare` each). Kept for the Kafka consumer's duplicates (docs/performance.md,
-        "Kafka duplicates, issue 37")."""
-        if not keys or set(map(type, keys)) != _STR:
-            return None
-        joined = "".join(keys)
-        if not joined.isascii() or not plain_ascii(joined) or HASHED_PREFIX in joined:
-            return None
-        lengths = set(map(len, keys))
-        if min(lengths) == 0 or max(lengths) > self._plain_limit:
-            return None
-        stem_open = self._stem_open
-        return [f"{stem_open}{key}}}" for key in keys]
-
-    @staticmethod
-    def sent_fingerprints(fingerprints: Sequence[Any] | None, count: int) -> list[str]:
-        """Each of ``count`` fingerprints as :meth:`prepare` sends it to ``claim.lua`` (``""``
-        for ``None``, a short string as it is, else :func:`request_fingerprint`); ``fingerprints``
-        ``None``: none for any."""
-        if fingerprints is None:
-            return [""] * count
-        if fingerprints and set(map(type, fingerprints)) == _STR and max(map(len, fingerprints)) <= 64:
-            return list(fingerprints)
-        return ["" if fp is None else fp if type(fp) is str and len(fp) <= 64 else request_fingerprint(fp)
-                for fp in fingerprints]
 
     def _claims(self, requests: Sequence[Request], flat: Sequence[Any]) -> list[Claim]:
         """The claims of ``requests`` from ``claim.lua``'s flat reply (four values per key): what
