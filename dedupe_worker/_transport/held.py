@@ -230,9 +230,7 @@ class HeldConnection:
         """The held connection, ready to send: as the pool checks a connection it hands out, one
         with something to read while idle (the server closed it, or a stray reply) is reconnected
         before anything is sent on it. Every reply we asked for was read in full, so the parser
-        holds nothing."""
-        if self._pid != os.getpid():  # forked: the parent's socket is not ours to use or close
-            self._holder, self._pid = None, os.getpid()
+        holds nothing. (A forked child finds none held: the fork hook below dropped the parent's.)"""
         holder = self._holder
         if holder is None:
             pool = self._pool()
@@ -317,5 +315,5 @@ def _after_fork_in_child() -> None:
         held._forget_after_fork()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX; elsewhere the process id check in _take remains
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
     os.register_at_fork(after_in_child=_after_fork_in_child)
