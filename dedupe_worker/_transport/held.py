@@ -133,8 +133,9 @@ class HeldConnection:
         try:
             connection = self._take()
             packed = [self._pack(args)] if self._pack is not None else connection.pack_command(*args)
-            try:
-                return _exchange(connection, packed)
+            try:  # _exchange's two steps, in this frame: once per round trip
+                connection.send_packed_command(packed)
+                return connection.read_response()
             except BaseException as exc:
                 return self._retried(connection, exc, functools.partial(_exchange, connection, packed))
         finally:
