@@ -59,12 +59,13 @@ class LeaseBook:
 
     def untrack(self, lease: Lease) -> None:
         """One holder less; the last one forgets the lease (lost and settling marks included)."""
-        left = self.live.get(lease, 0) - 1
+        live = self.live
+        left = live.pop(lease, 0) - 1
         if left > 0:
-            self.live[lease] = left
+            live[lease] = left
         else:
-            self.live.pop(lease, None)
-            self.lost.discard(lease)
+            if self.lost:
+                self.lost.discard(lease)
             self.settling.discard(lease)
 
     def track_group(self, claims: Sequence[Any]) -> int:

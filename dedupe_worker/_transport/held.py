@@ -133,8 +133,9 @@ class HeldConnection:
         try:
             connection = self._take()
             packed = [self._pack(args)] if self._pack is not None else connection.pack_command(*args)
-            try:
-                return _exchange(connection, packed)
+            try:  # _exchange's two steps, in this frame: once per round trip
+                connection.send_packed_command(packed)
+                return connection.read_response()
             except BaseException as exc:
                 return self._retried(connection, exc, functools.partial(_exchange, connection, packed))
         finally:
@@ -230,9 +231,7 @@ class HeldConnection:
         """The held connection, ready to send: as the pool checks a connection it hands out, one
         with something to read while idle (the server closed it, or a stray reply) is reconnected
         before anything is sent on it. Every reply we asked for was read in full, so the parser
-        holds nothing."""
-        if self._pid != os.getpid():  # forked: the parent's socket is not ours to use or close
-            self._holder, self._pid = None, os.getpid()
+        holds nothing. (A forked child finds none held: the fork hook below dropped the parent's.)"""
         holder = self._holder
         if holder is None:
             pool = self._pool()
@@ -317,5 +316,5 @@ def _after_fork_in_child() -> None:
         held._forget_after_fork()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX; elsewhere the process id check in _take remains
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork()
     os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -19,7 +19,6 @@ out on time whatever its children do.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -47,27 +46,28 @@ class LeaseRenewer:
         self._book = LeaseBook()
         self._live = self._book.live  # (stem, token) -> how many holders
         self._lost = self._book.lost
+        # The book's per-message steps, bound once (called under the lock).
+        self._untrack, self._settle = self._book.untrack, self._book.settle
         #: ``time.monotonic()`` at the start of the last renewal round Redis answered.
         self.renewed_at = float("-inf")
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pid = 0
         self._closed = False
         forget_after_fork(self)
 
     def track(self, stem: str, token: int) -> None:
         """Keep this claim's lease alive until :meth:`untrack` (starts the thread if none runs)."""
-        lease = (stem, token)
+        lease, live = (stem, token), self._live
         with self._lock:  # one message's claim: the per-message path, so no loop over one lease
-            self._live[lease] = self._live.get(lease, 0) + 1
-            if self._thread is None or self._closed or self._pid != os.getpid():
+            live[lease] = live.get(lease, 0) + 1
+            if self._thread is None or self._closed:  # (a forked child's was reset at the fork)
                 self._start()
 
     def untrack(self, stem: str, token: int) -> None:
         """Stop renewing the lease of ``(stem, token)`` (once per :meth:`track`)."""
         with self._lock:
-            self._drop((stem, token))
+            self._untrack((stem, token))
 
     def track_many(self, leases: Iterable[tuple[str, int]]) -> None:
         """:meth:`track` for several ``(stem, token)`` at once (one lock, one thread check)."""
@@ -75,7 +75,7 @@ class LeaseRenewer:
         with self._lock:
             for lease in leases:
                 live[lease] = live.get(lease, 0) + 1
-            if self._thread is None or self._closed or self._pid != os.getpid():
+            if self._thread is None or self._closed:
                 self._start()
 
     def track_group(self, claims: Sequence[Any]) -> int:
@@ -83,7 +83,7 @@ class LeaseRenewer:
         group until :meth:`untrack_group`; returns the group's id (see :class:`.leases.LeaseBook`)."""
         with self._lock:
             group = self._book.track_group(claims)
-            if self._thread is None or self._closed or self._pid != os.getpid():
+            if self._thread is None or self._closed:
                 self._start()
         return group
 
@@ -101,17 +101,13 @@ class LeaseRenewer:
         """Stop renewing ``(stem, token)`` leases (each once per :meth:`track`)."""
         with self._lock:
             for lease in leases:
-                self._drop(lease)
-
-    def _drop(self, lease: tuple[str, int]) -> None:
-        """One holder less for ``lease`` (the caller holds the lock)."""
-        self._book.untrack(lease)
+                self._untrack(lease)
 
     def settle(self, leases: Iterable[Lease]) -> None:
         """The completion or release of ``leases`` is being sent: until they are untracked, a
         refused renewal of one of them is not a loss (see :mod:`~dedupe_worker._protocol.leases`)."""
         with self._lock:
-            self._book.settle(leases)
+            self._settle(leases)
 
     def is_lost(self, stem: str, token: int) -> bool:
         if not self._lost:  # the common case, read without the lock: an add racing this read
@@ -155,7 +151,6 @@ class LeaseRenewer:
     def _start(self) -> None:
         self._closed = False
         self._wake = threading.Event()
-        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._loop, args=(self._wake,), name="dedupe-lease-renewer",
                                         daemon=True)
         self._thread.start()
