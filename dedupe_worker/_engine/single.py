@@ -11,13 +11,13 @@ round trips and the handler call, and never do I/O themselves. :func:`decide`, :
 functions of the same names drive the same flows on an event loop, awaiting ``async def``
 handlers. A verdict is therefore decided by the same lines on both.
 
-The flows are flat on the common path (``bench.core``'s ``run`` cases): :func:`decide_flow` yields
-the claim's round trip itself and answers a duplicate in its own frame; an acquired claim runs
-:func:`execute_flow`, which calls the handler (or yields it, on asyncio) and yields the outcome's
-round trip itself, as ``ClientCore.complete_flow`` does. Every other case (the
-store's first check, replicas to wait for, ``wait``, observers, a reclaimed key's committed row,
-``atomic()`` in a joined transaction, a handler's failure, a finishing write retried, Redis down)
-enters its sub-flow only when it arises, from the same flow.
+The flows are flat on the common path (``bench.core``'s ``run`` cases): :func:`decide_flow`
+claims with ``ClientCore.begin_flow`` and answers a duplicate itself; an acquired claim runs
+:func:`execute_flow`, which calls the handler (or yields it, on asyncio) and stores the outcome
+with ``ClientCore.complete_flow``; each of those yields its round trip in its own frame. Every
+other case (the store's first check, replicas to wait for, ``wait``, observers, a reclaimed key's
+committed row, ``atomic()`` in a joined transaction, a handler's failure, a finishing write
+retried, Redis down) enters its sub-flow only when it arises, from the same flow.
 
 Crash story, one message: the outcome is stored in the round trip right after the handler
 returns, while its lease is still renewed. A crash inside the handler, or between its return and
@@ -42,7 +42,7 @@ from .._errors import (
     ResultNotSerializable,
     StoreUnavailable,
 )
-from .._protocol import Claim, ClientCore, Flow, Handler, Outcome, Request, bind, unbind
+from .._protocol import Claim, ClientCore, Flow, Handler, Outcome, bind, unbind
 from .._transport import ClaimClient
 from ..observe._base import current as observer
 from . import recorded
@@ -55,7 +55,7 @@ __all__ = ["ClientOptions", "decide", "decide_flow", "execute", "execute_flow", 
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_ACQUIRED, _IN_PROGRESS = Outcome.ACQUIRED, Outcome.IN_PROGRESS
+_ACQUIRED = Outcome.ACQUIRED
 
 
 class ClientOptions(Protocol):
@@ -183,11 +183,11 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
     (``KeyboardInterrupt``, ``SystemExit``, asyncio's ``CancelledError``) releases the claim and
     propagates.
 
-    One frame on the common path: the handler is called here where the driver would call it
-    anyway (``calls_handlers``, the sync client), else yielded, and the outcome's round trip is
-    yielded here as ``ClientCore.complete_flow`` yields it; the cases
-    that need more (a reclaimed key's committed row, an ``atomic()`` block that joined a
-    transaction, a failure to settle, observers) enter their sub-flows only when they arise."""
+    Few frames on the common path: the handler is called here where the driver would call it
+    anyway (``calls_handlers``, the sync client), else yielded, and the outcome is stored by
+    ``ClientCore.complete_flow`` (one frame); the cases that need more (a reclaimed key's
+    committed row, an ``atomic()`` block that joined a transaction, a failure to settle,
+    observers) enter their sub-flows only when they arise."""
     renewer, stem, token = dedupe.renewer, claim.stem, claim.token
     renewer.track(stem, token)
     reset, run = bind(claim), recorded.opened(dedupe)
@@ -220,13 +220,8 @@ def execute_flow(dedupe: ClientCore, claim: Claim, handler: Callable[[], Any],
         try:  # the outcome stored in the round trip right after the handler returned
             if observer.enabled:
                 yield from observed_complete_flow(dedupe, claim, value, integration)
-            else:  # ClientCore.complete_flow's steps, in this frame
-                send, problem = dedupe.complete_send(claim, value, None)
-                try:
-                    replies = yield send
-                except StoreUnavailable as exc:
-                    replies = yield from dedupe.finish_again_flow(exc, (send.calls,))
-                dedupe.completed(claim, replies[0][0], problem)
+            else:
+                yield from dedupe.complete_flow(claim, value, None)
         except (LeaseLost, ResultNotSerializable, StoreUnavailable) as exc:
             return not_stored(dedupe, claim, exc)
         return Decision(Reason.APPLIED, claim, value)
@@ -274,20 +269,14 @@ def decide_flow(dedupe: ClientCore, key: str | bytes, handler: Callable[[], Any]
     """Claim ``key``, run ``handler`` if acquired, store its outcome (kept ``ttl`` seconds, else
     ``result_ttl``), and return the verdict.
 
-    The claim is made in this frame, as ``ClientCore.begin_flow`` makes it: its :class:`Send`
-    yielded as it is, and only the general cases (the store's first check, replicas to wait for,
-    ``wait`` on a held key, a bad key, Redis down) enter a sub-flow. A duplicate is answered
-    without another frame; an acquired claim runs :func:`execute_flow`. With observers enabled,
-    :func:`observed_flow` adds their spans around the same steps."""
+    The claim is ``ClientCore.begin_flow``'s (one frame: its :class:`Send` yielded as it is, the
+    general cases in sub-flows); a bad key or Redis down is :func:`not_begun_flow`'s verdict; a
+    duplicate is answered here; an acquired claim runs :func:`execute_flow`. With observers
+    enabled, :func:`observed_flow` adds their spans around the same steps."""
     if observer.enabled:
         return (yield from observed_flow(dedupe, key, handler, fingerprint, wait, integration, ttl))
     try:
-        prepared, send = dedupe.claim_send(key, fingerprint, ttl)
-        replies = (yield send) if send.wait is None and dedupe.store_checked else (
-            yield from dedupe.claim_round_trip(send.calls))
-        claim = dedupe.claimed(prepared, replies[0], ttl)
-        if wait > 0 and claim.outcome is _IN_PROGRESS:
-            claim = yield from dedupe.wait_flow(Request(*prepared), claim, time.monotonic() + wait)
+        claim = yield from dedupe.begin_flow(key, fingerprint, wait, ttl)
     except (InvalidKey, StoreUnavailable) as exc:
         return (yield from not_begun_flow(dedupe, exc, key, handler))
     if claim.outcome is not _ACQUIRED:

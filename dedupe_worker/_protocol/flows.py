@@ -339,7 +339,7 @@ class ClientCore(ClaimCodec):
         """One key's claim, ready to send: its request's fields (:meth:`~.codec.ClaimCodec.prepare`)
         and the :class:`Send` of its ``claim.lua`` call, with the store's ``durability``. Raises
         :class:`~dedupe_worker.InvalidKey`. Sent as it is (``(yield send)``) when
-        :meth:`sends_alone` says so, else through :meth:`claim_round_trip`."""
+        the store needs no check and no replicas, else through :meth:`claim_round_trip`."""
         prepared = self.prepare(key, fingerprint)
         store = self.store
         return prepared, Send(store.claim_calls((prepared[1:],), self._lease_ms,
@@ -356,7 +356,7 @@ class ClientCore(ClaimCodec):
     def begin_flow(self, key: str | bytes, fingerprint: Any, wait: float, ttl: float | None = None) -> Flow[Claim]:
         """``begin``: one claim (one round trip), and with ``wait`` the wait on a held key. The
         claim carries ``ttl`` (seconds its outcome is kept; ``None``: ``result_ttl``). The engine's
-        ``decide_flow`` makes its claim with the same steps, in its own frame."""
+        ``decide_flow`` makes its claim here."""
         prepared, send = self.claim_send(key, fingerprint, ttl)
         replies = (yield send) if send.wait is None and self.store_checked else (
             yield from self.claim_round_trip(send.calls))
@@ -553,7 +553,7 @@ class ClientCore(ClaimCodec):
         :class:`LeaseLost` (nothing written) and :class:`ResultNotSerializable` (stored as omitted).
         One frame: the round trip is yielded here, and only a failed one enters
         :meth:`finish_again_flow` (what :meth:`finishing_flow` does for ``fail`` and ``release``);
-        the engine's ``execute_flow`` takes the same steps in its own frame."""
+        the engine's ``execute_flow`` stores its outcome here."""
         send, problem = self.complete_send(claim, value, ttl)
         try:
             replies = yield send
