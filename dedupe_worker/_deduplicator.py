@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, Unpack
 
-from . import _engine as _decision
-from ._engine import single as _engine
-from ._engine.recorded import Outcomes
+from ._engine import Outcomes, decide_flow, execute, handler_of, outcome, settle_failure, verdict_of
 from ._protocol import KEY_HARD_LIMIT, Claim, ClientCore, Holding
 from ._settings import ClientKeywords, ClientOptions, DedupeSettings
 from ._transport import ClaimClient
@@ -63,10 +61,10 @@ class DeduplicatorCore(ClientCore):
     @staticmethod
     def answer(claim: Claim) -> Any:
         """The stored value of a DUPLICATE; raises for IN_PROGRESS, CONFLICT and stored failures."""
-        decision = _decision.verdict_of(claim)
+        decision = verdict_of(claim)
         if decision is None:
             raise ValueError(f"claim on {claim.key!r} was acquired; there is nothing stored to answer")
-        return _decision.outcome(decision)
+        return outcome(decision)
 
 
 class Deduplicator(DeduplicatorCore, ClaimClient):
@@ -109,8 +107,8 @@ class Deduplicator(DeduplicatorCore, ClaimClient):
         ``fail_open``) and whatever ``fn`` raised (the claim is released, or for
         ``permanent_errors`` the failure stored).
         """
-        return _decision.outcome(self._drive(_engine.decide_flow(  # type: ignore[no-any-return]
-            self, key, _engine.handler_of(fn, args, kwargs), fingerprint, wait, "run", ttl)))
+        return outcome(self._drive(decide_flow(  # type: ignore[no-any-return]
+            self, key, handler_of(fn, args, kwargs), fingerprint, wait, "run", ttl)))
 
     def apply(self, claim: Claim, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` for an ACQUIRED ``claim`` and store its outcome; raises as :meth:`run`.
@@ -119,12 +117,12 @@ class Deduplicator(DeduplicatorCore, ClaimClient):
         another delivery may run ``fn`` again.
         """
         handler = (lambda: fn(*args, **kwargs)) if args or kwargs else fn
-        return _decision.outcome(_engine.execute(self, claim, handler))  # type: ignore[no-any-return]
+        return outcome(execute(self, claim, handler))  # type: ignore[no-any-return]
 
     def settle_failure(self, claim: Claim, exc: BaseException) -> None:
         """After work for ``claim`` raised ``exc``: store a permanent failure or release the
         claim. Never raises."""
-        _engine.settle_failure(self, claim, exc)
+        settle_failure(self, claim, exc)
 
 
 def sql_outcomes(settings: DedupeSettings) -> Outcomes | None:

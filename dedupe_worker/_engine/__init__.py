@@ -11,14 +11,25 @@ integrations import from here, never from a submodule.
 from __future__ import annotations
 
 from .._protocol import Holding, bind_claim, current_claim
-from .batch import FLUSH_AFTER, Pacing, Verdicts, decide_many, verdicts_flow
+from .batch import FLUSH_AFTER, Pacing, Verdicts, batch_flow, decide_many, verdicts_flow
 from .decision import HANDLER_RAN, Action, Decision, Reason, outcome, poison, verdict_of
 from .dispatch import ACKED, Acted, Done, Tally, dispatch, dispatch_async, is_noop, report
 from .hooks import Hooks, call_hook
 from .identify import Identify, Identity, body_fingerprint, bytes_fingerprint
 from .options import FASTSTREAM_RENAMED, RETRY_OPTIONS, ConsumerOptions
 from .policy import RetryPolicy, backoff
-from .single import decide, execute, refused, run
+from .recorded import Outcomes
+from .single import (
+                     decide,
+                     decide_flow,
+                     execute,
+                     execute_flow,
+                     handler_of,
+                     refused,
+                     run,
+                     settle_failure,
+                     settle_failure_flow,
+)
 from .ttl import TTL_HEADER, TtlHeader, header_ttl, parse_ttl
 
 __all__ = [
@@ -37,6 +48,7 @@ __all__ = [
     "Hooks",
     "Identify",
     "Identity",
+    "Outcomes",
     "Pacing",
     "Reason",
     "RetryPolicy",
@@ -44,16 +56,20 @@ __all__ = [
     "TtlHeader",
     "Verdicts",
     "backoff",
+    "batch_flow",
     "bind_claim",
     "body_fingerprint",
     "bytes_fingerprint",
     "call_hook",
     "current_claim",
     "decide",
+    "decide_flow",
     "decide_many",
     "dispatch",
     "dispatch_async",
     "execute",
+    "execute_flow",
+    "handler_of",
     "header_ttl",
     "is_noop",
     "outcome",
@@ -62,6 +78,8 @@ __all__ = [
     "refused",
     "report",
     "run",
+    "settle_failure",
+    "settle_failure_flow",
     "verdict_of",
     "verdicts_flow",
 ]

@@ -39,7 +39,7 @@ from .decision import Decision, poison
 from .single import refused
 from .ttl import TTL_HEADER, TtlHeader
 
-__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint", "bytes_fingerprints"]
+__all__ = ["Identify", "Identity", "body_fingerprint", "bytes_fingerprint"]
 
 M = TypeVar("M")
 
@@ -63,11 +63,6 @@ def bytes_fingerprint(body: bytes) -> str:
     if type(body) is bytes:  # content_hash() without its text check (once per consumed message)
         return sha256(body).hexdigest()[:32]
     return content_hash(body)
-
-
-def bytes_fingerprints(bodies: Sequence[bytes]) -> list[str]:
-    """:func:`bytes_fingerprint` of each of ``bodies``, without a Python call each (a batch's)."""
-    return [sha256(body).hexdigest()[:32] if type(body) is bytes else content_hash(body) for body in bodies]
 
 
 #: ``Identity(key, fingerprint, ttl)`` without the named tuple's ``__new__`` in Python (one a message).

@@ -6,8 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._deduplicator import DeduplicatorCore
-from .._engine.decision import outcome
-from .._engine.single import decide_flow, handler_of
+from .._engine import decide_flow, handler_of, outcome
 from .._protocol import Claim
 from .._transport import AsyncClaimClient
 from . import _engine as engine

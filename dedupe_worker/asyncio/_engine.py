@@ -18,10 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._engine.batch import batch_flow
-from .._engine.decision import Decision, outcome
-from .._engine.pacing import Pacing
-from .._engine.single import decide_flow, execute_flow, handler_of, settle_failure_flow
+from .._engine import Decision, Pacing, batch_flow, decide_flow, execute_flow, handler_of, outcome, settle_failure_flow
 from .._protocol import Claim
 from .._transport import AsyncClaimClient
 

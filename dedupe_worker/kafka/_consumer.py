@@ -45,11 +45,11 @@ from .._engine import (
     RetryPolicy,
     Tally,
     Verdicts,
+    bytes_fingerprint,
     is_noop,
     report,
     verdicts_flow,
 )
-from .._engine.identify import bytes_fingerprints
 from .._messages.envelope import from_kafka
 from .._operate.doctor import check_at_start
 from ..keys import DEFAULT_HEADER, KAFKA_DEFAULT, body_fingerprint, default_header_key
@@ -428,7 +428,7 @@ class _Records:
                     keys[n] = KAFKA_DEFAULT(from_kafka(messages[n])) if key is None else key
         if not self.fingerprinted:
             return list(zip(keys, [None] * len(messages), headers, strict=True))
-        return list(zip(keys, bytes_fingerprints([body or b"" for body in map(read_value, messages)]), headers,
+        return list(zip(keys, [bytes_fingerprint(body or b"") for body in map(read_value, messages)], headers,
                         strict=True))
 
 
