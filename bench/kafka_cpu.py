@@ -185,8 +185,12 @@ def callgrind(redis_url: str, bootstrap: str, count: int) -> None:
 
 
 def direct_packer_name() -> str:
-    """Which packer the script runner uses here: ``compiled`` (``dedupe_worker._resp``) or ``hiredis``."""
-    from dedupe_worker._transport import held
+    """Which packer the script runner uses here: ``compiled`` (``dedupe_worker._resp``) or ``hiredis``.
+    The held connection's module is in ``_transport``, and was in ``_protocol`` before (b977d1e)."""
+    try:
+        from dedupe_worker._transport import held
+    except ImportError:  # the module's home before the _transport package
+        from dedupe_worker._protocol import held  # type: ignore[no-redef]
 
     connection = redis.Connection()
     packer = held.direct_packer(connection)
