@@ -20,15 +20,15 @@ from .options import FASTSTREAM_RENAMED, RETRY_OPTIONS, ConsumerOptions
 from .policy import RetryPolicy, backoff
 from .recorded import Outcomes
 from .single import (
-                     decide,
-                     decide_flow,
-                     execute,
-                     execute_flow,
-                     handler_of,
-                     refused,
-                     run,
-                     settle_failure,
-                     settle_failure_flow,
+    decide,
+    decide_flow,
+    execute,
+    execute_flow,
+    handler_of,
+    refused,
+    run,
+    settle_failure,
+    settle_failure_flow,
 )
 from .ttl import TTL_HEADER, TtlHeader, header_ttl, parse_ttl
 
