@@ -51,16 +51,18 @@
 -- with no record at all (one EXISTS of its three keys) is claimed with one HSET of three fields
 -- and a PEXPIREAT; a duplicate is one EXISTS and one read (GET of the stem or HMGET of the result
 -- key: the format this worker writes first).
-local lease_ms = tonumber(ARGV[1])
--- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
--- Shared values are made once as strings (at the first claim taken): Redis formats every number
--- argument of every call.
-local now_ms, now_us, now_us_s, deadline, expire_at
-local function clock()
+--
+-- Up to the "per call" line the script only defines helpers, which take what they need as
+-- arguments: called as a function (FCALL), the library defines them once, when it is loaded.
+--
+-- Redis' clock: now in milliseconds, in microseconds and the latter as a string, then the
+-- lease's deadline and the started key's expiry (the lease, or the retention when longer) as
+-- strings (Redis formats every number argument of every call, so shared values are made once).
+local function clock(lease_ms, retention_ms)
   local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  now_us_s = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return now_ms, tonumber(t[1]) * 1000000 + tonumber(t[2]), t[1] .. string.rep('0', 6 - #t[2]) .. t[2],
+    string.format('%d', now_ms + lease_ms), string.format('%d', now_ms + math.max(lease_ms, retention_ms))
 end
 
 -- The stored outcome in either format: status, token, value, fingerprint ('' for none); nil when
@@ -70,7 +72,6 @@ end
 -- as 8 bytes big-endian, the value; after an upper-case letter the value is preceded by the
 -- fingerprint and the original key, each after its 2-byte length. Format 1, the hash at the
 -- result key: s, v, t, f, orig.
-local strings_first = #ARGV == 2 * #KEYS / 3 + 3 and ARGV[#ARGV] == '2'
 local LETTERS = {c = true, o = true, f = true}
 local function holds(key, expected)
   return key .. ' holds a ' .. redis.call('TYPE', key)['ok'] .. ', not a ' .. expected
@@ -97,7 +98,8 @@ local function from_string(stem, raw)
   if size < 13 + fl + ol then return false, 'format-2 record ' .. stem .. ' is truncated (' .. size .. ' bytes)' end
   return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
-local function outcome(stem, result)
+-- strings_first: this worker writes format 2, so a stored outcome is looked for at the stem first.
+local function outcome(stem, result, strings_first)
   if not strings_first then  -- the format this worker writes is looked for first
     local status, token, value, fp = from_hash(result)
     if status ~= nil then return status, token, value, fp end
@@ -111,13 +113,10 @@ local function outcome(stem, result)
   return from_string(stem, raw)
 end
 
--- The claim's fields, one HSET. An empty fingerprint or original key is not written (a missing
--- field reads as ''), so a first claim without them writes three fields.
-local function take(started, token, fp, orig)
-  if not deadline then
-    deadline = string.format('%d', now_ms + lease_ms)
-    expire_at = string.format('%d', now_ms + math.max(lease_ms, tonumber(ARGV[2])))
-  end
+-- The claim's fields, one HSET, and the started key's expiry. An empty fingerprint or original
+-- key is not written (a missing field reads as ''), so a first claim without them writes three
+-- fields.
+local function take(started, token, fp, orig, deadline, expire_at)
   if fp == '' and orig == '' then
     redis.call('HSET', started, 'next', token, 'owner', token, 'deadline', deadline)
   elseif orig == '' then
@@ -130,17 +129,24 @@ local function take(started, token, fp, orig)
   redis.call('PEXPIREAT', started, expire_at)
 end
 
+-- per call
+local lease_ms, retention_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local strings_first = #ARGV == 2 * #KEYS / 3 + 3 and ARGV[#ARGV] == '2'
+-- Redis' clock, read at the first key that is not a duplicate (a duplicate needs no clock).
+local now_ms, now_us, now_us_s, deadline, expire_at
 local out, n = {}, 0
 for i = 1, #KEYS / 3 do
   local started, stem, result = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local fp, orig = ARGV[2 * i + 1], ARGV[2 * i + 2]
   if redis.call('EXISTS', started, stem, result) == 0 then
-    if not now_ms then clock() end
+    if not now_ms then
+      now_ms, now_us, now_us_s, deadline, expire_at = clock(lease_ms, retention_ms)
+    end
     -- Never claimed (or its records expired): the token is the clock, max(0 + 1, now_us).
-    take(started, now_us_s, fp, orig)
+    take(started, now_us_s, fp, orig, deadline, expire_at)
     out[n + 1] = 1; out[n + 2] = now_us; out[n + 3] = false; out[n + 4] = false; n = n + 4
   else
-    local status, stored_token, value, stored_fp = outcome(stem, result)
+    local status, stored_token, value, stored_fp = outcome(stem, result, strings_first)
     local st = status == nil and redis.pcall('HMGET', started, 'next', 'owner', 'deadline', 'fp')
     if st and st['err'] then status, stored_token = false, holds(started, 'hash') end
     if status == false then
@@ -152,7 +158,9 @@ for i = 1, #KEYS / 3 do
         out[n + 1] = 2; out[n + 2] = stored_token; out[n + 3] = status; out[n + 4] = value; n = n + 4
       end
     else
-      if not now_ms then clock() end
+      if not now_ms then
+        now_ms, now_us, now_us_s, deadline, expire_at = clock(lease_ms, retention_ms)
+      end
       local owner = tonumber(st[2]) or 0
       local until_ms = tonumber(st[3]) or 0
       if owner > 0 and until_ms > now_ms then
@@ -168,7 +176,7 @@ for i = 1, #KEYS / 3 do
         if next_token > now_us then token, token_s = next_token, string.format('%.0f', next_token) end
         -- the fingerprint of the claim this one takes over is not ours
         if fp == '' and st[4] and st[4] ~= '' then redis.call('HDEL', started, 'fp') end
-        take(started, token_s, fp, orig)
+        take(started, token_s, fp, orig, deadline, expire_at)
         out[n + 1] = 1; out[n + 2] = token; out[n + 3] = 1; out[n + 4] = false; n = n + 4
       end
     end

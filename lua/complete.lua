@@ -40,22 +40,25 @@
 --             original key the letter is upper case and the value is preceded by the fingerprint
 --             and the original key, each after its length in 2 bytes big-endian. The stem is the
 --             shortest name a key can have, so this costs what a plain SET of it does.
+--
+-- Up to the "per call" line the script only defines helpers and constants, which take what they
+-- need as arguments: called as a function (FCALL), the library defines them once, when it is
+-- loaded.
 local NOTICE_TTL_MS = 10000
-local result_ttl_ms = ARGV[1]  -- passed on as the string it is: Redis formats number arguments
-local compact = #ARGV == 3 * #KEYS / 4 + 2 and ARGV[#ARGV] == '2'
 
 local function length(s)
   return string.char(math.floor(#s / 256), #s % 256)
 end
 
 -- The token a stored result carries, in either format ('' when none is stored, or when what is
--- stored is not a record these scripts write); the format this worker writes is looked for first.
+-- stored is not a record these scripts write); the format this worker writes is looked for first
+-- (compact: format 2).
 local function hashed_token(result)
   local t = redis.pcall('HGET', result, 't')
   if type(t) ~= 'string' then return '' end
   return t
 end
-local function stored_token(stem, result)
+local function stored_token(stem, result, compact)
   if not compact then
     local t = hashed_token(result)
     if t ~= '' then return t end
@@ -81,6 +84,9 @@ local function notify(notice, waiters, token)
   redis.call('PEXPIRE', notice, NOTICE_TTL_MS)
 end
 
+-- per call
+local result_ttl_ms = ARGV[1]  -- passed on as the string it is: Redis formats number arguments
+local compact = #ARGV == 3 * #KEYS / 4 + 2 and ARGV[#ARGV] == '2'
 local out, n = {}, 0
 for i = 1, #KEYS / 4 do
   local started, stem, result, notice = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
@@ -119,7 +125,7 @@ for i = 1, #KEYS / 4 do
     else
       out[n + 1] = 0; n = n + 1
     end
-  elseif not st[1] and stored_token(stem, result) == token then
+  elseif not st[1] and stored_token(stem, result, compact) == token then
     out[n + 1] = 1; n = n + 1
   else
     out[n + 1] = 0; n = n + 1

@@ -34,7 +34,10 @@
 -- here expires (PEXPIREAT at until + keep); the started and result keys are only read, with the
 -- fields claim.lua reads, so records of every release are understood. The fingerprint and the
 -- counter are written only when non-empty (a missing field reads as '').
-local fp = ARGV[4]
+--
+-- Up to the "per call" line the script only defines helpers: called as a function (FCALL), the
+-- library defines them once, when it is loaded.
+--
 -- A record these scripts do not write (another program's key of another type, a format-2 string
 -- shorter than its head) is answered with an error reply naming it, for this send alone, never a
 -- Lua error: the producer publishes (this check is a hint) and the worker's claim.lua answers
@@ -66,6 +69,9 @@ local function outcome(stem, result)
   if #raw < 13 + fl + ol then return false, unreadable(stem) end
   return lower, token, string.sub(raw, 14 + fl + ol), string.sub(raw, 12, 11 + fl)
 end
+
+-- per call
+local fp = ARGV[4]
 local status, token, value, stored_fp = outcome(KEYS[2], KEYS[3])
 if status == false then return token end
 if status then

@@ -4,6 +4,7 @@ requests (their Redis behaviour is tested in test_held_connection, test_async_pr
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -15,14 +16,19 @@ from dedupe_worker._protocol.calls import NotDurable
 from dedupe_worker._transport.script_flow import (
     INFO,
     LOAD_ORDER,
+    PER_CALL,
+    SCRIPT_NAMES,
     SCRIPTS_ENV,
+    SENDER_SCRIPTS,
     Library,
     ScriptFlows,
     drive,
     function_missing,
     library_text,
     refused,
+    split_definitions,
 )
+from dedupe_worker._transport.scripts import load_script
 
 SOURCE = {name: f"#!lua flags=allow-oom\nreturn '{name}'" for name in ("send", *LOAD_ORDER)}
 
@@ -113,6 +119,39 @@ def test_the_library_wraps_each_script_file_with_its_flags() -> None:
     assert ("function_name='dedupe_x_complete', callback=function(KEYS, ARGV)\nreturn 2\nend, "
             "flags={'allow-oom'}}") in text
     assert "flags={'no-writes'}" in text
+
+
+def test_the_library_defines_a_scripts_helpers_once_at_load_and_runs_the_rest_per_call() -> None:
+    script = "#!lua flags=allow-oom\nlocal function f(x) return x end\n-- per call\nreturn f(ARGV[1])"
+    assert split_definitions(script) == ("local function f(x) return x end\n", "return f(ARGV[1])")
+    assert split_definitions("return 1") == ("", "return 1")
+    text = library_text({"complete": script, "inspect": "return 3"}, "dedupe_x")
+    assert ("do\nlocal function f(x) return x end\nredis.register_function{function_name='dedupe_x_complete', "
+            "callback=function(KEYS, ARGV)\nreturn f(ARGV[1])\nend, flags={'allow-oom'}}\nend") in text
+    assert "function_name='dedupe_x_inspect', callback=function(KEYS, ARGV)\nreturn 3\nend" in text
+
+
+@pytest.mark.parametrize("name", [*SENDER_SCRIPTS, *SCRIPT_NAMES])
+def test_what_a_script_defines_once_reads_no_keys_argv_or_redis_at_load(name: str) -> None:
+    """At load a library has no KEYS or ARGV (they are each call's) and cannot call Redis: the
+    definitions before a script's ``-- per call`` line may only use them inside function bodies,
+    and only through their arguments for KEYS and ARGV."""
+    definitions, per_call = split_definitions(load_script(name))
+    code = "\n".join(line.split("--", 1)[0] for line in definitions.splitlines())
+    assert not re.search(r"\b(KEYS|ARGV)\b", code), name
+    depth = 0  # Lua blocks open: a redis. outside every function body would run at load
+    for line in code.splitlines():
+        words = re.findall(r"\bfunction\b|\bif\b|\bdo\b|\brepeat\b|\bend\b|\buntil\b|\bredis\.",
+                           re.sub(r"'[^']*'", "''", line))
+        for word in words:
+            if word == "redis.":
+                assert depth > 0, (name, line)
+            else:
+                depth += 1 if word in ("function", "if", "do", "repeat") else -1
+    assert depth == 0, name
+    assert per_call.strip()
+    if name in ("claim", "complete", "send"):  # the per-message scripts: their helpers are defined once
+        assert f"\n{PER_CALL}\n" in load_script(name) and definitions
 
 
 def test_only_a_refusal_of_functions_switches_to_evalsha() -> None:

@@ -46,9 +46,9 @@ from .._errors import StoreUnavailable
 from .._protocol import Call, CallFailed, NotDurable
 from .._settings import SCRIPTS_ENV, eval_forced
 
-__all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "SCRIPTS_ENV", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Flow", "Library",
-           "ScriptFlows", "checked", "function_missing", "library_name", "library_text", "refused", "script_text",
-           "takes_flags"]
+__all__ = ["INFO", "LIBRARY_PREFIX", "LOAD_ORDER", "PER_CALL", "SCRIPTS_ENV", "SCRIPT_NAMES", "SENDER_SCRIPTS", "Flow",
+           "Library", "ScriptFlows", "checked", "function_missing", "library_name", "library_text", "refused",
+           "script_text", "split_definitions", "takes_flags"]
 
 log = logging.getLogger(__name__)
 
@@ -143,16 +143,32 @@ def library_name(source: Mapping[str, str]) -> str:
     return LIBRARY_PREFIX + digest.hexdigest()[:8]
 
 
+#: The line of a script after which it runs per call; what comes before it only defines helpers
+#: and constants (it reads no KEYS or ARGV), so a function library defines them once, at load.
+PER_CALL = "-- per call"
+
+
+def split_definitions(text: str) -> tuple[str, str]:
+    """``text`` (without its ``#!lua`` line) as its definitions and what runs per call: split at
+    its :data:`PER_CALL` line, or ``("", text)`` for a script without one."""
+    before, marker, after = script_text(text, False).partition(f"\n{PER_CALL}\n")
+    return (before + "\n", after) if marker else ("", before)
+
+
 def library_text(source: Mapping[str, str], library: str) -> str:
     """The function library of ``source`` (name -> script text): each script, its ``#!lua`` line
-    left out, becomes the body of ``<library>_<name>(KEYS, ARGV)``, with the script's flags
-    (``allow-oom``) and ``no-writes`` for ``inspect``. Nothing else in the text changes."""
+    left out, becomes ``<library>_<name>(KEYS, ARGV)``, with the script's flags (``allow-oom``) and
+    ``no-writes`` for ``inspect``. What runs per call is the function's body; the definitions
+    before its :data:`PER_CALL` line run once, when the library is loaded, in a ``do`` block of
+    their own, so each script sees only its own helpers. Nothing else in the text changes."""
     parts = [f"#!lua name={library}"]
     for name in sorted(source):
         text = source[name]
+        definitions, per_call = split_definitions(text)
         flags = ", ".join(f"'{flag}'" for flag in [*script_flags(text), *_EXTRA_FLAGS.get(name, [])])
-        parts.append(f"redis.register_function{{function_name='{library}_{name}', "
-                     f"callback=function(KEYS, ARGV)\n{script_text(text, False)}\nend, flags={{{flags}}}}}")
+        function = (f"redis.register_function{{function_name='{library}_{name}', "
+                    f"callback=function(KEYS, ARGV)\n{per_call}\nend, flags={{{flags}}}}}")
+        parts.append(f"do\n{definitions}{function}\nend" if definitions else function)
     return "\n".join(parts) + "\n"
 
 
