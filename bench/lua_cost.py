@@ -1,7 +1,8 @@
 """Redis' own time per key of each protocol script (``INFO commandstats`` of EVALSHA), for single
 keys and batches, and memory per completed key.
 
-    python -m bench.lua_cost [--redis-url URL] [--keys N] [--rounds R] [--baseline DIR]
+    python -m bench.lua_cost [--redis-url URL] [--keys N] [--rounds R] [--functions]
+                             [--baseline DIR [--baseline-format 1|2]]
 
 Each case sets its keys up, resets the server's statistics (``CONFIG RESETSTAT``), sends the
 script calls for ``N`` keys (one key per call, or batches of 100 and 500 as ``begin_many`` and
@@ -15,6 +16,9 @@ itself: "this f2"). ``--baseline DIR``
 runs every case with the scripts in ``DIR`` too (e.g.
 ``tests/data/lua_previous``, those of the previous release), alternating round by round on the
 same server, and prints both: timings on a shared machine swing, a side-by-side run does not.
+``--baseline-format`` says the folder's scripts take this release's calls (another commit's
+``lua/``), writing that record format. ``--functions`` loads each set as the function library the
+runner loads on Redis 7+ and calls it with FCALL, as the library path runs in production.
 ``make bench`` runs it on its private redis-server, never on a shared one (the reset would clear
 everyone's statistics).
 """
@@ -35,7 +39,7 @@ import redis
 from dedupe_worker._protocol import Stored
 from dedupe_worker._protocol.calls import Call
 from dedupe_worker._protocol.layout import KeyLayout
-from dedupe_worker._transport.script_flow import SCRIPT_NAMES
+from dedupe_worker._transport.script_flow import SCRIPT_NAMES, library_name, library_text
 from dedupe_worker._transport.scripts import load_script
 from tests.lua_releases import EarlierCalls, StandaloneCalls
 
@@ -48,29 +52,38 @@ CASES = ("claim new", "claim new, fp", "claim duplicate", "claim in progress", "
 
 
 class Version:
-    """One set of the protocol scripts, loaded on the server, run by name."""
+    """One set of the protocol scripts, loaded on the server, run by name: with EVALSHA, or with
+    ``functions`` as the function library our runner loads on Redis 7+ (FCALL)."""
 
     def __init__(self, client: redis.Redis, label: str, texts: dict[str, str], record_format: int = 1,
-                 earlier: bool = False) -> None:
+                 earlier: bool = False, functions: bool = False) -> None:
         self.client, self.label = client, label
         #: The calls the store sends, writing results in ``record_format`` (``earlier``: the
         #: calls of a release before record format 2).
         self.calls = EarlierCalls() if earlier else StandaloneCalls()
         self.calls.write_format(record_format)
-        self.sha = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
-        for text in texts.values():
-            client.script_load(text)
+        #: The command each call is (what ``INFO commandstats`` counts it under).
+        self.command = "FCALL" if functions else "EVALSHA"
+        if functions:
+            library = library_name(texts)
+            client.function_load(library_text(texts, library), replace=True)
+            self.target = {name: f"{library}_{name}" for name in texts}
+        else:
+            self.target = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in texts.items()}
+            for text in texts.values():
+                client.script_load(text)
 
     @classmethod
-    def from_dir(cls, client: redis.Redis, label: str, folder: Path | None, record_format: int = 1) -> Version:
+    def from_dir(cls, client: redis.Redis, label: str, folder: Path | None, record_format: int = 1,
+                 functions: bool = False, earlier: bool | None = None) -> Version:
         read = (lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8")) if folder else load_script
         return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format,
-                   earlier=folder is not None)
+                   earlier=folder is not None if earlier is None else earlier, functions=functions)
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for name, keys, args in calls:
-            pipe.execute_command("EVALSHA", self.sha[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            pipe.execute_command(self.command, self.target[name], len(keys), *keys, *args)  # type: ignore[no-untyped-call]
         return pipe.execute()
 
 
@@ -107,11 +120,11 @@ def case_calls(v: Version, case: str, stems: list[str], size: int) -> list[Call]
 
 
 def server_usec(v: Version, calls: Sequence[Call]) -> float:
-    """Redis' total time in EVALSHA running ``calls``."""
+    """Redis' total time in EVALSHA (or FCALL) running ``calls``."""
     client = v.client
     client.config_resetstat()
     v.run(calls)
-    return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0.0))
+    return float(client.info("commandstats").get(f"cmdstat_{v.command.lower()}", {}).get("usec", 0.0))
 
 
 def memory(v: Version, fingerprint: str) -> tuple[float, float]:
@@ -141,11 +154,13 @@ def floor_bytes(client: redis.Redis) -> dict[int, float]:
     return floors
 
 
-def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None, int]]) -> dict[str, Any]:
+def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None, int]],
+            functions: bool = False, earlier: bool | None = None) -> dict[str, Any]:
     """µs of Redis time per key, by ``(version, case, batch size)`` (the median of the rounds: a
     round that shared the CPU with another process is an outlier, not a trend); memory by version."""
     client = redis.Redis.from_url(url)
-    loaded = [Version.from_dir(client, label, folder, record_format) for label, folder, record_format in versions]
+    loaded = [Version.from_dir(client, label, folder, record_format, functions, earlier if folder else None)
+              for label, folder, record_format in versions]
     runs: dict[tuple[str, str, int], list[float]] = {}
     for _ in range(rounds):
         for size in BATCHES:
@@ -157,7 +172,7 @@ def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path
                     runs.setdefault((v.label, case, size), []).append(server_usec(v, calls) / keys)
                     for name in client.scan_iter(f"{ns}:*", count=5000):
                         client.unlink(name)
-    return {"usec": {key: statistics.median(values) for key, values in runs.items()},
+    return {"usec": {key: statistics.median(values) for key, values in runs.items()}, "command": loaded[0].command,
             "memory": {v.label: (memory(v, ""), memory(v, FINGERPRINT)) for v in loaded},
             "floor": floor_bytes(client),
             "aof": client.config_get("append*")}
@@ -165,7 +180,8 @@ def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path
 
 def report(m: dict[str, Any], labels: Sequence[str], keys: int, rounds: int) -> str:
     aof = m["aof"]
-    lines = [f"Redis time per key (INFO commandstats usec of EVALSHA / keys, median of {rounds} rounds of {keys} keys; "
+    lines = [f"Redis time per key (INFO commandstats usec of {m['command']} / keys, median of {rounds} rounds of "
+             f"{keys} keys; "
              f"appendonly {aof.get('appendonly')}, appendfsync {aof.get('appendfsync')})",
              f"  {'case':<20}" + "".join(f"{f'{lb} x{size}':>16}" for size in BATCHES for lb in labels)]
     for case in CASES:
@@ -186,11 +202,17 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1000, help="keys per case and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="a folder of other scripts to run side by side")
+    parser.add_argument("--baseline-format", type=int, choices=(1, 2),
+                        help="the baseline's scripts take this release's calls and write this record format "
+                             "(e.g. `git archive REF lua | tar -x -C DIR`); without it, a release's before format 2")
+    parser.add_argument("--functions", action="store_true",
+                        help="load each version as the function library and call it with FCALL (Redis 7+)")
     args = parser.parse_args()
     versions: list[tuple[str, Path | None, int]] = [("this f1", None, 1), ("this f2", None, 2)]
     if args.baseline:
-        versions.insert(0, ("baseline", args.baseline, 1))
-    m = measure(args.redis_url, args.keys, args.rounds, versions)
+        versions.insert(0, ("baseline", args.baseline, args.baseline_format or 1))
+    m = measure(args.redis_url, args.keys, args.rounds, versions, args.functions,
+                None if args.baseline_format is None else False)
     print(report(m, [label for label, _, _ in versions], args.keys, args.rounds))
 
 
