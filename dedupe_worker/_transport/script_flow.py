@@ -144,7 +144,8 @@ def library_name(source: Mapping[str, str]) -> str:
 
 
 #: The line of a script after which it runs per call; what comes before it only defines helpers
-#: and constants (it reads no KEYS or ARGV), so a function library defines them once, at load.
+#: and constants (it reads no KEYS or ARGV, and no call changes it: one call's state would carry
+#: over to the next), so a function library defines them once, at load.
 PER_CALL = "-- per call"
 
 
