@@ -139,16 +139,18 @@ def test_what_a_script_defines_once_reads_no_keys_argv_or_redis_at_load(name: st
     definitions, per_call = split_definitions(load_script(name))
     code = "\n".join(line.split("--", 1)[0] for line in definitions.splitlines())
     assert not re.search(r"\b(KEYS|ARGV)\b", code), name
-    depth = 0  # Lua blocks open: a redis. outside every function body would run at load
+    blocks: list[str] = []  # the Lua blocks open: a redis. outside every function body runs at load
     for line in code.splitlines():
         words = re.findall(r"\bfunction\b|\bif\b|\bdo\b|\brepeat\b|\bend\b|\buntil\b|\bredis\.",
                            re.sub(r"'[^']*'", "''", line))
         for word in words:
             if word == "redis.":
-                assert depth > 0, (name, line)
+                assert "function" in blocks, (name, line)
+            elif word in ("end", "until"):
+                blocks.pop()
             else:
-                depth += 1 if word in ("function", "if", "do", "repeat") else -1
-    assert depth == 0, name
+                blocks.append(word)
+    assert not blocks, name
     assert per_call.strip()
     if name in ("claim", "complete", "send"):  # the per-message scripts: their helpers are defined once
         assert f"\n{PER_CALL}\n" in load_script(name) and definitions
