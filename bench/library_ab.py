@@ -2,12 +2,14 @@
 
     python -m bench.library_ab --baseline DIR [--redis-url URL] [--keys N] [--rounds R]
 
-Both sets of scripts are loaded as the function library the runner loads on Redis 7+ (one
-``FUNCTION LOAD`` each; their names differ by their texts' hash) and called with ``FCALL`` as the
-runner calls them, writing record format 2. Each round runs, for ``N`` new keys: a claim (a new
-key), the same claims again (in progress), the completions, and the claims once more
-(duplicates), and reads ``INFO commandstats``' ``usec_per_call`` of ``FCALL`` after each. The two
-sides take turns round by round on the same server; the medians are printed with their ratio.
+Both sets of scripts are loaded as the function library the runner loads on Redis 7+
+(:class:`bench.lua_cost.Version` with ``functions``; the two names differ by their texts' hash)
+and sent the store's own calls with ``FCALL``, writing record format 2. Each round runs, for ``N``
+new keys, one key a call: their claims (a new key), the same claims again (in progress), the
+completions, and the claims once more (duplicates), each priced by ``INFO commandstats``
+(:func:`bench.lua_cost.priced`). The two sides take turns round by round on the same server;
+the medians are printed with their ratio. It is :mod:`bench.lua_cost`'s measure cut to the four
+calls a message makes, on keys set up by the cases before them, so a run takes seconds.
 ``DIR`` is another commit's ``lua/`` (``git archive REF lua | tar -x -C /tmp/ref``: ``/tmp/ref/lua``),
 whose scripts take this release's calls. It resets the server's statistics: run it on a private
 server (``make bench``'s or one of your own), never a shared one.
@@ -19,55 +21,30 @@ import argparse
 import os
 import statistics
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import redis
 
-from dedupe_worker._transport.script_flow import SCRIPT_NAMES, SENDER_SCRIPTS, library_name, library_text
-from dedupe_worker._transport.scripts import load_script
+from bench.lua_cost import LEASE_MS, RESULT_TTL_MS, RETENTION_MS, VALUE, Version, _tokens, priced, server_usec
+from dedupe_worker._protocol import Stored
 
 CASES = ("claim new", "claim in progress", "complete", "claim duplicate")
-LEASE_MS, RETENTION_MS, RESULT_TTL_MS = 30_000, 600_000, 600_000
 
 
-def load(client: redis.Redis, folder: Path | None) -> str:
-    """Load ``folder``'s scripts (``None``: this tree's) as their function library; its name."""
-    read = load_script if folder is None else (lambda name: (folder / f"{name}.lua").read_text(encoding="utf-8"))
-    source = {name: read(name) for name in (*SENDER_SCRIPTS, *SCRIPT_NAMES)}
-    library = library_name(source)
-    client.function_load(library_text(source, library), replace=True)
-    return library
-
-
-def usec_per_call(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> float:
-    """Redis' time per ``FCALL`` of ``commands``, pipelined 500 at a time."""
-    client.config_resetstat()
-    pipe = client.pipeline(transaction=False)
-    for n, command in enumerate(commands, 1):
-        pipe.execute_command(*command)  # type: ignore[no-untyped-call]
-        if n % 500 == 0:
-            pipe.execute()
-    pipe.execute()
-    return float(client.info("commandstats")["cmdstat_fcall"]["usec_per_call"])
-
-
-def one_round(client: redis.Redis, library: str, keys: int) -> dict[str, float]:
-    stems = [f"{{ab-{uuid.uuid4().hex}-{i}}}" for i in range(keys)]
-    claims = [("FCALL", f"{library}_claim", 3, f"{s}:started", s, f"{s}:result", LEASE_MS, RETENTION_MS, "", "", "2")
-              for s in stems]
-    spent = {"claim new": usec_per_call(client, claims), "claim in progress": usec_per_call(client, claims)}
-    pipe = client.pipeline(transaction=False)
-    for s in stems:
-        pipe.hget(f"{s}:started", "owner")
-    tokens = [int(t) for t in pipe.execute()]
-    spent["complete"] = usec_per_call(client, [
-        ("FCALL", f"{library}_complete", 4, f"{s}:started", s, f"{s}:result", f"{s}:notice", RESULT_TTL_MS, t, "c",
-         b"c" + t.to_bytes(8, "big") + b"null", "2") for s, t in zip(stems, tokens, strict=True)])
-    spent["claim duplicate"] = usec_per_call(client, claims)
+def one_round(v: Version, keys: int) -> dict[str, float]:
+    """Redis' µs per call of each of :data:`CASES`, on ``keys`` new keys."""
+    c = v.calls
+    stems = [f"ab-{uuid.uuid4().hex[:8]}:{{order-{i}}}" for i in range(keys)]
+    claims = [call for stem in stems for call in c.claim_calls([(stem, "", "")], LEASE_MS, RETENTION_MS)]
+    usec, replies = priced(v, claims)
+    spent = {"claim new": usec / keys, "claim in progress": server_usec(v, claims) / keys}
+    tokens = _tokens(replies)
+    completions = [call for stem, token in zip(stems, tokens, strict=True)
+                   for call in c.complete_calls([(stem, token, Stored.COMPLETED, VALUE)], RESULT_TTL_MS)]
+    spent["complete"] = server_usec(v, completions) / keys
+    spent["claim duplicate"] = server_usec(v, claims) / keys
     for start in range(0, keys, 1000):
-        client.unlink(*[name for s in stems[start:start + 1000] for name in (s, f"{s}:started", f"{s}:result")])
+        v.client.unlink(*[name for stem in stems[start:start + 1000] for name in (stem, f"{stem}:started")])
     return spent
 
 
@@ -79,14 +56,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     client = redis.Redis.from_url(args.redis_url)
-    sides = {"baseline": load(client, args.baseline), "this": load(client, None)}
+    sides = {label: Version.from_dir(client, label, folder, 2, functions=True, earlier=False)
+             for label, folder in (("baseline", args.baseline), ("this", None))}
     runs: dict[tuple[str, str], list[float]] = {}
     for n in range(args.rounds):
         for side in (("baseline", "this") if n % 2 else ("this", "baseline")):
-            for case, usec in one_round(client, sides[side], args.keys).items():
+            for case, usec in one_round(sides[side], args.keys).items():
                 runs.setdefault((side, case), []).append(usec)
-    print(f"Redis time per FCALL (INFO commandstats usec_per_call, median of {args.rounds} rounds of {args.keys} keys, "
-          f"taking turns; record format 2)")
+    print(f"Redis time per FCALL (INFO commandstats, median of {args.rounds} rounds of {args.keys} keys, one key a "
+          f"call, taking turns; record format 2)")
     for case in CASES:
         base, this = statistics.median(runs["baseline", case]), statistics.median(runs["this", case])
         print(f"  {case:18} baseline {base:6.2f} µs   this tree {this:6.2f} µs   ratio {this / base:.2f}")

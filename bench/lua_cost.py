@@ -75,10 +75,12 @@ class Version:
 
     @classmethod
     def from_dir(cls, client: redis.Redis, label: str, folder: Path | None, record_format: int = 1,
-                 functions: bool = False, earlier: bool | None = None) -> Version:
+                 functions: bool = False, earlier: bool = True) -> Version:
+        """``folder``'s scripts (``None``: this tree's), sent the calls of a release before record
+        format 2 when ``earlier`` (a folder only)."""
         read = (lambda n: (folder / f"{n}.lua").read_text(encoding="utf-8")) if folder else load_script
         return cls(client, label, {name: read(name) for name in SCRIPT_NAMES}, record_format,
-                   earlier=folder is not None if earlier is None else earlier, functions=functions)
+                   earlier=folder is not None and earlier, functions=functions)
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -121,10 +123,15 @@ def case_calls(v: Version, case: str, stems: list[str], size: int) -> list[Call]
 
 def server_usec(v: Version, calls: Sequence[Call]) -> float:
     """Redis' total time in EVALSHA (or FCALL) running ``calls``."""
+    return priced(v, calls)[0]
+
+
+def priced(v: Version, calls: Sequence[Call]) -> tuple[float, list[Any]]:
+    """:func:`server_usec` of ``calls``, and their replies."""
     client = v.client
     client.config_resetstat()
-    v.run(calls)
-    return float(client.info("commandstats").get(f"cmdstat_{v.command.lower()}", {}).get("usec", 0.0))
+    replies = v.run(calls)
+    return float(client.info("commandstats").get(f"cmdstat_{v.command.lower()}", {}).get("usec", 0.0)), replies
 
 
 def memory(v: Version, fingerprint: str) -> tuple[float, float]:
@@ -155,11 +162,11 @@ def floor_bytes(client: redis.Redis) -> dict[int, float]:
 
 
 def measure(url: str, keys: int, rounds: int, versions: Sequence[tuple[str, Path | None, int]],
-            functions: bool = False, earlier: bool | None = None) -> dict[str, Any]:
+            functions: bool = False, earlier: bool = True) -> dict[str, Any]:
     """µs of Redis time per key, by ``(version, case, batch size)`` (the median of the rounds: a
     round that shared the CPU with another process is an outlier, not a trend); memory by version."""
     client = redis.Redis.from_url(url)
-    loaded = [Version.from_dir(client, label, folder, record_format, functions, earlier if folder else None)
+    loaded = [Version.from_dir(client, label, folder, record_format, functions, earlier)
               for label, folder, record_format in versions]
     runs: dict[tuple[str, str, int], list[float]] = {}
     for _ in range(rounds):
@@ -212,7 +219,7 @@ def main() -> None:
     if args.baseline:
         versions.insert(0, ("baseline", args.baseline, args.baseline_format or 1))
     m = measure(args.redis_url, args.keys, args.rounds, versions, args.functions,
-                None if args.baseline_format is None else False)
+                earlier=args.baseline_format is None)
     print(report(m, [label for label, _, _ in versions], args.keys, args.rounds))
 
 
