@@ -46,36 +46,7 @@ def canonical_json(value: Any) -> bytes:
     naming the type: its only text would be a ``repr``, which may hold a memory address and
     differ between processes. Pass a fingerprint of your own (a string) for such payloads.
     """
-    if _sorted_is_canonical(value):
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     return orjson.dumps(_plain(value))
-
-
-def _sorted_is_canonical(value: Any) -> bool:
-    """Whether orjson, sorting keys, writes ``value`` as RFC 8785 does: it holds only ``str``,
-    ``bool``, ``None``, integers below 2**53, lists and dicts with ``str`` keys below U+E000
-    (where code point order, orjson's, is UTF-16 order). Most payloads are such, and this check
-    is the cheap way to them; everything else is made so by :func:`_plain` first."""
-    kind = type(value)
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or key >= "\ue000":
-                return False
-            kind = type(item)
-            if kind is str or kind is bool or item is None:
-                continue
-            if kind is int:
-                if -_SMALL_INT < item < _SMALL_INT:
-                    continue
-                return False
-            if (kind is not dict and kind is not list) or not _sorted_is_canonical(item):
-                return False
-        return True
-    if kind is list:
-        return all(_sorted_is_canonical(item) for item in value)
-    if kind is str or kind is bool or value is None:
-        return True
-    return kind is int and -_SMALL_INT < value < _SMALL_INT
 
 
 def canonical_number(number: int | float | decimal.Decimal) -> str:
